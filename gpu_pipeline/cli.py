@@ -1,0 +1,263 @@
+"""``gpu-pipeline`` command line: simulate, demo, materialize, sql, ui.
+
+Dagster definitions read the partition start date and time zone from the environment when they
+load, so every command that runs the pipeline sets the environment first and imports
+``gpu_pipeline.definitions`` afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import shutil
+import sys
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+# The instance template lives at the top of the checkout (installs are editable: see README).
+INSTANCE_TEMPLATE = Path(__file__).resolve().parent.parent / "dagster.yaml"
+DEMO_TZ = "America/Chicago"
+DEMO_GPUS = 80
+DEMO_DAYS = 7
+
+ENV_DEFAULTS = {
+    "GPU_PIPELINE_SOURCE_TZ": "UTC",
+    "GPU_PIPELINE_EXCLUDED_HOSTS": "",
+}
+
+
+def _date(s: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(s)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a date (YYYY-MM-DD)") from exc
+
+
+def _apply_env_defaults() -> None:
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def prepare_dagster_home(home: Path) -> Path:
+    """Create ``home`` with the instance template ``dagster.yaml`` unless one exists."""
+    home = home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    target = home / "dagster.yaml"
+    if not target.exists():
+        shutil.copyfile(INSTANCE_TEMPLATE, target)
+    return home
+
+
+def run_pipeline(start: dt.date, end: dt.date, instance=None) -> bool:  # noqa: ANN001
+    """Materialize every daily asset for [start, end] as ONE range run (same job as the schedule)."""
+    import dagster as dg
+
+    from gpu_pipeline.definitions import defs
+
+    job = defs().resolve_job_def("daily_pipeline")
+    if instance is None:
+        instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+    tags = {
+        "dagster/asset_partition_range_start": start.isoformat(),
+        "dagster/asset_partition_range_end": end.isoformat(),
+        "gpu_pipeline/launched_by": "cli",
+    }
+    result = job.execute_in_process(instance=instance, tags=tags, raise_on_error=False)
+    return result.success
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from gpu_pipeline.lib.simulate import SimConfig, simulate
+
+    cfg = SimConfig(
+        start=args.start,
+        end=args.end,
+        gpus=args.gpus,
+        seed=args.seed,
+        cadence_minutes=args.cadence_minutes,
+        timezone=args.timezone,
+        telemetry_interval_s=args.telemetry_interval,
+    )
+    summary = simulate(Path(args.out), cfg)
+    for key, value in summary.items():
+        if key != "files":
+            print(f"{key}: {value}")
+    return 0
+
+
+def demo_days(today: dt.date | None = None, tz: str = DEMO_TZ) -> tuple[dt.date, dt.date]:
+    """The last ``DEMO_DAYS`` complete days in ``tz``."""
+    today = today or dt.datetime.now(ZoneInfo(tz)).date()
+    return today - dt.timedelta(days=DEMO_DAYS), today - dt.timedelta(days=1)
+
+
+def demo_env(base: Path, start: dt.date) -> dict[str, str]:
+    return {
+        "DAGSTER_HOME": str(base / "dagster_home"),
+        "GPU_PIPELINE_DATA_ROOT": str(base / "data"),
+        "GPU_PIPELINE_CONDOR_ARCHIVE": str(base / "sources" / "condor"),
+        "GPU_PIPELINE_SOURCE_TZ": DEMO_TZ,
+        "GPU_PIPELINE_TIMEZONE": DEMO_TZ,
+        "GPU_PIPELINE_START_DATE": start.isoformat(),
+        "GPU_PIPELINE_EXCLUDED_HOSTS": "",
+    }
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gpu_pipeline.lib.simulate import SimConfig, simulate
+
+    base = Path(args.dir).resolve()
+    start, end = demo_days()
+    print(f"Simulating {args.gpus} GPUs for {start} .. {end} ({DEMO_TZ}) into {base / 'sources'}")
+    simulate(base / "sources", SimConfig(start=start, end=end, gpus=args.gpus, seed=args.seed, timezone=DEMO_TZ))
+    env = demo_env(base, start)
+    prepare_dagster_home(Path(env["DAGSTER_HOME"]))
+    os.environ.update(env)
+    (base / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    print(f"Materializing every daily asset for {start} .. {end} through Dagster (one range run)")
+    ok = run_pipeline(start, end)
+    _print_outputs(Path(env["GPU_PIPELINE_DATA_ROOT"]))
+    print()
+    print("Open the Dagster UI on these runs and assets:")
+    print(f"  gpu-pipeline ui --dir {base}        (then browse http://127.0.0.1:3000)")
+    print("Query the tables:")
+    print(f"  gpu-pipeline sql --dir {base} \"SELECT state, count(*) FROM metrics.gpu_states GROUP BY 1\"")
+    if not ok:
+        print("The run FAILED; see the run's logs in the UI.", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _print_outputs(root: Path) -> None:
+    print(f"\nWrote under {root}:")
+    for layer in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        for table in sorted(p for p in layer.iterdir() if p.is_dir()):
+            parts = sorted(table.glob("date=*"))
+            print(f"  {layer.name}/{table.name}: {len(parts)} day(s)")
+
+
+def _load_env(dir_: str | None) -> None:
+    from dotenv import load_dotenv
+
+    if dir_:
+        env_file = Path(dir_) / ".env"
+        if not env_file.is_file():
+            raise SystemExit(f"{env_file}: not found (run `gpu-pipeline demo --dir {dir_}` first)")
+        load_dotenv(env_file, override=True)
+    else:
+        load_dotenv(Path.cwd() / ".env", override=False)
+    _apply_env_defaults()
+
+
+def cmd_materialize(args: argparse.Namespace) -> int:
+    _load_env(args.dir)
+    missing = [k for k in ("GPU_PIPELINE_DATA_ROOT", "GPU_PIPELINE_CONDOR_ARCHIVE") if not os.environ.get(k)]
+    if missing:
+        print(f"error: set {', '.join(missing)} (environment or .env); see README 'Configuration'", file=sys.stderr)
+        return 2
+    if os.environ.get("DAGSTER_HOME"):
+        prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
+    end = args.end or args.start
+    if end < args.start:
+        print("error: --end is before --start", file=sys.stderr)
+        return 2
+    ok = run_pipeline(args.start, end)
+    print(f"daily_pipeline {args.start} .. {end}: {'SUCCESS' if ok else 'FAILURE'}")
+    return 0 if ok else 1
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    _load_env(args.dir)
+    from gpu_pipeline.lib.store import Store, connect, create_catalog
+
+    root = args.data_root or os.environ.get("GPU_PIPELINE_DATA_ROOT")
+    if not root:
+        print("error: give --data-root or set GPU_PIPELINE_DATA_ROOT", file=sys.stderr)
+        return 2
+    store = Store(root)
+    if args.catalog:
+        import duckdb
+
+        con = duckdb.connect(args.catalog)
+        views = create_catalog(con, store)
+        con.close()
+        print(f"wrote {args.catalog} with views: {', '.join(views)}")
+        return 0
+    con = connect()
+    views = create_catalog(con, store)
+    query = args.query or sys.stdin.read()
+    if not query.strip():
+        print("views: " + ", ".join(views))
+        return 0
+    rel = con.sql(query)
+    if rel is None:
+        return 0
+    df = rel.df()
+    import pandas as pd
+
+    with pd.option_context("display.max_rows", args.max_rows, "display.width", 200, "display.max_columns", 50):
+        print(df.to_string(max_rows=args.max_rows) if args.max_rows else df.to_string())
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    _load_env(args.dir)
+    if os.environ.get("DAGSTER_HOME"):
+        prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
+    dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
+    argv = [dagster, "dev", "-m", "gpu_pipeline.definitions", "-h", args.host, "-p", str(args.port)]
+    print(" ".join(argv))
+    os.execv(argv[0], argv)
+    return 0  # pragma: no cover
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu-pipeline", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("simulate", help="write a simulated cluster's raw sources and ground truth")
+    s.add_argument("--start", type=_date, required=True)
+    s.add_argument("--end", type=_date, required=True)
+    s.add_argument("--gpus", type=int, default=DEMO_GPUS)
+    s.add_argument("--out", required=True)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--cadence-minutes", type=float, default=5.0)
+    s.add_argument("--timezone", default=DEMO_TZ, help="collector's local time zone")
+    s.add_argument("--telemetry-interval", type=int, default=30, help="seconds; 0 disables telemetry")
+    s.set_defaults(func=cmd_simulate)
+
+    d = sub.add_parser("demo", help="simulate a small cluster and run the whole pipeline on it")
+    d.add_argument("--dir", default="gpu-pipeline-demo")
+    d.add_argument("--gpus", type=int, default=DEMO_GPUS)
+    d.add_argument("--seed", type=int, default=7)
+    d.set_defaults(func=cmd_demo)
+
+    m = sub.add_parser("materialize", help="run every daily asset for a day range (one Dagster run)")
+    m.add_argument("--start", type=_date, required=True)
+    m.add_argument("--end", type=_date)
+    m.add_argument("--dir", help="use the .env of a demo directory")
+    m.set_defaults(func=cmd_materialize)
+
+    q = sub.add_parser("sql", help="query the tables with DuckDB (views <layer>.<table>)")
+    q.add_argument("query", nargs="?")
+    q.add_argument("--dir", help="use the .env of a demo directory")
+    q.add_argument("--data-root")
+    q.add_argument("--catalog", help="write a DuckDB database file with the views instead of querying")
+    q.add_argument("--max-rows", type=int, default=60)
+    q.set_defaults(func=cmd_sql)
+
+    u = sub.add_parser("ui", help="start the Dagster UI (dagster dev) on the configured data")
+    u.add_argument("--dir", help="use the .env of a demo directory")
+    u.add_argument("--host", default="127.0.0.1")
+    u.add_argument("--port", type=int, default=3000)
+    u.set_defaults(func=cmd_ui)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Clean layer: typed, UTC, tiered slot snapshots (one row per snapshot x slot x GPU)."""
+
+import dagster as dg
+
+from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.raw.condor_slot_snapshots import KEY as RAW_KEY
+from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS as SPEC
+from gpu_pipeline.lib.schemas import QUARANTINE, RAW_CONDOR_SLOT_SNAPSHOTS
+from gpu_pipeline.lib.slots import clean_slot_rows
+
+KEY = dg.AssetKey(["clean", "slot_snapshots"])
+UNIQUE_KEY = dg.AssetCheckSpec(
+    "unique_snapshot_slot_gpu",
+    asset=KEY,
+    description="(snapshot_utc, slot_name, gpu_id) is unique.",
+)
+
+
+@dg.asset(
+    key=KEY,
+    group_name="clean",
+    description=SPEC.description,
+    deps=[RAW_KEY],
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    kinds={"duckdb", "parquet"},
+    owners=["team:gpu-ops"],
+    metadata=table_asset_metadata(SPEC),
+    check_specs=[UNIQUE_KEY],
+)
+def slot_snapshots(
+    context: dg.AssetExecutionContext,
+    data_store: DataStoreResource,
+    condor_archive: CondorArchiveResource,
+) -> dg.MaterializeResult:
+    store = data_store.store()
+    duplicate_keys: dict[str, int] = {}
+
+    def one_day(day: str) -> DayOutcome:
+        raw = store.read_table(RAW_CONDOR_SLOT_SNAPSHOTS, day)
+        cleaned = clean_slot_rows(raw, condor_archive.excluded_patterns())
+        store.write_partition(QUARANTINE, day, cleaned.quarantine)
+        result = store.write_partition(SPEC, day, cleaned.table)
+        keys = cleaned.table.select(["snapshot_utc", "slot_name", "gpu_id"])
+        dupes = keys.num_rows - keys.group_by(keys.column_names).aggregate([]).num_rows
+        duplicate_keys[day] = dupes
+        return DayOutcome(
+            day=day,
+            result=result,
+            metrics={
+                "rows_in": cleaned.rows_in,
+                "rows_excluded_hosts": sum(cleaned.excluded_by_host.values()),
+                "rows_quarantined": cleaned.quarantine.num_rows,
+                "duplicate_rows_dropped": cleaned.duplicates_dropped,
+                "gpus": len(set(cleaned.table.column("gpu_id").to_pylist())),
+            },
+            details={
+                "excluded_rows_by_host": cleaned.excluded_by_host,
+                "quarantined_by_reason": cleaned.quarantined_by_reason,
+            },
+        )
+
+    outcomes = run_days(context, one_day)
+    check = dg.AssetCheckResult(
+        check_name=UNIQUE_KEY.name,
+        passed=not any(duplicate_keys.values()),
+        metadata={"duplicate_keys_by_day": dg.MetadataValue.json(duplicate_keys)},
+    )
+    return materialize_result(SPEC, outcomes, check_results=[check])

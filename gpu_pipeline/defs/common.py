@@ -1,0 +1,136 @@
+"""Shared helpers that keep the asset bodies thin: day windows, metadata, per-day error handling."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+
+from gpu_pipeline.defs.partitions import TIMEZONE
+from gpu_pipeline.lib.schemas import TableSpec
+from gpu_pipeline.lib.store import WriteResult
+from gpu_pipeline.lib.timeutil import day_window
+
+
+def column_schema(spec: TableSpec) -> dg.TableSchema:
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(name=f.name, type=str(f.type), description=desc or None)
+            for f, desc in zip(spec.schema, spec.column_descriptions().values(), strict=True)
+        ]
+    )
+
+
+def table_asset_metadata(spec: TableSpec) -> dict[str, Any]:
+    """Definition-time metadata: the column schema and where the table lives."""
+    return {
+        "dagster/column_schema": column_schema(spec),
+        "table_path": f"<data_root>/{spec.path}/date=YYYY-MM-DD/part-0.parquet",
+        "schema_version": spec.version,
+    }
+
+
+def window(day: str) -> tuple[dt.datetime, dt.datetime]:
+    return day_window(day, TIMEZONE)
+
+
+@dataclass
+class DayOutcome:
+    day: str
+    result: WriteResult | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def run_days(
+    context: dg.AssetExecutionContext,
+    fn: Callable[[str], DayOutcome],
+) -> list[DayOutcome]:
+    """Run ``fn`` for every day of the run's partition range.
+
+    A failing day does not stop the others: they are written, then the step fails naming every
+    failed day and its error (so the operator re-runs only those days).
+    """
+    outcomes = []
+    for day in context.partition_keys:
+        try:
+            outcome = fn(day)
+        except Exception as exc:  # noqa: BLE001 - reported below with the day
+            context.log.error(f"{context.asset_key.to_user_string()} {day}: {exc}")
+            outcome = DayOutcome(day=day, error=f"{type(exc).__name__}: {exc}")
+        outcomes.append(outcome)
+        if outcome.error is None and len(context.partition_keys) > 1:
+            # Per-day figures for range runs (the materialization metadata is shared by the range).
+            context.log_event(
+                dg.AssetObservation(
+                    asset_key=context.asset_key,
+                    partition=day,
+                    metadata=_day_metadata(outcome),
+                )
+            )
+    failed = [o for o in outcomes if o.error]
+    if failed:
+        lines = "; ".join(f"{o.day}: {o.error}" for o in failed)
+        raise dg.Failure(
+            description=f"{len(failed)} of {len(outcomes)} day(s) failed: {lines}",
+            metadata={"failed_days": [o.day for o in failed]},
+        )
+    return outcomes
+
+
+def _day_metadata(o: DayOutcome) -> dict[str, Any]:
+    md: dict[str, Any] = {}
+    if o.result is not None:
+        md["dagster/row_count"] = o.result.rows
+        md["dagster/uri"] = o.result.uri
+        md["bytes"] = o.result.bytes
+    for k, v in o.metrics.items():
+        md[k] = float(v)
+    for k, v in o.details.items():
+        md[k] = dg.MetadataValue.json(v) if isinstance(v, Mapping | list) else v
+    return md
+
+
+def materialize_result(
+    spec: TableSpec | None,
+    outcomes: list[DayOutcome],
+    check_results: list[dg.AssetCheckResult] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dg.MaterializeResult:
+    """One MaterializeResult for the run: a single day's figures, or totals over a range."""
+    md: dict[str, Any]
+    if len(outcomes) == 1:
+        md = _day_metadata(outcomes[0])
+    else:
+        md = {
+            "dagster/row_count": sum(o.result.rows for o in outcomes if o.result),
+            "days": len(outcomes),
+            "rows_by_day": dg.MetadataValue.json(
+                {o.day: (o.result.rows if o.result else None) for o in outcomes}
+            ),
+        }
+        if spec is not None and outcomes and outcomes[0].result is not None:
+            md["dagster/uri"] = outcomes[0].result.uri.rsplit("/date=", 1)[0]
+        keys = sorted({k for o in outcomes for k in o.metrics})
+        for k in keys:
+            vals = [o.metrics[k] for o in outcomes if k in o.metrics]
+            md[k] = float(sum(vals) / len(vals)) if k.endswith(("_pct", "_share")) else float(sum(vals))
+    if spec is not None:
+        md["dagster/column_schema"] = column_schema(spec)
+    if extra:
+        md.update(extra)
+    return dg.MaterializeResult(metadata=md, check_results=check_results or [])
+
+
+def json_safe(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def empty_like(spec: TableSpec) -> pa.Table:
+    return spec.empty()

@@ -1,0 +1,68 @@
+"""Metrics layer: per-GPU state per 5-minute bucket (DESIGN.md 5.1)."""
+
+import datetime as dt
+
+import dagster as dg
+import pyarrow.compute as pc
+
+from gpu_pipeline.defs.clean.slot_snapshots import KEY as CLEAN_KEY
+from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.resources import DataStoreResource
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, STATES
+from gpu_pipeline.lib.schemas import GPU_STATES as SPEC
+from gpu_pipeline.lib.states import compute_gpu_states
+from gpu_pipeline.lib.store import connect
+
+KEY = dg.AssetKey(["metrics", "gpu_states"])
+CONSERVATION = dg.AssetCheckSpec(
+    "gpu_hours_conserved",
+    asset=KEY,
+    description="Every GPU has exactly one row per bucket of the day (sum of states = GPUs x day length).",
+)
+
+
+@dg.asset(
+    key=KEY,
+    group_name="metrics",
+    description=SPEC.description,
+    deps=[CLEAN_KEY],
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    kinds={"duckdb", "parquet"},
+    owners=["team:gpu-ops"],
+    metadata=table_asset_metadata(SPEC),
+    check_specs=[CONSERVATION],
+)
+def gpu_states(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
+    store = data_store.store()
+    bad_days: dict[str, str] = {}
+
+    def one_day(day: str) -> DayOutcome:
+        start, end = window(day)
+        previous = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
+        con = connect()
+        try:
+            rows_sql, params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [previous, day])
+            table = compute_gpu_states(con, rows_sql, params, start, end)
+        finally:
+            con.close()
+        result = store.write_partition(SPEC, day, table)
+        n_buckets = int((end - start).total_seconds() // 300)
+        gpus = len(pc.unique(table.column("gpu_id")))
+        if table.num_rows != gpus * n_buckets:
+            bad_days[day] = f"{table.num_rows} rows != {gpus} GPUs x {n_buckets} buckets"
+        counts = dict(zip(*pc.value_counts(table.column("state")).flatten(), strict=True)) if table.num_rows else {}
+        counts = {str(k): int(v) for k, v in zip(counts.keys(), counts.values(), strict=True)}
+        metrics = {"gpus": gpus, "buckets": n_buckets}
+        for s in STATES:
+            metrics[f"{s}_share"] = counts.get(s, 0) / table.num_rows if table.num_rows else 0.0
+        return DayOutcome(day=day, result=result, metrics=metrics)
+
+    outcomes = run_days(context, one_day)
+    check = dg.AssetCheckResult(
+        check_name=CONSERVATION.name,
+        passed=not bad_days,
+        metadata={"violations": dg.MetadataValue.json(bad_days)},
+    )
+    return materialize_result(SPEC, outcomes, check_results=[check])

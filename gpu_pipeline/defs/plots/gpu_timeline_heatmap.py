@@ -1,0 +1,54 @@
+"""Plot layer: the GPU timeline heatmap PNG per day."""
+
+import datetime as dt
+
+import dagster as dg
+
+from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days
+from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
+from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.resources import DataStoreResource
+from gpu_pipeline.lib.plots import gpu_timeline_heatmap as render
+from gpu_pipeline.lib.schemas import GPU_STATES
+
+NAME = "gpu_timeline_heatmap"
+KEY = dg.AssetKey(["plots", NAME])
+
+
+@dg.asset(
+    key=KEY,
+    group_name="plots",
+    description=(
+        "Heatmap of every GPU's state per 5-minute bucket for the day (rows = GPUs grouped by host, "
+        "colors = the six states of DESIGN.md 5.1 plus idle_backfill). PNG under "
+        "<data_root>/plots/gpu_timeline_heatmap/date=YYYY-MM-DD/."
+    ),
+    deps=[STATES_KEY],
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    kinds={"matplotlib", "png"},
+    owners=["team:gpu-ops"],
+)
+def gpu_timeline_heatmap(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
+    store = data_store.store()
+    previews: dict[str, str] = {}
+
+    def one_day(day: str) -> DayOutcome:
+        states = store.read_table(GPU_STATES, day)
+        rendered = render(states, dt.date.fromisoformat(day), TIMEZONE)
+        result = store.write_plot(NAME, day, rendered.png)
+        previews[day] = rendered.preview_markdown(f"GPU timeline {day}")
+        return DayOutcome(
+            day=day,
+            result=result,
+            metrics=rendered.numbers,
+            details={"path": result.path},
+        )
+
+    outcomes = run_days(context, one_day)
+    last = outcomes[-1]
+    extra = {
+        "path": dg.MetadataValue.path(last.result.path),
+        "preview": dg.MetadataValue.md(previews[last.day]),
+    }
+    return materialize_result(None, outcomes, extra=extra)

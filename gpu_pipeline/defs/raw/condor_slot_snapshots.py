@@ -1,0 +1,62 @@
+"""Raw layer: one day of HTCondor slot snapshots out of the monthly archives."""
+
+import dagster as dg
+
+from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
+from gpu_pipeline.lib.condor_archive import read_window
+from gpu_pipeline.lib.schemas import RAW_CONDOR_SLOT_SNAPSHOTS as SPEC
+
+KEY = dg.AssetKey(["raw", "condor_slot_snapshots"])
+HAS_SNAPSHOTS = dg.AssetCheckSpec(
+    "has_snapshots",
+    asset=KEY,
+    blocking=True,
+    description="Every day of the run has at least one slot snapshot (an empty day stops downstream).",
+)
+
+
+@dg.asset(
+    key=KEY,
+    group_name="raw",
+    description=SPEC.description,
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    kinds={"htcondor", "sqlite", "parquet"},
+    owners=["team:gpu-ops"],
+    metadata=table_asset_metadata(SPEC),
+    check_specs=[HAS_SNAPSHOTS],
+)
+def condor_slot_snapshots(
+    context: dg.AssetExecutionContext,
+    data_store: DataStoreResource,
+    condor_archive: CondorArchiveResource,
+) -> dg.MaterializeResult:
+    store = data_store.store()
+
+    def one_day(day: str) -> DayOutcome:
+        start, end = window(day)
+        read = read_window(condor_archive.path, start, end, condor_archive.source_timezone)
+        result = store.write_partition(SPEC, day, read.table)
+        details = {"source_files": read.files}
+        if read.missing_months:
+            details["missing_months"] = read.missing_months
+            context.log.warning(f"{day}: no archive for month(s) {read.missing_months}")
+        if read.extra_columns:
+            details["extra_columns_dropped"] = read.extra_columns
+        if read.missing_columns:
+            details["columns_absent_in_source"] = read.missing_columns
+        return DayOutcome(
+            day=day, result=result, metrics={"snapshots": read.snapshots}, details=details
+        )
+
+    outcomes = run_days(context, one_day)
+    empty = [o.day for o in outcomes if not o.metrics.get("snapshots")]
+    check = dg.AssetCheckResult(
+        check_name=HAS_SNAPSHOTS.name,
+        passed=not empty,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"days_without_snapshots": dg.MetadataValue.json(empty)},
+    )
+    return materialize_result(SPEC, outcomes, check_results=[check])

@@ -1,0 +1,259 @@
+"""Reader for the monthly HTCondor slot-state archives (DESIGN.md 4.1).
+
+One file per calendar month of the collector's *local* time: ``gpu_state_YYYY-MM.db`` (SQLite,
+table ``gpu_state`` written by pandas ``to_sql``; no declared schema, no index) or
+``gpu_state_YYYY-MM.parquet`` (same columns). Timestamps are naive local text
+``YYYY-MM-DD HH:MM:SS.ffffff``, one value per snapshot.
+
+``read_window`` returns the rows of a UTC window from whichever monthly files overlap it, tolerating
+schema drift (missing optional columns become null, unknown columns are dropped and reported),
+missing months (reported) and the repeated hour at the end of daylight saving time (resolved from the
+order in which snapshots were appended to the file).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import duckdb
+import pyarrow as pa
+
+from gpu_pipeline.lib.schemas import RAW_CONDOR_SLOT_SNAPSHOTS
+from gpu_pipeline.lib.timeutil import UTC
+
+TABLE = "gpu_state"
+REQUIRED_COLUMNS = ("Name", "AssignedGPUs", "State", "timestamp")
+SOURCE_COLUMNS = (
+    "Name",
+    "AssignedGPUs",
+    "AvailableGPUs",
+    "State",
+    "GPUs_DeviceName",
+    "GPUs_GlobalMemoryMb",
+    "PrioritizedProjects",
+    "GPUsAverageUsage",
+    "Machine",
+    "RemoteOwner",
+    "GlobalJobId",
+    "PreventJobsReason",
+    "Disk",
+)
+_NUMERIC = {"GPUs_GlobalMemoryMb", "GPUsAverageUsage", "Disk"}
+_FILE_RE = re.compile(r"^gpu_state_(\d{4})-(\d{2})\.(db|sqlite|parquet)$")
+# Reading margin around the local window: covers the DST shift and sub-second rounding.
+_MARGIN = dt.timedelta(hours=2)
+
+
+class ArchiveError(RuntimeError):
+    """An archive file that cannot be read; the message names the file and the problem."""
+
+
+@dataclass
+class ArchiveRead:
+    table: pa.Table
+    files: list[str] = field(default_factory=list)
+    missing_months: list[str] = field(default_factory=list)
+    extra_columns: dict[str, list[str]] = field(default_factory=dict)
+    missing_columns: dict[str, list[str]] = field(default_factory=dict)
+    unparseable_timestamps: int = 0
+
+    @property
+    def snapshots(self) -> int:
+        return len(set(self.table.column("snapshot_utc").to_pylist())) if self.table.num_rows else 0
+
+
+def months_between(start: dt.datetime, end: dt.datetime) -> list[str]:
+    """``YYYY-MM`` of every month touched by the naive interval [start, end]."""
+    out = []
+    y, m = start.year, start.month
+    while (y, m) <= (end.year, end.month):
+        out.append(f"{y:04d}-{m:02d}")
+        y, m = (y + 1, 1) if m == 12 else (y, m + 1)
+    return out
+
+
+def find_month_files(archive_dir: Path) -> dict[str, Path]:
+    """Month -> archive file. A month with both a .db and a .parquet file prefers the .db."""
+    found: dict[str, Path] = {}
+    if not archive_dir.is_dir():
+        raise ArchiveError(f"{archive_dir}: slot-state archive directory does not exist")
+    for path in sorted(archive_dir.iterdir()):
+        m = _FILE_RE.match(path.name)
+        if not m:
+            continue
+        month = f"{m.group(1)}-{m.group(2)}"
+        if month in found and found[month].suffix != ".parquet":
+            continue
+        found[month] = path
+    return found
+
+
+def _sqlite_columns(con: sqlite3.Connection, path: Path) -> list[str]:
+    rows = con.execute(f"PRAGMA table_info({TABLE})").fetchall()
+    if not rows:
+        raise ArchiveError(f"{path}: no table '{TABLE}' in the archive")
+    return [r[1] for r in rows]
+
+
+def _read_sqlite(path: Path, lo: str, hi: str) -> tuple[dict[str, list], list[str]]:
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error as exc:
+        raise ArchiveError(f"{path}: cannot open SQLite archive: {exc}") from exc
+    try:
+        cols = _sqlite_columns(con, path)
+        missing_req = [c for c in REQUIRED_COLUMNS if c not in cols]
+        if missing_req:
+            raise ArchiveError(f"{path}: table '{TABLE}' lacks required columns {missing_req}")
+        wanted = [c for c in SOURCE_COLUMNS if c in cols]
+        select = ", ".join(f'"{c}"' for c in wanted)
+        # Text comparison is exact for the fixed-width timestamp format.
+        cur = con.execute(
+            f'SELECT rowid, "timestamp", {select} FROM {TABLE} '
+            f'WHERE "timestamp" >= ? AND "timestamp" < ? ORDER BY rowid',
+            (lo, hi),
+        )
+        rows = cur.fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise ArchiveError(f"{path}: unreadable SQLite archive: {exc}") from exc
+    finally:
+        con.close()
+    names = ["source_rowid", "timestamp_local", *wanted]
+    data = {n: [r[i] for r in rows] for i, n in enumerate(names)}
+    return data, cols
+
+
+def _read_parquet(path: Path, lo: str, hi: str) -> tuple[dict[str, list], list[str]]:
+    con = duckdb.connect()
+    try:
+        cols = [r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall()]
+        missing_req = [c for c in REQUIRED_COLUMNS if c not in cols]
+        if missing_req:
+            raise ArchiveError(f"{path}: archive lacks required columns {missing_req}")
+        wanted = [c for c in SOURCE_COLUMNS if c in cols]
+        select = ", ".join(f'"{c}"' for c in wanted)
+        tbl = con.sql(
+            f"""SELECT file_row_number AS source_rowid,
+                       strftime(CAST("timestamp" AS TIMESTAMP), '%Y-%m-%d %H:%M:%S.%f') AS timestamp_local,
+                       {select}
+                FROM read_parquet(?, file_row_number=true)
+                WHERE CAST("timestamp" AS TIMESTAMP) >= CAST(? AS TIMESTAMP)
+                  AND CAST("timestamp" AS TIMESTAMP) < CAST(? AS TIMESTAMP)
+                ORDER BY file_row_number""",
+            params=[str(path), lo, hi],
+        ).to_arrow_table()
+    except duckdb.Error as exc:
+        raise ArchiveError(f"{path}: unreadable Parquet archive: {exc}") from exc
+    finally:
+        con.close()
+    return {n: tbl.column(n).to_pylist() for n in tbl.column_names}, cols
+
+
+def _localize_snapshots(texts: list[str | None], tz: str) -> dict[str, dt.datetime | None]:
+    """Map each distinct local timestamp text to UTC.
+
+    Snapshots are appended in time order, so in the repeated hour after a DST fall-back a local time
+    that is earlier than one already seen is the second occurrence (fold=1).
+    """
+    zone = ZoneInfo(tz)
+    out: dict[str, dt.datetime | None] = {}
+    max_seen: dt.datetime | None = None
+    for text in texts:
+        if text is None or text in out:
+            continue
+        try:
+            naive = dt.datetime.fromisoformat(str(text).strip())
+        except ValueError:
+            out[text] = None
+            continue
+        if naive.tzinfo is not None:
+            out[text] = naive.astimezone(UTC)
+            continue
+        fold = 0
+        if max_seen is not None and naive < max_seen:
+            fold = 1
+        utc = naive.replace(tzinfo=zone, fold=fold).astimezone(UTC)
+        out[text] = utc
+        if max_seen is None or naive > max_seen:
+            max_seen = naive
+    return out
+
+
+def read_window(
+    archive_dir: str | Path,
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+    source_tz: str = "UTC",
+) -> ArchiveRead:
+    """Rows with snapshot time in [start_utc, end_utc), conformed to the raw table schema."""
+    archive_dir = Path(archive_dir)
+    zone = ZoneInfo(source_tz)
+    lo_local = start_utc.astimezone(zone).replace(tzinfo=None) - _MARGIN
+    hi_local = end_utc.astimezone(zone).replace(tzinfo=None) + _MARGIN
+    lo, hi = lo_local.isoformat(sep=" "), hi_local.isoformat(sep=" ")
+    month_files = find_month_files(archive_dir)
+    result = ArchiveRead(table=RAW_CONDOR_SLOT_SNAPSHOTS.empty())
+
+    columns: dict[str, list] = {n: [] for n in ["source_rowid", "timestamp_local", *SOURCE_COLUMNS]}
+    sources: list[str] = []
+    utc_values: list[dt.datetime | None] = []
+    for month in months_between(lo_local, hi_local):
+        path = month_files.get(month)
+        if path is None:
+            result.missing_months.append(month)
+            continue
+        if path.suffix == ".parquet":
+            data, cols = _read_parquet(path, lo, hi)
+        else:
+            data, cols = _read_sqlite(path, lo, hi)
+        result.files.append(str(path))
+        known = {"timestamp", *SOURCE_COLUMNS}
+        extra = [c for c in cols if c not in known and c != "index"]
+        if extra:
+            result.extra_columns[str(path)] = extra
+        absent = [c for c in SOURCE_COLUMNS if c not in cols]
+        if absent:
+            result.missing_columns[str(path)] = absent
+        n = len(data["source_rowid"])
+        mapping = _localize_snapshots(data["timestamp_local"], source_tz)
+        utc_values.extend(mapping[t] if t is not None else None for t in data["timestamp_local"])
+        for name in columns:
+            values = data.get(name)
+            columns[name].extend(values if values is not None else [None] * n)
+        sources.extend([str(path)] * n)
+
+    if not sources:
+        return result
+    keep = [
+        i for i, ts in enumerate(utc_values) if ts is not None and start_utc <= ts < end_utc
+    ]
+    result.unparseable_timestamps = sum(1 for ts in utc_values if ts is None)
+    arrays: dict[str, pa.Array] = {
+        "snapshot_utc": pa.array([utc_values[i] for i in keep], type=pa.timestamp("us", tz="UTC")),
+        "source_file": pa.array([sources[i] for i in keep], type=pa.string()),
+    }
+    for name, values in columns.items():
+        picked = [values[i] for i in keep]
+        if name in _NUMERIC:
+            arrays[name] = pa.array([_to_float(v) for v in picked], type=pa.float64())
+        elif name == "source_rowid":
+            arrays[name] = pa.array(picked, type=pa.int64())
+        else:
+            arrays[name] = pa.array([None if v is None else str(v) for v in picked], type=pa.string())
+    schema = RAW_CONDOR_SLOT_SNAPSHOTS.schema
+    result.table = pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
+    return result
+
+
+def _to_float(v: object) -> float | None:
+    if v is None or v == "":
+        return None
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None

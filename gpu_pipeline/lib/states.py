@@ -1,0 +1,180 @@
+"""Per-GPU state per 5-minute bucket (DESIGN.md 5.1), in DuckDB SQL.
+
+For each bucket of the day:
+1. The bucket's snapshots are those whose time falls in it. A bucket with none takes the latest
+   earlier snapshot if it is younger than ``stale_factor`` x the observed cadence (so 15-minute
+   archives fill 5-minute buckets, and a single missed snapshot does not blank the pool); otherwise
+   every GPU is ``na`` with reason ``no_snapshot``.
+2. Every slot row of those snapshots that names a GPU is ranked:
+   claimed primary (5) > claimed backfill (4) > unclaimed primary (3) > other primary state (2)
+   > unclaimed backfill (1) > other backfill state (0); within equal rank the latest snapshot wins
+   (then the slot name, for determinism).
+3. The winner gives the state: 5 -> busy_prioritized / busy_shared (by tier), 4 -> busy_backfill,
+   3 -> idle_prioritized / idle_shared, 2 -> na (reason = slot state, e.g. Drained),
+   1 -> idle_backfill (idle capacity seen only through a backfill slot), 0 -> na.
+4. A GPU seen during the day but named by no row of the bucket's snapshots is ``na`` (dropout).
+
+So a GPU whose primary slot is Unclaimed while its backfill slot runs a job is busy_backfill.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import duckdb
+import pyarrow as pa
+
+from gpu_pipeline.lib.schemas import GPU_STATES, conform
+
+BUCKET = dt.timedelta(minutes=5)
+STALE_FACTOR = 1.5
+LOOKBACK = dt.timedelta(hours=1)
+
+STATE_SQL = """
+WITH
+params AS (
+    SELECT epoch_us(CAST($start AS TIMESTAMPTZ)) AS s_us,
+           epoch_us(CAST($end AS TIMESTAMPTZ)) AS e_us,
+           CAST($bucket_us AS BIGINT) AS b_us
+),
+rows AS (
+    SELECT r.*, epoch_us(r.snapshot_utc) AS t_us
+    FROM slot_rows r, params p
+    WHERE epoch_us(r.snapshot_utc) < p.e_us
+),
+snaps AS (SELECT DISTINCT t_us FROM rows),
+cadence AS (
+    SELECT coalesce(median(d), (SELECT b_us FROM params)) AS c_us
+    FROM (SELECT t_us - lag(t_us) OVER (ORDER BY t_us) AS d FROM snaps)
+    WHERE d > 0
+),
+buckets AS (
+    SELECT generate_series AS b_start_us
+    FROM params, generate_series(params.s_us, params.e_us - 1, params.b_us)
+),
+in_bucket AS (
+    SELECT p.s_us + ((s.t_us - p.s_us) // p.b_us) * p.b_us AS b_start_us, s.t_us
+    FROM snaps s, params p
+    WHERE s.t_us >= p.s_us
+),
+carried AS (
+    SELECT b.b_start_us, max(s.t_us) AS t_us
+    FROM buckets b
+    JOIN snaps s ON s.t_us < b.b_start_us
+    CROSS JOIN cadence c
+    WHERE b.b_start_us NOT IN (SELECT b_start_us FROM in_bucket)
+      AND s.t_us >= b.b_start_us - CAST(c.c_us * $stale_factor AS BIGINT)
+    GROUP BY b.b_start_us
+),
+bucket_snaps AS (
+    SELECT * FROM in_bucket UNION ALL SELECT * FROM carried
+),
+ranked AS (
+    SELECT bs.b_start_us, r.*,
+        CASE
+            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 5
+            WHEN r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 4
+            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Unclaimed' THEN 3
+            WHEN NOT r.is_backfill_slot THEN 2
+            WHEN r.slot_state = 'Unclaimed' THEN 1
+            ELSE 0
+        END AS rank_code
+    FROM bucket_snaps bs JOIN rows r ON r.t_us = bs.t_us
+),
+winners AS (
+    SELECT b_start_us, gpu_id,
+        arg_max(
+            struct_pack(tier, slot_name, slot_state, global_job_id, remote_owner, gpu_usage_pct,
+                        snapshot_utc, rank_code),
+            (rank_code, t_us, slot_name)
+        ) AS w,
+        count(*) AS n_slot_rows
+    FROM ranked
+    GROUP BY b_start_us, gpu_id
+),
+gpus AS (
+    SELECT gpu_id,
+           arg_max(host, t_us) AS host,
+           arg_max(device_name, (device_name IS NOT NULL, t_us)) AS device_name
+    FROM rows, params p
+    WHERE rows.t_us >= p.s_us
+    GROUP BY gpu_id
+),
+covered AS (SELECT DISTINCT b_start_us FROM bucket_snaps)
+SELECT
+    make_timestamptz(b.b_start_us) AS bucket_start_utc,
+    g.gpu_id,
+    g.host,
+    g.device_name,
+    CASE
+        WHEN w.w IS NULL THEN 'na'
+        WHEN w.w.rank_code = 5 AND w.w.tier = 'priority' THEN 'busy_prioritized'
+        WHEN w.w.rank_code = 5 THEN 'busy_shared'
+        WHEN w.w.rank_code = 4 THEN 'busy_backfill'
+        WHEN w.w.rank_code = 3 AND w.w.tier = 'priority' THEN 'idle_prioritized'
+        WHEN w.w.rank_code = 3 THEN 'idle_shared'
+        WHEN w.w.rank_code = 1 THEN 'idle_backfill'
+        ELSE 'na'
+    END AS state,
+    CASE WHEN w.w.rank_code IN (0, 2) THEN NULL ELSE w.w.tier END AS tier,
+    w.w.slot_name AS slot_name,
+    w.w.slot_state AS slot_state,
+    CASE WHEN w.w.rank_code IN (4, 5) THEN w.w.global_job_id END AS global_job_id,
+    CASE WHEN w.w.rank_code IN (4, 5) THEN w.w.remote_owner END AS remote_owner,
+    w.w.gpu_usage_pct AS gpu_usage_pct,
+    w.w.snapshot_utc AS snapshot_utc,
+    CAST(coalesce(w.n_slot_rows, 0) AS INTEGER) AS n_slot_rows,
+    CASE
+        WHEN cv.b_start_us IS NULL THEN 'no_snapshot'
+        WHEN w.w IS NULL THEN 'dropout'
+        WHEN w.w.rank_code IN (0, 2) THEN w.w.slot_state
+    END AS na_reason
+FROM buckets b
+CROSS JOIN gpus g
+LEFT JOIN winners w ON w.b_start_us = b.b_start_us AND w.gpu_id = g.gpu_id
+LEFT JOIN covered cv ON cv.b_start_us = b.b_start_us
+ORDER BY g.host, g.gpu_id, b.b_start_us
+"""
+
+
+def compute_gpu_states(
+    con: duckdb.DuckDBPyConnection,
+    rows_from_sql: str,
+    params: list,
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+    bucket: dt.timedelta = BUCKET,
+) -> pa.Table:
+    """States for the buckets of [start_utc, end_utc).
+
+    ``rows_from_sql`` is a FROM-clause yielding clean slot rows (e.g. ``Store.relation_sql``);
+    include the hour before ``start_utc`` so the first bucket can carry an earlier snapshot.
+    """
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE slot_rows AS SELECT * FROM {rows_from_sql} "
+        f"WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ) - INTERVAL 1 HOUR",
+        [*params, start_utc],
+    )
+    table = con.sql(
+        STATE_SQL,
+        params={
+            "start": start_utc,
+            "end": end_utc,
+            "bucket_us": int(bucket / dt.timedelta(microseconds=1)),
+            "stale_factor": STALE_FACTOR,
+        },
+    ).to_arrow_table()
+    return conform(table, GPU_STATES)
+
+
+def states_from_table(
+    rows: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime, bucket: dt.timedelta = BUCKET
+) -> pa.Table:
+    """Convenience for tests and small inputs: states from an in-memory clean table."""
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        con.register("clean_in", rows)
+        return compute_gpu_states(con, "clean_in", [], start_utc, end_utc, bucket)
+    finally:
+        con.close()

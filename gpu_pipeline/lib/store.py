@@ -1,0 +1,251 @@
+"""The only module that touches table paths.
+
+Layout: ``<root>/<layer>/<table>/date=YYYY-MM-DD/part-0.parquet`` (hive style, zstd) and
+``<root>/plots/<name>/date=YYYY-MM-DD/<name>.png``.
+
+A partition is replaced atomically: the new file is written to a temporary name in the same
+directory, fsynced and renamed over the old one, so a reader (or a run killed mid-write) sees either
+the old or the new file, never a mix. Re-materializing a day replaces it, never appends. Writers of
+one partition are serialized with an exclusive lock file, so two runs of the same day cannot
+interleave.
+
+Only local directories are implemented. An object-store root (``s3://...``) would implement the
+same four operations (write whole object once, read, list, exists) through ``pyarrow.fs``; nothing
+outside this module builds a path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import io
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gpu_pipeline.lib.schemas import TABLES, TableSpec, conform
+
+PART_FILE = "part-0.parquet"
+ROW_GROUP_SIZE = 1_000_000
+_DAY_RE = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    path: str
+    rows: int
+    bytes: int
+
+    @property
+    def uri(self) -> str:
+        return "file://" + self.path
+
+
+def _as_day(day: dt.date | str) -> str:
+    if isinstance(day, str):
+        return dt.date.fromisoformat(day).isoformat()
+    return day.isoformat()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` via temp file + fsync + rename in the same directory."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(target.parent)
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """Serialize deterministically: the same table gives the same bytes."""
+    sink = io.BytesIO()
+    pq.write_table(
+        table,
+        sink,
+        compression="zstd",
+        row_group_size=ROW_GROUP_SIZE,
+        write_statistics=True,
+        store_schema=True,
+    )
+    return sink.getvalue()
+
+
+class Store:
+    """Partitioned Parquet tables and plots under one local data root."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        root_str = os.fspath(root)
+        if "://" in root_str and not root_str.startswith("file://"):
+            raise ValueError(
+                f"data root {root_str!r}: only local directories are supported in this version "
+                "(object stores are planned behind this same Store interface)"
+            )
+        self.root = Path(root_str.removeprefix("file://")).expanduser().resolve()
+
+    # -- paths -------------------------------------------------------------------------------
+    def table_dir(self, spec: TableSpec) -> Path:
+        return self.root / spec.layer / spec.name
+
+    def partition_file(self, spec: TableSpec, day: dt.date | str) -> Path:
+        return self.table_dir(spec) / f"date={_as_day(day)}" / PART_FILE
+
+    def plot_file(self, name: str, day: dt.date | str) -> Path:
+        safe = safe_name(name)
+        return self.root / "plots" / safe / f"date={_as_day(day)}" / f"{safe}.png"
+
+    # -- writing -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _partition_lock(self, directory: Path) -> Iterator[None]:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / ".lock", "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def write_partition(self, spec: TableSpec, day: dt.date | str, table: pa.Table) -> WriteResult:
+        """Replace one day of ``spec`` with ``table`` (conformed to the table's schema)."""
+        data = parquet_bytes(conform(table, spec))
+        target = self.partition_file(spec, day)
+        with self._partition_lock(target.parent):
+            atomic_write_bytes(target, data)
+        return WriteResult(path=str(target), rows=table.num_rows, bytes=len(data))
+
+    def write_plot(self, name: str, day: dt.date | str, png: bytes) -> WriteResult:
+        target = self.plot_file(name, day)
+        with self._partition_lock(target.parent):
+            atomic_write_bytes(target, png)
+        return WriteResult(path=str(target), rows=0, bytes=len(png))
+
+    # -- reading -------------------------------------------------------------------------------
+    def has_partition(self, spec: TableSpec, day: dt.date | str) -> bool:
+        return self.partition_file(spec, day).is_file()
+
+    def partition_days(self, spec: TableSpec) -> list[str]:
+        base = self.table_dir(spec)
+        if not base.is_dir():
+            return []
+        days = []
+        for child in base.iterdir():
+            m = _DAY_RE.match(child.name)
+            if m and (child / PART_FILE).is_file():
+                days.append(m.group(1))
+        return sorted(days)
+
+    def files(self, spec: TableSpec, days: Iterable[dt.date | str]) -> list[str]:
+        """Existing partition files for ``days`` (missing days are skipped)."""
+        out = []
+        for day in days:
+            path = self.partition_file(spec, day)
+            if path.is_file():
+                out.append(str(path))
+        return out
+
+    def read_table(self, spec: TableSpec, day: dt.date | str) -> pa.Table:
+        return pq.read_table(self.partition_file(spec, day), schema=spec.schema)
+
+    def relation_sql(self, spec: TableSpec, days: Iterable[dt.date | str]) -> tuple[str, list[str]]:
+        """A DuckDB FROM-clause reading the given days, and its parameter list.
+
+        Use as ``con.execute(f"SELECT ... FROM {sql}", params)``. With no file present the
+        relation is empty but still has the table's columns.
+        """
+        files = self.files(spec, days)
+        if not files:
+            cols = ", ".join(
+                f"CAST(NULL AS {_duck_type(f.type)}) AS {_q(f.name)}" for f in spec.schema
+            )
+            return f"(SELECT {cols} LIMIT 0)", []
+        return "read_parquet(?, union_by_name=false)", [files]
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _duck_type(t: pa.DataType) -> str:
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMPTZ" if t.tz else "TIMESTAMP"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "VARCHAR"
+    if pa.types.is_boolean(t):
+        return "BOOLEAN"
+    if pa.types.is_int32(t):
+        return "INTEGER"
+    if pa.types.is_integer(t):
+        return "BIGINT"
+    if pa.types.is_floating(t):
+        return "DOUBLE"
+    if pa.types.is_date(t):
+        return "DATE"
+    raise TypeError(f"no DuckDB type for {t}")
+
+
+_SAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(name: str) -> str:
+    """A file-name-safe version of a host/device/plot name (no separators, no '..')."""
+    cleaned = _SAFE_RE.sub("_", name).strip("._") or "_"
+    return cleaned.replace("..", "_")
+
+
+def connect(threads: int | None = None, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with UTC session time zone."""
+    con = duckdb.connect(":memory:")
+    con.execute("SET TimeZone = 'UTC'")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    if memory_limit:
+        con.execute("SET memory_limit = ?", [memory_limit])
+    return con
+
+
+def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
+    """Create one view per table (``<layer>.<table>``) over every partition in the store.
+
+    Returns the view names. A table with no partition yet gets an empty view with its schema.
+    """
+    names = []
+    for spec in TABLES.values():
+        con.execute(f"CREATE SCHEMA IF NOT EXISTS {_q(spec.layer)}")
+        view = f"{_q(spec.layer)}.{_q(spec.name)}"
+        if store.partition_days(spec):
+            pattern = str(store.table_dir(spec) / "date=*" / PART_FILE).replace("'", "''")
+            # DDL cannot take parameters; the pattern comes from our own root path (quoted above).
+            con.execute(
+                f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM "
+                f"read_parquet('{pattern}', hive_partitioning=true)"
+            )
+        else:
+            cols = ", ".join(
+                f"CAST(NULL AS {_duck_type(f.type)}) AS {_q(f.name)}" for f in spec.schema
+            )
+            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT {cols}, CAST(NULL AS DATE) AS date LIMIT 0")
+        names.append(f"{spec.layer}.{spec.name}")
+    return names

@@ -1,0 +1,115 @@
+import datetime as dt
+import sqlite3
+
+import pytest
+
+from gpu_pipeline.lib.condor_archive import ArchiveError, read_window
+from gpu_pipeline.lib.schemas import RAW_CONDOR_SLOT_SNAPSHOTS
+from gpu_pipeline.lib.timeutil import day_window
+from gpu_pipeline_tests.conftest import NEW_COLUMNS, OLD_COLUMNS, slot_row, write_gpu_state_db
+
+UTC = dt.UTC
+
+
+def test_reads_one_utc_day_across_a_month_boundary_with_schema_drift(tmp_path):
+    # Local time UTC-5 (CDT in July/August): UTC day 2025-08-01 = local 07-31 19:00 .. 08-01 19:00.
+    july = [slot_row("2025-07-31 18:55:01.000001", "slot1", "GPU-aaaaaaaa", "Unclaimed"),
+            slot_row("2025-07-31 19:00:02.500000", "slot1", "GPU-aaaaaaaa", "Unclaimed"),
+            slot_row("2025-07-31 23:59:59.999999", "slot1", "GPU-aaaaaaaa", "Claimed", job="s#1.0#1")]
+    aug = [dict(slot_row("2025-08-01 00:00:03.000000", "slot1", "GPU-aaaaaaaa", "Claimed", job="s#1.0#1"),
+                PreventJobsReason=None, Disk=1000, GPUs_MIG_0_DeviceName=None),
+           dict(slot_row("2025-08-01 18:59:59.000000", "slot1", "GPU-aaaaaaaa", "Drained"),
+                PreventJobsReason="Draining", Disk=1000),
+           slot_row("2025-08-01 19:00:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed")]
+    write_gpu_state_db(tmp_path / "gpu_state_2025-07.db", july, OLD_COLUMNS)
+    write_gpu_state_db(tmp_path / "gpu_state_2025-08.db", aug, NEW_COLUMNS)
+
+    start, end = day_window("2025-08-01", "UTC")
+    read = read_window(tmp_path, start, end, "America/Chicago")
+
+    assert read.table.schema == RAW_CONDOR_SLOT_SNAPSHOTS.schema
+    assert read.table.column("timestamp_local").to_pylist() == [
+        "2025-07-31 19:00:02.500000",
+        "2025-07-31 23:59:59.999999",
+        "2025-08-01 00:00:03.000000",
+        "2025-08-01 18:59:59.000000",
+    ]
+    assert read.table.column("snapshot_utc").to_pylist()[0] == dt.datetime(2025, 8, 1, 0, 0, 2, 500000, tzinfo=UTC)
+    assert read.table.column("PreventJobsReason").to_pylist() == [None, None, None, "Draining"]
+    assert [f.rsplit("/", 1)[-1] for f in read.files] == ["gpu_state_2025-07.db", "gpu_state_2025-08.db"]
+    assert read.extra_columns == {str(tmp_path / "gpu_state_2025-08.db"): ["GPUs_MIG_0_DeviceName"]}
+    assert read.missing_columns[str(tmp_path / "gpu_state_2025-07.db")] == ["PreventJobsReason", "Disk"]
+    assert read.missing_months == []
+    assert read.snapshots == 4
+
+
+def test_missing_month_is_reported_and_other_months_still_read(tmp_path):
+    write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
+                       [slot_row("2025-08-01 00:10:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed")])
+    start, end = day_window("2025-08-01", "America/Chicago")
+    # Local window with margin touches July, which is absent.
+    read = read_window(tmp_path, start, end, "America/Chicago")
+    assert read.missing_months == ["2025-07"]
+    assert read.table.num_rows == 1
+
+
+def test_empty_window_gives_empty_table_with_full_schema(tmp_path):
+    write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
+                       [slot_row("2025-08-20 00:10:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed")])
+    start, end = day_window("2025-08-01", "UTC")
+    read = read_window(tmp_path, start, end, "UTC")
+    assert read.table.num_rows == 0
+    assert read.table.schema == RAW_CONDOR_SLOT_SNAPSHOTS.schema
+
+
+def test_dst_fall_back_hour_is_resolved_by_append_order(tmp_path):
+    # 2025-11-02 01:30 happens twice in America/Chicago (CDT then CST).
+    rows = [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Unclaimed") for ts in (
+        "2025-11-02 01:25:00.000000", "2025-11-02 01:30:00.000000", "2025-11-02 01:55:00.000000",
+        "2025-11-02 01:05:00.000000", "2025-11-02 01:30:00.000001", "2025-11-02 02:00:00.000000")]
+    write_gpu_state_db(tmp_path / "gpu_state_2025-11.db", rows)
+    start, end = day_window("2025-11-02", "America/Chicago")
+    assert end - start == dt.timedelta(hours=25)
+    read = read_window(tmp_path, start, end, "America/Chicago")
+    utc = read.table.column("snapshot_utc").to_pylist()
+    assert utc == sorted(utc)
+    assert utc[0] == dt.datetime(2025, 11, 2, 6, 25, tzinfo=UTC)  # CDT, UTC-5
+    assert utc[3] == dt.datetime(2025, 11, 2, 7, 5, tzinfo=UTC)  # second 01:05, CST, UTC-6
+    assert utc[5] == dt.datetime(2025, 11, 2, 8, 0, tzinfo=UTC)
+
+
+def test_parquet_monthly_archive_is_read_like_sqlite(tmp_path):
+    import pandas as pd
+
+    rows = [slot_row("2025-08-01 00:10:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed"),
+            slot_row("2025-08-02 00:10:00.000000", "slot1", "GPU-aaaaaaaa", "Claimed", job="s#2.0#2")]
+    df = pd.DataFrame(rows)
+    df["timestamp"] = pd.to_datetime(df["timestamp"])
+    df.to_parquet(tmp_path / "gpu_state_2025-08.parquet")
+    start, end = day_window("2025-08-02", "UTC")
+    read = read_window(tmp_path, start, end, "UTC")
+    assert read.table.column("State").to_pylist() == ["Claimed"]
+    assert read.table.column("snapshot_utc").to_pylist() == [dt.datetime(2025, 8, 2, 0, 10, tzinfo=UTC)]
+
+
+def test_missing_table_names_the_file(tmp_path):
+    path = tmp_path / "gpu_state_2025-08.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE other (x)")
+    con.close()
+    start, end = day_window("2025-08-01", "UTC")
+    with pytest.raises(ArchiveError, match=r"gpu_state_2025-08\.db: no table 'gpu_state'"):
+        read_window(tmp_path, start, end, "UTC")
+
+
+def test_corrupt_file_names_the_file(tmp_path):
+    (tmp_path / "gpu_state_2025-08.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 3000)
+    start, end = day_window("2025-08-01", "UTC")
+    with pytest.raises(ArchiveError, match=r"gpu_state_2025-08\.db"):
+        read_window(tmp_path, start, end, "UTC")
+
+
+def test_missing_directory_is_a_clear_error(tmp_path):
+    start, end = day_window("2025-08-01", "UTC")
+    with pytest.raises(ArchiveError, match="does not exist"):
+        read_window(tmp_path / "nope", start, end, "UTC")

@@ -1,0 +1,123 @@
+"""The ranking rules of DESIGN.md 5.1, hand-computed."""
+
+import datetime as dt
+
+import pyarrow as pa
+import pytest
+
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_STATES, conform
+from gpu_pipeline.lib.states import states_from_table
+
+UTC = dt.UTC
+DAY0 = dt.datetime(2025, 8, 6, tzinfo=UTC)
+
+
+def snap(minute: float, second: float = 7) -> dt.datetime:
+    return DAY0 + dt.timedelta(minutes=minute, seconds=second)
+
+
+def row(ts, slot, gpu, state, tier, host="h1", job=None):
+    return dict(snapshot_utc=ts, host=host, slot_name=f"{slot}@{host}", gpu_id=gpu, tier=tier,
+                is_backfill_slot="backfill" in slot, slot_state=state, device_name="NVIDIA A100",
+                global_job_id=job, remote_owner="u" if job else None)
+
+
+def states(rows, minutes=15):
+    table = conform(pa.Table.from_pylist(rows), CLEAN_SLOT_SNAPSHOTS)
+    out = states_from_table(table, DAY0, DAY0 + dt.timedelta(minutes=minutes))
+    assert out.schema == GPU_STATES.schema
+    return {(r["gpu_id"], int((r["bucket_start_utc"] - DAY0).total_seconds() // 60)): r for r in out.to_pylist()}
+
+
+@pytest.mark.parametrize(
+    "rows_for_gpu, expected",
+    [
+        # claimed primary beats everything
+        ([("slot1", "Unclaimed", "priority"), ("slot1_1", "Claimed", "priority"),
+          ("backfill2_1", "Claimed", "backfill")], "busy_prioritized"),
+        ([("slot1_1", "Claimed", "shared")], "busy_shared"),
+        # the trap: primary unclaimed while backfill runs a job -> busy_backfill
+        ([("slot1", "Unclaimed", "priority"), ("backfill2_1", "Claimed", "backfill")], "busy_backfill"),
+        # unclaimed primary beats unclaimed backfill
+        ([("slot1", "Unclaimed", "priority"), ("backfill2", "Unclaimed", "backfill")], "idle_prioritized"),
+        ([("slot1", "Unclaimed", "shared")], "idle_shared"),
+        # other primary state (Drained) beats unclaimed backfill -> na
+        ([("slot1", "Drained", "priority"), ("backfill2", "Unclaimed", "backfill")], "na"),
+        # ...but a claimed backfill beats a drained primary
+        ([("slot1", "Drained", "priority"), ("backfill2_1", "Claimed", "backfill")], "busy_backfill"),
+        # only a backfill slot sees the GPU, idle -> documented idle_backfill code
+        ([("backfill2", "Unclaimed", "backfill")], "idle_backfill"),
+        ([("slot1", "Owner", "shared")], "na"),
+    ],
+)
+def test_rank_rules(rows_for_gpu, expected):
+    rows = [row(snap(0), slot, "GPU-aaaaaaaa", st, tier, job="j#1.0#1" if st == "Claimed" else None)
+            for slot, st, tier in rows_for_gpu]
+    out = states(rows, minutes=5)
+    r = out[("GPU-aaaaaaaa", 0)]
+    assert r["state"] == expected
+    assert r["n_slot_rows"] == len(rows_for_gpu)
+    if expected == "na":
+        assert r["na_reason"] in {"Drained", "Owner"}
+
+
+def test_busy_backfill_reports_the_backfill_job_and_priority_gpu_is_not_lost():
+    rows = [row(snap(0), "slot1", "GPU-aaaaaaaa", "Unclaimed", "priority"),
+            row(snap(0), "backfill2_1", "GPU-aaaaaaaa", "Claimed", "backfill", job="bf#7.0#1")]
+    r = states(rows, 5)[("GPU-aaaaaaaa", 0)]
+    assert (r["state"], r["tier"], r["global_job_id"], r["slot_name"]) == (
+        "busy_backfill", "backfill", "bf#7.0#1", "backfill2_1@h1")
+
+
+def test_within_equal_rank_latest_snapshot_wins():
+    # Two snapshots in one bucket, both unclaimed primary but different slots: the later one wins.
+    rows = [row(snap(0, 5), "slot1", "GPU-aaaaaaaa", "Unclaimed", "priority"),
+            row(snap(0, 200), "slot2", "GPU-aaaaaaaa", "Unclaimed", "shared")]
+    r = states(rows, 5)[("GPU-aaaaaaaa", 0)]
+    assert r["state"] == "idle_shared"
+    assert r["snapshot_utc"] == snap(0, 200)
+
+
+def test_higher_rank_wins_even_from_an_earlier_snapshot_in_the_bucket():
+    rows = [row(snap(0, 5), "slot1_1", "GPU-aaaaaaaa", "Claimed", "shared", job="a#1.0#1"),
+            row(snap(0, 200), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared")]
+    assert states(rows, 5)[("GPU-aaaaaaaa", 0)]["state"] == "busy_shared"
+
+
+def test_dropout_missing_snapshot_and_carry_forward():
+    rows = []
+    for m in (0, 5, 15, 20, 25):  # the 10-minute snapshot is missing from the whole pool
+        rows.append(row(snap(m), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared"))
+        if m != 20:  # GPU b drops out at 20
+            rows.append(row(snap(m), "slot1", "GPU-bbbbbbbb", "Unclaimed", "shared"))
+    out = states(rows, minutes=50)
+    # 10-minute bucket carries the 05:07 snapshot (younger than 1.5 x 5 min cadence)
+    assert out[("GPU-aaaaaaaa", 10)]["state"] == "idle_shared"
+    assert out[("GPU-aaaaaaaa", 10)]["snapshot_utc"] == snap(5)
+    assert out[("GPU-bbbbbbbb", 20)]["state"] == "na"
+    assert out[("GPU-bbbbbbbb", 20)]["na_reason"] == "dropout"
+    # 30: carried from 25:07 (4m53s old); 35 and later: stale -> no_snapshot
+    assert out[("GPU-aaaaaaaa", 30)]["state"] == "idle_shared"
+    assert out[("GPU-aaaaaaaa", 35)]["na_reason"] == "no_snapshot"
+    assert out[("GPU-bbbbbbbb", 45)]["na_reason"] == "no_snapshot"
+
+
+def test_fifteen_minute_cadence_fills_five_minute_buckets():
+    rows = [row(snap(m), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared") for m in (0, 15, 30, 45)]
+    out = states(rows, minutes=60)
+    assert all(out[("GPU-aaaaaaaa", m)]["state"] == "idle_shared" for m in range(0, 60, 5))
+
+
+def test_every_gpu_gets_every_bucket_gpu_hours_conserved():
+    rows = [row(snap(0), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared"),
+            row(snap(50), "slot1", "GPU-cccccccc", "Unclaimed", "shared", host="h2")]
+    table = conform(pa.Table.from_pylist(rows), CLEAN_SLOT_SNAPSHOTS)
+    out = states_from_table(table, DAY0, DAY0 + dt.timedelta(hours=1))
+    assert out.num_rows == 2 * 12
+    # GPU c had no snapshot before 50 min: those buckets are not 'seen', only the 0/5 buckets of a
+    assert sorted(set(out.column("gpu_id").to_pylist())) == ["GPU-aaaaaaaa", "GPU-cccccccc"]
+
+
+def test_empty_input_gives_empty_output_with_schema():
+    out = states_from_table(CLEAN_SLOT_SNAPSHOTS.empty(), DAY0, DAY0 + dt.timedelta(days=1))
+    assert out.num_rows == 0 and out.schema == GPU_STATES.schema

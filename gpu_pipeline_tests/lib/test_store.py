@@ -1,0 +1,97 @@
+import os
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from gpu_pipeline.lib import store as store_mod
+from gpu_pipeline.lib.schemas import GPU_STATES, QUARANTINE
+from gpu_pipeline.lib.store import Store, create_catalog, safe_name
+
+
+def q_rows(n: int, reason: str = "r") -> pa.Table:
+    return pa.Table.from_pydict(
+        {"source_table": ["t"] * n, "reason": [reason] * n, "row_json": ["{}"] * n},
+    )
+
+
+def test_layout_and_rerun_replaces_never_appends(data_root):
+    store = Store(data_root)
+    first = store.write_partition(QUARANTINE, "2025-08-06", q_rows(3))
+    assert first.uri.endswith("/quarantine/slot_snapshots/date=2025-08-06/part-0.parquet")
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(2, "second"))
+    table = store.read_table(QUARANTINE, "2025-08-06")
+    assert table.num_rows == 2 and set(table.column("reason").to_pylist()) == {"second"}
+    # exactly the table's schema, columns added as nulls where the input lacked them
+    assert pq.read_schema(store.partition_file(QUARANTINE, "2025-08-06")).names == QUARANTINE.schema.names
+    # no temp files are left behind
+    leftovers = [p for p in store.partition_file(QUARANTINE, "2025-08-06").parent.iterdir()
+                 if p.name not in {"part-0.parquet", ".lock"}]
+    assert leftovers == []
+
+
+def test_same_input_gives_identical_bytes(data_root):
+    store = Store(data_root)
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(5))
+    a = store.partition_file(QUARANTINE, "2025-08-06").read_bytes()
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(5))
+    assert store.partition_file(QUARANTINE, "2025-08-06").read_bytes() == a
+
+
+def test_failing_write_leaves_the_old_file(data_root, monkeypatch):
+    store = Store(data_root)
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(3))
+    path = store.partition_file(QUARANTINE, "2025-08-06")
+    before = path.read_bytes()
+
+    # 1. bad data is refused before anything is written
+    with pytest.raises(ValueError, match="unexpected columns"):
+        store.write_partition(QUARANTINE, "2025-08-06", q_rows(1).append_column("bogus", pa.array([1])))
+    assert path.read_bytes() == before
+
+    # 2. a crash between writing the temp file and the rename
+    def boom(*a, **k):
+        raise OSError("disk went away")
+
+    monkeypatch.setattr(store_mod.os, "replace", boom)
+    with pytest.raises(OSError, match="disk went away"):
+        store.write_partition(QUARANTINE, "2025-08-06", q_rows(9))
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == [".lock", "part-0.parquet"]
+
+
+def test_empty_day_has_full_schema_and_reads_with_other_days(data_root):
+    store = Store(data_root)
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(2))
+    store.write_partition(QUARANTINE, "2025-08-07", q_rows(0))
+    con = duckdb.connect()
+    create_catalog(con, store)
+    rows = con.sql("SELECT date, count(*) FROM quarantine.slot_snapshots GROUP BY 1 ORDER BY 1").fetchall()
+    assert [(str(d), n) for d, n in rows] == [("2025-08-06", 2)]
+    assert store.partition_days(QUARANTINE) == ["2025-08-06", "2025-08-07"]
+    # a table with no partitions still has a (empty) view with its columns
+    cols = [r[0] for r in con.sql("DESCRIBE metrics.gpu_states").fetchall()]
+    assert cols[: len(GPU_STATES.schema)] == GPU_STATES.schema.names
+
+
+def test_relation_sql_skips_missing_days(data_root):
+    store = Store(data_root)
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(2))
+    sql, params = store.relation_sql(QUARANTINE, ["2025-08-05", "2025-08-06"])
+    con = duckdb.connect()
+    assert con.sql(f"SELECT count(*) FROM {sql}", params=params).fetchall() == [(2,)]
+    sql, params = store.relation_sql(QUARANTINE, ["2025-08-01"])
+    assert con.sql(f"SELECT count(*) FROM {sql}", params=params or None).fetchall() == [(0,)]
+
+
+def test_object_store_roots_are_refused_clearly():
+    with pytest.raises(ValueError, match="only local directories"):
+        Store("s3://bucket/prefix")
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "a/b", "..", "gpu01.example.edu"])
+def test_safe_name_never_escapes(name):
+    s = safe_name(name)
+    assert "/" not in s and ".." not in s and s
+    assert os.path.basename(s) == s
