@@ -1,0 +1,126 @@
+"""The Dagster definitions: loading, shared partitions, schedule, and a range run on a hand archive."""
+
+import datetime as dt
+
+import dagster as dg
+import pyarrow.parquet as pq
+import pytest
+
+from gpu_pipeline.definitions import defs as load_defs
+from gpu_pipeline.defs.partitions import daily_partitions
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_STATES, RAW_CONDOR_SLOT_SNAPSHOTS
+from gpu_pipeline.lib.store import Store
+from gpu_pipeline_tests.conftest import slot_row, write_gpu_state_db
+
+DAILY_ASSETS = {
+    "raw/condor_slot_snapshots",
+    "clean/slot_snapshots",
+    "metrics/gpu_states",
+    "plots/gpu_timeline_heatmap",
+}
+
+
+@pytest.fixture(scope="module")
+def defs() -> dg.Definitions:
+    return load_defs()
+
+
+def test_definitions_load_with_every_layer(defs):
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert DAILY_ASSETS <= keys
+    groups = {graph.get(k).group_name for k in graph.get_all_asset_keys()}
+    assert {"raw", "clean", "metrics", "plots"} <= groups
+
+
+def test_every_daily_asset_shares_one_partitions_definition_and_backfill_policy(defs):
+    graph = defs.resolve_asset_graph()
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        assert node.partitions_def is daily_partitions, key
+        assert node.backfill_policy == dg.BackfillPolicy.single_run(), key
+
+
+def test_nightly_schedule_targets_the_previous_day_and_is_stopped_by_default(defs):
+    schedule = defs.resolve_schedule_def("nightly_pipeline")
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    assert schedule.job_name == "daily_pipeline"
+    with dg.instance_for_test() as instance:
+        ctx = dg.build_schedule_context(
+            instance=instance,
+            scheduled_execution_time=dt.datetime(2025, 8, 7, 2, 15, tzinfo=dt.UTC),
+        )
+        data = schedule.evaluate_tick(ctx)
+    assert [r.partition_key for r in data.run_requests] == ["2025-08-06"]
+
+
+def _hand_archive(path, days):
+    rows = []
+    for day in days:
+        t0 = dt.datetime.fromisoformat(day)
+        for k in range(288):
+            ts = (t0 + dt.timedelta(minutes=5 * k, seconds=4)).strftime("%Y-%m-%d %H:%M:%S.%f")
+            busy = 96 <= k < 192  # 08:00-16:00 a primary job holds GPU a
+            rows.append(slot_row(ts, "slot1", "GPU-aaaaaaaa", "Unclaimed", projects="Lab"))
+            rows.append(slot_row(ts, "slot1", "GPU-bbbbbbbb", "Unclaimed", projects="Lab"))
+            if busy:
+                rows.append(slot_row(ts, "slot1_1", "GPU-aaaaaaaa", "Claimed", projects="Lab", job="s#1.0#1"))
+            else:
+                rows.append(slot_row(ts, "backfill2_1", "GPU-aaaaaaaa", "Claimed", projects="Lab", job="b#2.0#1"))
+    write_gpu_state_db(path / "gpu_state_2025-08.db", rows)
+
+
+def test_a_three_day_range_is_one_run_writing_three_files_per_table(defs, tmp_path, monkeypatch):
+    days = ["2025-08-05", "2025-08-06", "2025-08-07"]
+    _hand_archive(tmp_path / "archive", days)
+    monkeypatch.setenv("GPU_PIPELINE_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.setenv("GPU_PIPELINE_CONDOR_ARCHIVE", str(tmp_path / "archive"))
+    monkeypatch.setenv("GPU_PIPELINE_SOURCE_TZ", "UTC")
+    monkeypatch.setenv("GPU_PIPELINE_EXCLUDED_HOSTS", "")
+    job = defs.resolve_job_def("daily_pipeline")
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(
+            instance=instance,
+            tags={"dagster/asset_partition_range_start": days[0], "dagster/asset_partition_range_end": days[-1]},
+        )
+        assert result.success
+        assert len(instance.get_run_records()) == 1
+        mats = instance.fetch_materializations(dg.AssetKey(["metrics", "gpu_states"]), limit=10).records
+        assert sorted(m.partition_key for m in mats) == days
+        checks = [e for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+        assert checks and all(e.event_specific_data.passed for e in checks)
+
+    store = Store(tmp_path / "data")
+    for spec in (RAW_CONDOR_SLOT_SNAPSHOTS, CLEAN_SLOT_SNAPSHOTS, GPU_STATES):
+        assert store.partition_days(spec) == days, spec.path
+    for day in days:
+        assert store.plot_file("gpu_timeline_heatmap", day).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        states = pq.read_table(store.partition_file(GPU_STATES, day)).to_pylist()
+        assert len(states) == 2 * 288
+        a = {r["bucket_start_utc"].hour: r["state"] for r in states if r["gpu_id"] == "GPU-aaaaaaaa"}
+        assert a[3] == "busy_backfill" and a[9] == "busy_prioritized" and a[20] == "busy_backfill"
+        assert {r["state"] for r in states if r["gpu_id"] == "GPU-bbbbbbbb"} == {"idle_prioritized"}
+
+
+def test_a_failing_day_fails_the_run_naming_it_and_the_other_days_are_written(defs, tmp_path, monkeypatch):
+    _hand_archive(tmp_path / "archive", ["2025-08-05"])
+    # September's archive is corrupt: 2025-09-01 fails, 2025-08-05 is still written.
+    (tmp_path / "archive" / "gpu_state_2025-09.db").write_bytes(b"not a database at all" * 100)
+    monkeypatch.setenv("GPU_PIPELINE_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.setenv("GPU_PIPELINE_CONDOR_ARCHIVE", str(tmp_path / "archive"))
+    monkeypatch.setenv("GPU_PIPELINE_SOURCE_TZ", "UTC")
+    monkeypatch.setenv("GPU_PIPELINE_EXCLUDED_HOSTS", "")
+    asset_job = dg.define_asset_job("raw_only", selection=["raw/condor_slot_snapshots"]).resolve(
+        asset_graph=defs.resolve_asset_graph()
+    )
+    with dg.instance_for_test() as instance:
+        result = asset_job.execute_in_process(
+            instance=instance, raise_on_error=False, resources=defs.resources,
+            tags={"dagster/asset_partition_range_start": "2025-08-05",
+                  "dagster/asset_partition_range_end": "2025-09-01"},
+        )
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    message = str(failure.event_specific_data.error)
+    assert "2025-09-01" in message and "gpu_state_2025-09.db" in message
+    assert Store(tmp_path / "data").has_partition(RAW_CONDOR_SLOT_SNAPSHOTS, "2025-08-05")
