@@ -108,9 +108,11 @@ def gpu_timeline_heatmap(
         mat[row_of[g], col_of[t]] = code_of[s]
 
     n_gpus = len(order)
-    height = float(np.clip(2.5 + n_gpus * 0.018, 4.0, 28.0))
+    # Fixed margins in inches: title on top; tick labels, axis label and a 2-row legend below.
+    bottom_in, top_in = 0.95, 0.45
+    height = float(np.clip(n_gpus * 0.03, 2.5, 26.0)) + bottom_in + top_in
     fig = Figure(figsize=(14, height))
-    ax = fig.add_axes((0.16, 0.14 if n_gpus < 50 else 0.06, 0.82, 0.8 if n_gpus < 50 else 0.88))
+    ax = fig.add_axes((0.16, bottom_in / height, 0.82, 1 - (bottom_in + top_in) / height))
     cmap = ListedColormap([STATE_COLORS[s] for s in STATES])
     norm = BoundaryNorm(np.arange(len(STATES) + 1) - 0.5, cmap.N)
     start = times[0] / 1e6
@@ -160,14 +162,7 @@ def gpu_timeline_heatmap(
         Patch(facecolor=STATE_COLORS[s], edgecolor="#666666", label=f"{STATE_LABELS[s]}: {share[k]:.1%}")
         for k, s in enumerate(STATES)
     ]
-    ax.legend(
-        handles=handles,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.06 if n_gpus >= 50 else -0.18),
-        ncol=4,
-        fontsize=8,
-        frameon=False,
-    )
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.57, 0.0), ncol=4, fontsize=8, frameon=False)
     ax.set_title(full_title)
     numbers = {f"share_{s}": float(share[k]) for k, s in enumerate(STATES)}
     numbers["gpus"] = float(n_gpus)
