@@ -205,7 +205,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if os.environ.get("DAGSTER_HOME"):
         prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
     dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
-    argv = [dagster, "dev", "-m", "gpu_pipeline.definitions", "-h", args.host, "-p", str(args.port)]
+    workspace = INSTANCE_TEMPLATE.with_name("workspace.yaml")
+    argv = [dagster, "dev", "-w", str(workspace), "-h", args.host, "-p", str(args.port)]
     print(" ".join(argv))
     os.execv(argv[0], argv)
     return 0  # pragma: no cover
