@@ -1,0 +1,882 @@
+"""HTCondor job records -> the cleaned ``clean/jobs`` table (one row per job run).
+
+Sources (DESIGN.md 4.2), all through one normalizer (:func:`normalize_docs`):
+
+- ``elasticsearch``: ``_source`` documents fetched by :mod:`gpu_pipeline.lib.es_source`;
+- ``ndjson``: files of one ``_source`` JSON object per line (what the simulator writes, or an
+  export of an adstash index) -- :func:`read_ndjson`;
+- ``es_export``: a JSON export of search hits (``{"hits": {"hits": [...]}}``, a bare list of hits,
+  or one hit per line as elasticdump writes them) -- :func:`read_es_export`;
+- ``condor_history``: ``condor_history -json`` / ``condor_q -json`` output (a JSON array of ads, a
+  single ad, or one ad per line) -- :func:`read_condor_history_json`.
+
+Documents come from condor_adstash, which indexes one document per job ad from the schedd history
+and optionally one per job *epoch* (run attempt). Normalization rules:
+
+- **Field names are matched case-insensitively.** adstash keeps known attributes' spelling
+  (``NumJobStarts``), re-capitalizes pattern attributes (``RequestGPUs`` -> ``RequestGpus``) and
+  lower-cases unknown ones (``RemoteOwner`` -> ``remoteowner``, ``NumVacates`` -> ``numvacates``).
+  Where one document holds several spellings of an attribute (adstash multi-fields), the exact
+  HTCondor spelling is tried first, then the others in document order.
+- **Unset values**: JSON ``null``, ``""``, ``"undefined"``, adstash's ``"UNKNOWN"`` placeholders
+  (host, slot, schedd), and unevaluated ClassAd expressions -- the ``"/Expr(...)/"`` strings of
+  ``condor_q -json`` -- are unset (null). adstash stores an expression it cannot evaluate under
+  ``<Attr>_EXPR``, a different field, so the attribute itself is simply absent.
+- **Dates** are epoch seconds (int, float or numeric string); ``0`` or negative means unset
+  (``CompletionDate = 0`` for a job that has not completed, ``-1`` for transfers that never ran).
+  ISO-8601 strings are accepted too (adstash's date mapping allows them); a naive one is UTC.
+- **Numbers** may arrive as strings (``"4"``, ``"4.0"``). Integer columns accept integral floats only.
+- A document that is not a JSON object, lacks a ``GlobalJobId`` string, is not a job ad
+  (``MyType`` other than ``Job``; a GRACC ``JobUsageRecord``), or has a typed value that cannot be
+  coerced (``JobStatus = "running"``, a non-finite float, an out-of-range integer or date) is
+  **quarantined** with the reason -- never dropped silently, never a crash.
+- **Exact duplicate documents** (the same JSON content, e.g. a file or an index read twice) are
+  dropped and counted. Two different documents with the same key (``global_job_id``,
+  ``run_index``, ``doc_kind``) -- e.g. the same job recorded twice as it progressed -- keep the one
+  with the latest ``record_utc`` (ties: the later one read); the other is quarantined as
+  ``duplicate_key``.
+
+Per-row derivations:
+
+- ``doc_kind`` is ``epoch`` when the document has ``EpochWriteDate`` or ``EpochAdType`` (adstash's
+  epoch documents), else ``job`` (the final job ad, or a queue snapshot). Epoch-history records
+  whose ``EpochAdType`` is not ``EPOCH`` (``SPAWN`` is written when a run starts; ``INPUT`` /
+  ``OUTPUT`` / ``CHECKPOINT`` are transfers) do not describe a finished run and are quarantined as
+  ``not_a_run_epoch``.
+- ``run_index`` is the 0-based run: ``NumJobStarts - 1`` (else ``NumShadowStarts - 1``, else
+  ``JobRunCount - 1``), 0 for a job that never started. For a ``job`` document it is the job's last
+  run; for an ``epoch`` document the run the epoch describes.
+- ``run_start_utc`` = ``JobCurrentStartDate``, else ``JobStartDate``.
+- ``run_end_utc`` (null when the run has not started):
+
+  1. ``CompletionDate`` when set and not before the run start (the run completed);
+  2. else ``LastVacateTime`` when not before the run start (the run was evicted/vacated; it is the
+     end of the run even when the job was held or removed later);
+  3. else, for a job that is still running (``JobStatus`` 2 Running, 6 Transferring Output,
+     7 Suspended) in a ``job`` document: null (open run);
+  4. else ``EpochWriteDate`` (epoch documents: written when the run ended);
+  5. else ``EnteredCurrentStatus`` when the job has left the running states (held, removed, idle
+     again): the time it entered that state;
+  6. else null.
+
+  A ``LastVacateTime`` before ``run_start_utc`` belongs to an earlier run and is ignored for
+  ``run_end_utc`` (``last_vacate_utc`` still reports it).
+- ``record_utc`` = ``RecordTime`` (added by adstash), else ``EpochWriteDate`` (epochs), else
+  ``ServerTime`` (when ``condor_q -json`` ran), else ``CompletionDate``, else ``EnteredCurrentStatus``
+  (what adstash derives RecordTime from).
+- ``user`` = ``User`` (``owner@uid_domain``), else ``RemoteOwner`` -- the spelling slot snapshots
+  use; ``owner`` = ``Owner``, else the part of ``user`` before ``@``.
+- ``schedd`` = ``ScheddName``, else the part of ``GlobalJobId`` before the first ``#``;
+  ``cluster_id``/``proc_id`` fall back to ``GlobalJobId`` (``schedd#cluster.proc#qdate``).
+- ``host``/``slot`` = ``StartdName``/``StartdSlot``, else ``RemoteHost`` (a job that is running),
+  else ``LastRemoteHost``, split at the last ``@`` (``slot1_3@gpu01`` -> ``slot1_3``, ``gpu01``;
+  a glidein's ``slot1_2@glidein_1_2@node`` -> ``slot1_2@glidein_1_2``, ``node``). A document's own
+  ``StartdSlot`` is kept as is (adstash writes the part before the *first* ``@`` there).
+- ``assigned_gpus``: ``AssignedGPUs`` split on commas (a ClassAd list ``{ ... }`` or JSON list is
+  accepted), each id normalized to the HTCondor short id ``GPU-xxxxxxxx`` (full UUIDs and the
+  ``GPUs_GPU_xxxxxxxx`` reference form are shortened, MIG ids kept), joined with ``,``.
+- ``remote_wall_clock_s`` is HTCondor's cumulative ``RemoteWallClockTime`` (all runs so far), also
+  on epoch rows; ``committed_time_s`` is ``CommittedTime`` (wall time of runs that were not
+  lost to eviction -- compare the two for badput).
+
+The table is sorted by its key, so the same input always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import hashlib
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gpu_pipeline.lib.schemas import QUARANTINE, TS, TableSpec, _f
+from gpu_pipeline.lib.slots import normalize_gpu_id
+
+SOURCES: tuple[str, ...] = ("elasticsearch", "ndjson", "es_export", "condor_history")
+
+#: HTCondor JobStatus codes (``condor_q`` / job ClassAd documentation).
+JOB_STATUS_NAMES: dict[int, str] = {
+    1: "Idle",
+    2: "Running",
+    3: "Removed",
+    4: "Completed",
+    5: "Held",
+    6: "Transferring Output",
+    7: "Suspended",
+}
+#: Statuses in which the current run is still going on (its end is unknown).
+RUNNING_STATUSES = frozenset({2, 6, 7})
+
+JOBS = TableSpec(
+    layer="clean",
+    name="jobs",
+    description=(
+        "HTCondor job records (condor_adstash job and epoch documents, condor_history/condor_q "
+        "ads), one row per job run: doc_kind 'job' rows are final job ads (their last run), "
+        "'epoch' rows one run attempt each. Typed, UTC; field names matched case-insensitively; "
+        "0/absent dates and unevaluated /Expr()/ values are null. Malformed documents are "
+        "quarantined with the reason, exact duplicates dropped and counted."
+    ),
+    key=("global_job_id", "run_index", "doc_kind"),
+    schema=pa.schema(
+        [
+            _f("global_job_id", pa.string(), "HTCondor GlobalJobId (schedd#cluster.proc#qdate)", nullable=False),
+            _f("run_index", pa.int32(), "0-based run (epoch) index: NumJobStarts - 1; 0 if never started",
+               nullable=False),
+            _f("doc_kind", pa.string(), "'job' (job ad) or 'epoch' (one run attempt)", nullable=False),
+            _f("cluster_id", pa.int64(), "ClusterId"),
+            _f("proc_id", pa.int64(), "ProcId"),
+            _f("owner", pa.string(), "Owner (submitter's local user name), else the user part of 'user'"),
+            _f("user", pa.string(), "User (owner@uid_domain), else RemoteOwner; as RemoteOwner in slot snapshots"),
+            _f("project", pa.string(), "ProjectName"),
+            _f("acct_group", pa.string(), "AcctGroup, else AccountingGroup"),
+            _f("schedd", pa.string(), "ScheddName, else the part of GlobalJobId before '#'"),
+            _f("job_status", pa.int32(), "JobStatus code when the document was written"),
+            _f("job_status_name", pa.string(), "1 Idle, 2 Running, 3 Removed, 4 Completed, 5 Held, "
+               "6 Transferring Output, 7 Suspended"),
+            _f("queued_utc", TS, "QDate: when the job was submitted"),
+            _f("run_start_utc", TS, "Start of the run: JobCurrentStartDate, else JobStartDate"),
+            _f("run_end_utc", TS, "End of the run: CompletionDate, else LastVacateTime (evicted), else "
+               "EpochWriteDate (epochs) or EnteredCurrentStatus (left the running states); "
+               "null while running"),
+            _f("completion_utc", TS, "CompletionDate (null unless completed)"),
+            _f("record_utc", TS, "RecordTime (adstash), else EpochWriteDate / ServerTime / CompletionDate / "
+               "EnteredCurrentStatus"),
+            _f("host", pa.string(), "Execute host: StartdName, else RemoteHost/LastRemoteHost after the last '@'"),
+            _f("slot", pa.string(), "Slot: StartdSlot, else RemoteHost/LastRemoteHost before the last '@'"),
+            _f("is_backfill_slot", pa.bool_(), "Slot name contains 'backfill' (null when no slot)"),
+            _f("assigned_gpus", pa.string(), "Comma list of HTCondor short GPU ids (GPU-xxxxxxxx) or MIG ids"),
+            _f("request_gpus", pa.float64(), "RequestGPUs"),
+            _f("num_job_starts", pa.int32(), "NumJobStarts"),
+            _f("num_vacates", pa.int32(), "NumVacates"),
+            _f("last_vacate_utc", TS, "LastVacateTime (may belong to an earlier run)"),
+            _f("vacate_reason_code", pa.int32(), "VacateReasonCode"),
+            _f("vacate_reason", pa.string(), "VacateReason"),
+            _f("remote_wall_clock_s", pa.float64(), "RemoteWallClockTime: cumulative wall time of all runs (s)"),
+            _f("committed_time_s", pa.float64(), "CommittedTime: wall time not lost to evictions (s)"),
+            _f("source", pa.string(), "elasticsearch, ndjson, es_export or condor_history", nullable=False),
+        ]
+    ),
+)
+
+
+class QuarantinedDoc(NamedTuple):
+    """A document set aside: where it came from, why, and the raw document (or line text)."""
+
+    source: str  #: file path, or the source name for in-memory documents
+    position: int  #: 1-based line number for line files, else 0-based element index
+    reason: str  #: ``code: detail``; the code is what :attr:`NormalizeResult.quarantined_by_reason` counts
+    raw: Any
+
+
+@dataclass
+class NormalizeResult:
+    table: pa.Table
+    quarantine: list[QuarantinedDoc] = field(default_factory=list)
+    duplicates: int = 0  #: exact duplicate documents dropped
+    docs_in: int = 0  #: documents (or lines) read
+
+    @property
+    def quarantined_by_reason(self) -> dict[str, int]:
+        return dict(sorted(Counter(q.reason.split(":", 1)[0] for q in self.quarantine).items()))
+
+
+class JobsFileError(ValueError):
+    """A file that cannot be read at all (not JSON); the message names the file and the problem."""
+
+
+class _BadValue(Exception):
+    pass
+
+
+class _NotJobAd(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Value coercion
+
+
+_EXPR_RE = re.compile(r"^/Expr\(.*\)/$", re.DOTALL)
+_UNSET_STRINGS = frozenset({"", "undefined", "null", "none"})
+_PLACEHOLDERS = frozenset({"unknown", "unknown@unknown"})  # adstash's fill-ins for host/slot/schedd
+_HOST_FIELDS = frozenset({"schedd_name", "startd_name", "startd_slot", "remote_host", "last_remote_host"})
+_GJID_RE = re.compile(r"^(?P<schedd>[^#]*)#(?P<cluster>\d+)\.(?P<proc>\d+)#(?P<qdate>\d+)$")
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+_MAX_EPOCH_S = 253402300799  # 9999-12-31T23:59:59Z
+
+
+def _is_unset(v: Any) -> bool:
+    if v is None:
+        return True
+    if isinstance(v, str):
+        s = v.strip()
+        return s.lower() in _UNSET_STRINGS or (s.startswith("/Expr(") and bool(_EXPR_RE.match(s)))
+    return False
+
+
+def _to_float(v: Any, attr: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise _BadValue(f"{attr}={v!r} is not a number")
+    try:
+        x = float(v.strip()) if isinstance(v, str) else float(v)
+    except (ValueError, OverflowError):
+        raise _BadValue(f"{attr}={v!r} is not a number") from None
+    if not math.isfinite(x):
+        raise _BadValue(f"{attr}={v!r} is not finite")
+    return x
+
+
+def _to_int(v: Any, attr: str, bounds: tuple[int, int] = _INT64) -> int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        n = v
+    else:
+        if isinstance(v, str):
+            try:
+                n = int(v.strip())
+            except ValueError:
+                n = None
+        else:
+            n = None
+        if n is None:
+            x = _to_float(v, attr)
+            if x != round(x):
+                raise _BadValue(f"{attr}={v!r} is not an integer")
+            n = int(round(x))
+    if not bounds[0] <= n <= bounds[1]:
+        raise _BadValue(f"{attr}={v!r} is out of range")
+    return n
+
+
+def _to_epoch_us(v: Any, attr: str) -> int | None:
+    """Epoch seconds (or ISO-8601 text) -> epoch microseconds; 0/negative -> None."""
+    if isinstance(v, str) and not _looks_numeric(v):
+        s = v.strip()
+        try:
+            t = dt.datetime.fromisoformat(s)
+        except ValueError:
+            raise _BadValue(f"{attr}={v!r} is not a date (epoch seconds or ISO-8601)") from None
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=dt.UTC)
+        return (t - _EPOCH) // dt.timedelta(microseconds=1)
+    x = _to_float(v, attr)
+    if x <= 0:
+        return None
+    if x > _MAX_EPOCH_S:
+        raise _BadValue(f"{attr}={v!r} is not epoch seconds (after year 9999)")
+    return int(round(x * 1_000_000))
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_NUMERIC_RE = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+
+
+def _looks_numeric(s: str) -> bool:
+    return bool(_NUMERIC_RE.match(s))
+
+
+def _to_str(v: Any, attr: str) -> str:
+    if isinstance(v, str):
+        return v.strip()
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    raise _BadValue(f"{attr}={_short(v)} is a {type(v).__name__}, expected a string")
+
+
+def _to_gpus(v: Any, attr: str) -> str | None:
+    if isinstance(v, list):
+        parts = [_to_str(x, attr) for x in v if not _is_unset(x)]
+    else:
+        s = _to_str(v, attr).strip()
+        if s.startswith("{") and s.endswith("}"):
+            s = s[1:-1]
+        parts = s.split(",")
+    ids = []
+    for p in parts:
+        g = normalize_gpu_id(p.strip().strip('"'))
+        if g:
+            ids.append(g)
+    return ",".join(ids) or None
+
+
+def _short(v: Any, n: int = 80) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+_COERCE = {
+    "int": _to_int,
+    "int32": lambda v, a: _to_int(v, a, _INT32),
+    "float": _to_float,
+    "date": _to_epoch_us,
+    "str": _to_str,
+    "gpus": _to_gpus,
+}
+
+#: name -> (kind, HTCondor attribute spellings in order of preference)
+_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "cluster_id": ("int", ("ClusterId",)),
+    "proc_id": ("int", ("ProcId",)),
+    "owner": ("str", ("Owner",)),
+    "user": ("str", ("User", "RemoteOwner")),
+    "project": ("str", ("ProjectName",)),
+    "acct_group": ("str", ("AcctGroup", "AccountingGroup")),
+    "schedd_name": ("str", ("ScheddName",)),
+    "job_status": ("int32", ("JobStatus",)),
+    "qdate": ("date", ("QDate",)),
+    "current_start": ("date", ("JobCurrentStartDate",)),
+    "first_start": ("date", ("JobStartDate",)),
+    "completion": ("date", ("CompletionDate",)),
+    "entered": ("date", ("EnteredCurrentStatus",)),
+    "epoch_write": ("date", ("EpochWriteDate",)),
+    "record": ("date", ("RecordTime",)),
+    "server_time": ("date", ("ServerTime",)),
+    "startd_name": ("str", ("StartdName",)),
+    "startd_slot": ("str", ("StartdSlot",)),
+    "remote_host": ("str", ("RemoteHost",)),
+    "last_remote_host": ("str", ("LastRemoteHost",)),
+    "assigned_gpus": ("gpus", ("AssignedGPUs",)),
+    "request_gpus": ("float", ("RequestGPUs",)),
+    "num_job_starts": ("int32", ("NumJobStarts",)),
+    "num_shadow_starts": ("int32", ("NumShadowStarts",)),
+    "job_run_count": ("int32", ("JobRunCount",)),
+    "num_vacates": ("int32", ("NumVacates",)),
+    "last_vacate": ("date", ("LastVacateTime",)),
+    "vacate_reason_code": ("int32", ("VacateReasonCode",)),
+    "vacate_reason": ("str", ("VacateReason",)),
+    "remote_wall_clock": ("float", ("RemoteWallClockTime",)),
+    "committed_time": ("float", ("CommittedTime",)),
+    "my_type": ("str", ("MyType",)),
+    "epoch_ad_type": ("str", ("EpochAdType",)),
+}
+
+
+#: name -> (kind, coerce, ((attr, attr.lower()), ...)), precomputed for speed
+_PLAN: dict[str, tuple[str, Any, tuple[tuple[str, str], ...]]] = {
+    name: (kind, _COERCE[kind], tuple((a, a.lower()) for a in attrs)) for name, (kind, attrs) in _FIELDS.items()
+}
+_MIN_INT32, _MAX_INT32 = _INT32
+
+
+class _Doc:
+    """Case-insensitive, multi-spelling view of one document."""
+
+    __slots__ = ("doc", "lower", "multi")
+
+    def __init__(self, doc: dict):
+        self.doc = doc
+        lower = {k.lower(): k for k in doc if isinstance(k, str)}
+        self.lower = lower
+        self.multi: dict[str, list[str]] | None = None
+        if len(lower) != len(doc):  # several spellings of one attribute (or non-string keys)
+            multi: dict[str, list[str]] = {}
+            for k in doc:
+                if isinstance(k, str):
+                    multi.setdefault(k.lower(), []).append(k)
+            self.multi = multi
+
+    def has(self, attr: str) -> bool:
+        return attr.lower() in self.lower
+
+    def candidates(self, attr: str, attr_lower: str | None = None) -> list[Any]:
+        al = attr_lower or attr.lower()
+        if self.multi is not None:
+            keys = self.multi.get(al)
+            if not keys:
+                return []
+            if len(keys) > 1 and attr in keys:  # the exact HTCondor spelling first
+                keys = [attr] + [k for k in keys if k != attr]
+            return [self.doc[k] for k in keys]
+        key = self.lower.get(al)
+        return [] if key is None else [self.doc[key]]
+
+    def get(self, name: str) -> Any:
+        kind, coerce, attrs = _PLAN[name]
+        for attr, al in attrs:
+            if self.multi is None:
+                key = self.lower.get(al)
+                if key is None:
+                    continue
+                v = self.doc[key]
+                # fast paths for the common, already-typed values
+                t = type(v)
+                if t is int:
+                    if kind == "date":
+                        if v <= 0:
+                            continue
+                        if v <= _MAX_EPOCH_S:
+                            return v * 1_000_000
+                    elif kind == "int" or (kind == "int32" and _MIN_INT32 <= v <= _MAX_INT32):
+                        return v
+                    elif kind == "float":
+                        return float(v)
+                elif t is str and kind == "str":
+                    sv = v.strip()
+                    if sv and sv[0] != "/" and sv.lower() not in _UNSET_STRINGS and not (
+                        name in _HOST_FIELDS and sv.lower() in _PLACEHOLDERS
+                    ):
+                        return sv
+                values = [v]
+            else:
+                values = self.candidates(attr, al)
+            values = [x for x in values if not _is_unset(x)]
+            if not values:
+                continue
+            errors = []
+            for x in values:
+                try:
+                    out = coerce(x, attr)
+                except _BadValue as exc:
+                    errors.append(str(exc))
+                    continue
+                if out is None and kind == "date":
+                    continue
+                if kind == "str" and (not out or (name in _HOST_FIELDS and out.lower() in _PLACEHOLDERS)):
+                    continue
+                return out
+            if errors:
+                raise _BadValue(errors[0])
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# One document -> one row
+
+
+def _split_remote(remote: str | None) -> tuple[str | None, str | None]:
+    """``slot1_3@host`` -> (``slot1_3``, ``host``), split at the last '@'."""
+    if not remote:
+        return None, None
+    slot, at, host = remote.rpartition("@")
+    if not at:
+        return None, remote or None
+    return slot or None, host or None
+
+
+def _gracc_like(doc: dict) -> bool:
+    return doc.get("type") == "JobUsageRecord" or ("ProbeName" in doc and "RecordId" in doc)
+
+
+def _run_end(kind: str, status: int | None, start: int | None, completion: int | None,
+             last_vacate: int | None, epoch_write: int | None, entered: int | None) -> int | None:
+    if start is None:
+        return None
+    if completion is not None and completion >= start:
+        return completion
+    if last_vacate is not None and last_vacate >= start:
+        return last_vacate
+    if kind == "job" and (status is None or status in RUNNING_STATUSES):
+        return None
+    if kind == "epoch" and epoch_write is not None and epoch_write >= start:
+        return epoch_write
+    if status is not None and status not in RUNNING_STATUSES and entered is not None and entered >= start:
+        return entered
+    return None
+
+
+def _row(raw: Any, source: str) -> dict:
+    """Normalize one document; raises _NotJobAd / _BadValue with the reason."""
+    if not isinstance(raw, dict):
+        raise _NotJobAd(f"not_an_object: a JSON {type(raw).__name__}, expected an object")
+    if _gracc_like(raw):
+        raise _NotJobAd("not_a_job_ad: GRACC JobUsageRecord (OSG accounting record), not an HTCondor job ad")
+    d = _Doc(raw)
+    gj = [v for v in d.candidates("GlobalJobId") if not _is_unset(v)]
+    if not gj:
+        raise _NotJobAd("missing_global_job_id: no GlobalJobId")
+    gjid = gj[0]
+    if not isinstance(gjid, str):
+        raise _NotJobAd(f"missing_global_job_id: GlobalJobId is a {type(gjid).__name__}, not a string")
+    gjid = gjid.strip()
+    try:
+        my_type = d.get("my_type")
+    except _BadValue:
+        my_type = None
+    if my_type and my_type.lower() != "job":
+        raise _NotJobAd(f"not_a_job_ad: MyType={my_type!r}")
+    try:
+        epoch_type = d.get("epoch_ad_type")
+    except _BadValue:
+        epoch_type = "?"
+    if epoch_type and epoch_type.upper() != "EPOCH":
+        raise _NotJobAd(f"not_a_run_epoch: EpochAdType={epoch_type!r} (a run-start or transfer record, "
+                        "not the record of a finished run)")
+
+    v = {name: d.get(name) for name in _FIELDS}
+
+    kind = "epoch" if (d.has("EpochWriteDate") or d.has("EpochAdType")) else "job"
+    starts = next((n for n in (v["num_job_starts"], v["num_shadow_starts"], v["job_run_count"]) if n), 0)
+    run_index = max(starts - 1, 0)
+
+    m = _GJID_RE.match(gjid)
+    cluster_id = v["cluster_id"] if v["cluster_id"] is not None else (int(m["cluster"]) if m else None)
+    proc_id = v["proc_id"] if v["proc_id"] is not None else (int(m["proc"]) if m else None)
+    schedd = v["schedd_name"] or (gjid.split("#", 1)[0] if "#" in gjid else None) or None
+
+    status = v["job_status"]
+    start = v["current_start"] if v["current_start"] is not None else v["first_start"]
+    end = _run_end(kind, status, start, v["completion"], v["last_vacate"], v["epoch_write"], v["entered"])
+    record = next(
+        (t for t in (v["record"], v["epoch_write"] if kind == "epoch" else None, v["server_time"], v["completion"],
+                   v["entered"])
+         if t is not None),
+        None,
+    )
+
+    host, slot = v["startd_name"], v["startd_slot"]
+    if host is None or slot is None:
+        remote = (v["remote_host"] if status in RUNNING_STATUSES else None) or v["last_remote_host"] or v["remote_host"]
+        r_slot, r_host = _split_remote(remote)
+        host = host if host is not None else r_host
+        slot = slot if slot is not None else r_slot
+
+    return {
+        "global_job_id": gjid,
+        "run_index": run_index,
+        "doc_kind": kind,
+        "cluster_id": cluster_id,
+        "proc_id": proc_id,
+        "owner": v["owner"] or (v["user"].split("@", 1)[0] if v["user"] else None),
+        "user": v["user"],
+        "project": v["project"],
+        "acct_group": v["acct_group"],
+        "schedd": schedd,
+        "job_status": status,
+        "job_status_name": JOB_STATUS_NAMES.get(status) if status is not None else None,
+        "queued_utc": v["qdate"],
+        "run_start_utc": start,
+        "run_end_utc": end,
+        "completion_utc": v["completion"],
+        "record_utc": record,
+        "host": host,
+        "slot": slot,
+        "is_backfill_slot": ("backfill" in slot.lower()) if slot else None,
+        "assigned_gpus": v["assigned_gpus"],
+        "request_gpus": v["request_gpus"],
+        "num_job_starts": v["num_job_starts"],
+        "num_vacates": v["num_vacates"],
+        "last_vacate_utc": v["last_vacate"],
+        "vacate_reason_code": v["vacate_reason_code"],
+        "vacate_reason": v["vacate_reason"],
+        "remote_wall_clock_s": v["remote_wall_clock"],
+        "committed_time_s": v["committed_time"],
+        "source": source,
+    }
+
+
+def _fingerprint(raw: Any) -> bytes:
+    text = json.dumps(raw, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
+# ---------------------------------------------------------------------------------------------
+# The normalizer
+
+
+class _Item(NamedTuple):
+    origin: str
+    position: int
+    doc: Any
+    error: str | None = None  # a parse error found by the reader (quarantined as is)
+
+
+def _normalize(items: Iterable[_Item], source: str) -> NormalizeResult:
+    if source not in SOURCES:
+        raise ValueError(f"unknown source {source!r}; expected one of {SOURCES}")
+    quarantine: list[QuarantinedDoc] = []
+    seen: set[bytes] = set()
+    duplicates = 0
+    n_in = 0
+    best: dict[tuple, tuple[tuple, dict, _Item]] = {}
+    order = 0
+    for item in items:
+        n_in += 1
+        if item.error is not None:
+            quarantine.append(QuarantinedDoc(item.origin, item.position, item.error, item.doc))
+            continue
+        fp = _fingerprint(item.doc)
+        if fp in seen:
+            duplicates += 1
+            continue
+        seen.add(fp)
+        try:
+            row = _row(item.doc, source)
+        except _NotJobAd as exc:
+            quarantine.append(QuarantinedDoc(item.origin, item.position, str(exc), item.doc))
+            continue
+        except _BadValue as exc:
+            quarantine.append(QuarantinedDoc(item.origin, item.position, f"bad_value: {exc}", item.doc))
+            continue
+        order += 1
+        key = (row["global_job_id"], row["run_index"], row["doc_kind"])
+        rank = (row["record_utc"] if row["record_utc"] is not None else -(2**63), order)
+        prev = best.get(key)
+        if prev is None:
+            best[key] = (rank, row, item)
+            continue
+        keep, drop = ((rank, row, item), prev) if rank > prev[0] else (prev, (rank, row, item))
+        best[key] = keep
+        quarantine.append(
+            QuarantinedDoc(
+                drop[2].origin,
+                drop[2].position,
+                "duplicate_key: superseded by a later document for the same "
+                f"(global_job_id, run_index, doc_kind) = {key!r} from {keep[2].origin} #{keep[2].position}",
+                drop[2].doc,
+            )
+        )
+    rows = [best[k][1] for k in sorted(best)]
+    return NormalizeResult(table=_to_table(rows), quarantine=quarantine, duplicates=duplicates, docs_in=n_in)
+
+
+def _to_table(rows: list[dict]) -> pa.Table:
+    schema = JOBS.schema
+    cols = {f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in schema}
+    return pa.Table.from_pydict(cols, schema=schema)
+
+
+def normalize_docs(docs: Iterable[Any], source: str, *, origin: str | None = None) -> NormalizeResult:
+    """Normalize job documents (``_source`` dicts or job ads) into the ``clean/jobs`` table.
+
+    ``source`` is one of :data:`SOURCES` and fills the ``source`` column; quarantined documents
+    name ``origin`` (default: the source) and their 0-based position in ``docs``.
+    """
+    where = origin or source
+    return _normalize((_Item(where, i, d) for i, d in enumerate(docs)), source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline readers
+
+
+def _paths(path: str | Path | Iterable[str | Path]) -> list[Path]:
+    if isinstance(path, (str, Path)):
+        return [Path(path)]
+    return [Path(p) for p in path]
+
+
+def _open_text(path: Path):
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")  # noqa: SIM115
+
+
+def _read_text(path: Path) -> str:
+    try:
+        with _open_text(path) as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise JobsFileError(f"{path}: cannot read: {exc}") from exc
+
+
+def _iter_ndjson(path: Path, unwrap_hits: bool) -> Iterator[_Item]:
+    try:
+        fh = _open_text(path)
+    except OSError as exc:
+        raise JobsFileError(f"{path}: cannot read: {exc}") from exc
+    with fh:
+        for lineno, line in enumerate(fh, start=1):
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield _Item(str(path), lineno, text, f"invalid_json: line {lineno}: {exc.msg} (column {exc.colno})")
+                continue
+            if unwrap_hits or (isinstance(obj, dict) and "_source" in obj and "_index" in obj):
+                yield from _hits(obj, str(path), lineno)
+            else:
+                yield _Item(str(path), lineno, obj)
+
+
+def read_ndjson(path: str | Path | Iterable[str | Path], source: str = "ndjson") -> NormalizeResult:
+    """Read NDJSON files (one ``_source`` object per line; ``.gz`` allowed) through the normalizer.
+
+    Several paths are normalized together (exact duplicates across files are dropped). A line that
+    is not JSON is quarantined with its line number; a line holding a search hit
+    (``{"_index", "_id", "_source"}``) is unwrapped.
+    """
+    paths = _paths(path)
+
+    def items() -> Iterator[_Item]:
+        for p in paths:
+            yield from _iter_ndjson(p, unwrap_hits=False)
+
+    return _normalize(items(), source)
+
+
+def _hits(obj: Any, origin: str, position: int) -> Iterator[_Item]:
+    """Documents of one export element: a search response, a hit, or a list of either."""
+    if isinstance(obj, list):
+        for i, el in enumerate(obj):
+            yield from _hits(el, origin, i if position < 0 else position)
+        return
+    if isinstance(obj, dict):
+        hits = obj.get("hits")
+        if isinstance(hits, dict) and isinstance(hits.get("hits"), list):
+            for i, h in enumerate(hits["hits"]):
+                yield from _hits(h, origin, i if position < 0 else position)
+            return
+        if "_source" in obj:
+            yield _Item(origin, position, obj["_source"])
+            return
+        if "_id" in obj or "_index" in obj:
+            yield _Item(origin, position, obj, "not_a_hit: search hit without _source")
+            return
+    yield _Item(origin, position, obj, f"not_a_hit: a JSON {type(obj).__name__} that is not a search hit")
+
+
+def _parse_json_values(text: str, path: Path) -> list[Any]:
+    """All top-level JSON values of ``text`` (one value, or several concatenated / one per line)."""
+    dec = json.JSONDecoder()
+    values = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n:
+            return values
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError as exc:
+            raise JobsFileError(
+                f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from exc
+        values.append(obj)
+
+
+def _one_value_per_line(text: str) -> bool:
+    """True for NDJSON: more than one non-blank line and the first one is a JSON value by itself."""
+    lines = (ln for ln in text.splitlines() if ln.strip())
+    first = next(lines, None)
+    if first is None or next(lines, None) is None:
+        return False
+    try:
+        json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def read_es_export(path: str | Path | Iterable[str | Path]) -> NormalizeResult:
+    """Read Elasticsearch exports of search hits through the normalizer (source ``es_export``).
+
+    Accepted layouts: a search response ``{"hits": {"hits": [...]}}``, a bare JSON list of hits (or
+    of responses), or one hit per line (elasticdump). Positions are hit indexes, or line numbers for
+    one-hit-per-line files (where a broken line is quarantined with its line number). Hits of
+    non-job records (e.g. GRACC ``JobUsageRecord`` accounting documents) are quarantined with the
+    reason. A JSON document that does not parse raises :class:`JobsFileError`.
+    """
+    paths = _paths(path)
+
+    def items() -> Iterator[_Item]:
+        for p in paths:
+            text = _read_text(p)
+            if _one_value_per_line(text):
+                yield from _iter_ndjson(p, unwrap_hits=True)
+                continue
+            for obj in _parse_json_values(text, p):
+                yield from _hits(obj, str(p), -1)
+
+    return _normalize(items(), "es_export")
+
+
+def read_condor_history_json(path: str | Path | Iterable[str | Path]) -> NormalizeResult:
+    """Read ``condor_history -json`` / ``condor_q -json`` output (source ``condor_history``).
+
+    The file is a JSON array of job ads; a single ad, several arrays, or one ad per line
+    (``-jsonl``) are accepted too. ``"/Expr(...)/"`` values are unevaluated expressions (unset).
+    Positions are 0-based ad indexes in the file. A file that is not JSON raises
+    :class:`JobsFileError`.
+    """
+    paths = _paths(path)
+
+    def items() -> Iterator[_Item]:
+        for p in paths:
+            pos = 0
+            for obj in _parse_json_values(_read_text(p), p):
+                for ad in obj if isinstance(obj, list) else [obj]:
+                    yield _Item(str(p), pos, ad)
+                    pos += 1
+
+    return _normalize(items(), "condor_history")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for the assets
+
+
+def _ts_scalar(t: Any) -> pa.Scalar:
+    if isinstance(t, dt.datetime):
+        if t.tzinfo is None:
+            raise ValueError(f"naive datetime {t!r}: pass a timezone-aware (UTC) time")
+        return pa.scalar(t.astimezone(dt.UTC), type=TS)
+    if isinstance(t, (int, float)):
+        return pa.scalar(int(round(t * 1_000_000)), type=TS)
+    raise TypeError(f"expected a timezone-aware datetime or epoch seconds, got {type(t).__name__}")
+
+
+def jobs_overlapping(table: pa.Table, start_utc: Any, end_utc: Any) -> pa.Table:
+    """Rows of a ``clean/jobs`` table whose run or queued interval overlaps ``[start_utc, end_utc)``.
+
+    Run interval: ``[run_start_utc, run_end_utc)``, open-ended (``+inf``) while ``run_end_utc`` is
+    null. Queued interval (first runs -- ``run_index`` 0 -- and jobs that never started):
+    ``[queued_utc, run_start_utc)``; for a job that never started it ends at ``record_utc`` when the
+    job has left the queue (Removed / Completed), else it is open-ended.
+    """
+    s, e = _ts_scalar(start_utc), _ts_scalar(end_utc)
+    if table.num_rows == 0:
+        return table
+    run_start = table["run_start_utc"]
+    run_end = table["run_end_utc"]
+    run_hit = pc.and_kleene(
+        pc.and_kleene(pc.is_valid(run_start), pc.less(run_start, e)),
+        pc.or_kleene(pc.is_null(run_end), pc.greater(run_end, s)),
+    )
+    queued = table["queued_utc"]
+    left_queue = pc.is_in(table["job_status"], value_set=pa.array([3, 4], type=pa.int32()))
+    queue_end = pc.if_else(
+        pc.is_valid(run_start),
+        run_start,
+        pc.if_else(pc.fill_null(left_queue, False), table["record_utc"], pa.scalar(None, type=TS)),
+    )
+    first = pc.or_(pc.equal(table["run_index"], 0), pc.is_null(run_start))
+    queue_hit = pc.and_kleene(
+        pc.and_kleene(first, pc.and_kleene(pc.is_valid(queued), pc.less(queued, e))),
+        pc.or_kleene(pc.is_null(queue_end), pc.greater(queue_end, s)),
+    )
+    mask = pc.fill_null(pc.or_kleene(run_hit, queue_hit), False)
+    return table.filter(mask)
+
+
+def quarantine_table(entries: Iterable[QuarantinedDoc], source_table: str = "jobs") -> pa.Table:
+    """Quarantined documents in the shared ``quarantine`` schema (row as JSON, or the raw line)."""
+    entries = list(entries)
+    return pa.Table.from_pydict(
+        {
+            "source_table": [source_table] * len(entries),
+            "reason": [q.reason for q in entries],
+            "source_file": [q.source for q in entries],
+            "source_row": [q.position for q in entries],
+            "record_utc": [None] * len(entries),
+            "row_json": [
+                q.raw if isinstance(q.raw, str) else json.dumps(q.raw, sort_keys=True, default=str)
+                for q in entries
+            ],
+        },
+        schema=QUARANTINE.schema,
+    )

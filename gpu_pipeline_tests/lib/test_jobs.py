@@ -1,0 +1,333 @@
+"""The job-record normalizer and its offline readers (gpu_pipeline.lib.jobs)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from gpu_pipeline.lib.jobs import (
+    JOBS,
+    JobsFileError,
+    jobs_overlapping,
+    normalize_docs,
+    quarantine_table,
+    read_condor_history_json,
+    read_es_export,
+    read_ndjson,
+)
+from gpu_pipeline.lib.schemas import QUARANTINE, conform
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "jobs"
+REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
+UTC = dt.UTC
+BF = "ap40.uw.osg-htc.org#7001234.0#1754380800"
+
+
+def t(h: int, m: int = 0, s: int = 0, day: int = 5) -> dt.datetime:
+    return dt.datetime(2025, 8, day, h, m, s, tzinfo=UTC)
+
+
+def rows_by_id(table: pa.Table) -> dict[str, dict]:
+    return {r["global_job_id"]: r for r in table.to_pylist()}
+
+
+def real(*parts: str) -> Path:
+    p = REAL.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"real fixture {p} is absent (the shared fixtures folder is not checked out here)")
+    return p
+
+
+# --- adstash NDJSON ------------------------------------------------------------------------------
+
+
+def test_adstash_casing_is_mapped_case_insensitively():
+    res = read_ndjson(FIX / "adstash_jobs.ndjson")
+    rows = rows_by_id(res.table)
+    primary = rows["submit1.chtc.wisc.edu#5100001.0#1754380800"]
+    assert primary["request_gpus"] == 2.0  # RequestGpus (adstash re-capitalized RequestGPUs)
+    assert primary["num_vacates"] == 0  # numvacates (lower-cased unknown attribute)
+    assert primary["assigned_gpus"] == "GPU-0667ce7c,GPU-b156e653"  # full UUID and GPUs_GPU_ form
+    assert (primary["host"], primary["slot"], primary["is_backfill_slot"]) == ("gpu0101.chtc.wisc.edu", "slot1_1", False)
+    assert primary["job_status_name"] == "Completed" and primary["source"] == "ndjson"
+
+    bf = rows[BF]
+    assert bf["num_vacates"] == 1 and bf["vacate_reason_code"] == 1018  # vacatereasoncode
+    assert bf["vacate_reason"] == "Preempted for a higher Ranked job"
+    assert bf["is_backfill_slot"] is True
+
+    # only remoteowner (no User): user comes from it; numbers given as strings are coerced
+    carol = rows["submit2.chtc.wisc.edu#5100006.0#1754384400"]
+    assert carol["user"] == "carol@chtc.wisc.edu"
+    assert (carol["cluster_id"], carol["proc_id"], carol["job_status"], carol["num_vacates"]) == (5100006, 0, 3, 1)
+    assert carol["request_gpus"] == 1.0 and carol["remote_wall_clock_s"] == 7200.0
+    assert carol["vacate_reason_code"] == 1018
+    # StartdName/StartdSlot absent: derived from LastRemoteHost
+    assert (carol["host"], carol["slot"]) == ("gpu0102.chtc.wisc.edu", "slot1_4")
+    # evicted at 12:00 (LastVacateTime), removed at 14:00 (EnteredCurrentStatus): the run ended at the vacate
+    assert (carol["run_start_utc"], carol["run_end_utc"]) == (t(10), t(12))
+    assert carol["schedd"] == "submit2.chtc.wisc.edu"  # from GlobalJobId
+
+
+def test_zero_dates_are_null():
+    rows = rows_by_id(read_ndjson(FIX / "adstash_jobs.ndjson").table)
+    primary = rows["submit1.chtc.wisc.edu#5100001.0#1754380800"]
+    assert primary["last_vacate_utc"] is None  # LastVacateTime: 0
+    carol = rows["submit2.chtc.wisc.edu#5100006.0#1754384400"]
+    assert carol["completion_utc"] is None  # CompletionDate: "0"
+    res = normalize_docs([{"GlobalJobId": "s#1.0#1", "QDate": 0, "CompletionDate": -1, "JobStartDate": None}], "ndjson")
+    r = res.table.to_pylist()[0]
+    assert r["queued_utc"] is None and r["completion_utc"] is None and r["run_start_utc"] is None
+
+
+def test_broken_line_missing_id_bad_value_and_duplicates():
+    res = read_ndjson(FIX / "adstash_jobs.ndjson")
+    assert res.docs_in == 8  # 9 lines, one blank
+    assert res.duplicates == 1  # line 4 repeats line 1
+    by_pos = {q.position: q for q in res.quarantine}
+    assert sorted(by_pos) == [3, 5, 6]
+    assert by_pos[3].reason.startswith("invalid_json: line 3")
+    assert by_pos[3].source.endswith("adstash_jobs.ndjson") and isinstance(by_pos[3].raw, str)
+    assert by_pos[5].reason.startswith("missing_global_job_id")
+    assert by_pos[6].reason.startswith("bad_value: JobStatus='Completed'")
+    assert res.quarantined_by_reason == {"bad_value": 1, "invalid_json": 1, "missing_global_job_id": 1}
+    assert res.table.num_rows == 4
+    # nothing dropped silently: every non-blank line is a row, a duplicate or quarantined
+    assert res.table.num_rows + res.duplicates + len(res.quarantine) == res.docs_in
+
+
+def test_evicted_then_restarted_job_two_epochs_hand_computed():
+    epochs = read_ndjson(FIX / "adstash_epochs.ndjson")
+    assert epochs.quarantine == [] and epochs.duplicates == 0
+    runs = {r["run_index"]: r for r in epochs.table.to_pylist()}
+    assert sorted(runs) == [0, 1] and {r["doc_kind"] for r in runs.values()} == {"epoch"}
+    r0, r1 = runs[0], runs[1]
+    # run 0: 09:00 -> 11:00 on backfill2_1, evicted (no completion; LastVacateTime ends it)
+    assert (r0["run_start_utc"], r0["run_end_utc"], r0["completion_utc"]) == (t(9), t(11), None)
+    assert (r0["slot"], r0["assigned_gpus"], r0["last_vacate_utc"]) == ("backfill2_1", "GPU-0667ce7c", t(11))
+    assert r0["job_status_name"] == "Idle" and r0["committed_time_s"] == 0.0
+    # run 1: 12:00 -> 14:00 on backfill2_3, completed; its LastVacateTime (11:00) is the earlier run's
+    assert (r1["run_start_utc"], r1["run_end_utc"], r1["completion_utc"]) == (t(12), t(14), t(14))
+    assert (r1["slot"], r1["assigned_gpus"], r1["last_vacate_utc"]) == ("backfill2_3", "GPU-1a2b3c4d", t(11))
+    assert r1["remote_wall_clock_s"] == 14400.0 and r1["committed_time_s"] == 7200.0
+    assert all(r["queued_utc"] == t(8) and r["is_backfill_slot"] for r in (r0, r1))
+
+    # the final job document describes the last run
+    job = rows_by_id(read_ndjson(FIX / "adstash_jobs.ndjson").table)[BF]
+    assert (job["doc_kind"], job["run_index"], job["num_job_starts"]) == ("job", 1, 2)
+    assert (job["run_start_utc"], job["run_end_utc"]) == (t(12), t(14))
+
+    # both files together: three rows, keys unique
+    both = read_ndjson([FIX / "adstash_jobs.ndjson", FIX / "adstash_epochs.ndjson"])
+    keys = [(r["global_job_id"], r["run_index"], r["doc_kind"]) for r in both.table.to_pylist()]
+    assert len(keys) == len(set(keys)) == 6
+    assert keys == sorted(keys)
+
+
+def test_jobs_overlapping_windows():
+    table = read_ndjson([FIX / "adstash_jobs.ndjson", FIX / "adstash_epochs.ndjson"]).table
+
+    def hits(start, end):
+        out = jobs_overlapping(table, start, end)
+        return sorted((r["global_job_id"].split("#")[1], r["run_index"], r["doc_kind"]) for r in out.to_pylist())
+
+    bf = "7001234.0"
+    assert (bf, 0, "epoch") in hits(t(10), t(10, 30))  # during run 0
+    assert [h for h in hits(t(13), t(13, 30)) if h[0] == bf] == [(bf, 1, "epoch"), (bf, 1, "job")]
+    # queued 08:00 -> first start 09:00: only the first run's row carries the queue wait
+    assert [h for h in hits(t(8, 15), t(8, 30)) if h[0] == bf] == [(bf, 0, "epoch")]
+    assert [h for h in hits(t(14), t(15)) if h[0] == bf] == []  # completed at 14:00 (end exclusive)
+    # never started, queued 10:00, removed 11:30
+    never = "5100007.0"
+    assert (never, 0, "job") in hits(t(11), t(11, 10))
+    assert all(h[0] != never for h in hits(t(11, 30), t(12)))
+    # an open run (still running) overlaps any later window
+    running = read_condor_history_json(FIX / "condor_history.json").table
+    assert jobs_overlapping(running, dt.datetime(2030, 1, 1, tzinfo=UTC), dt.datetime(2030, 1, 2, tzinfo=UTC)).num_rows == 1
+    with pytest.raises(ValueError):
+        jobs_overlapping(table, dt.datetime(2025, 8, 5), t(12))
+
+
+def test_duplicate_key_keeps_latest_record_and_quarantines_the_other():
+    base = {"GlobalJobId": "s#1.0#100", "QDate": 100, "JobCurrentStartDate": 200, "NumJobStarts": 1}
+    older = {**base, "JobStatus": 2, "RecordTime": 300}
+    newer = {**base, "JobStatus": 4, "CompletionDate": 900, "RecordTime": 900}
+    res = normalize_docs([newer, older], "elasticsearch")
+    assert res.table.num_rows == 1 and res.table.to_pylist()[0]["job_status"] == 4
+    assert [q.position for q in res.quarantine] == [1]
+    assert res.quarantine[0].reason.startswith("duplicate_key")
+    assert res.duplicates == 0
+
+
+def test_uncoercible_values_are_quarantined_never_raised():
+    docs = [
+        {"GlobalJobId": "s#1.0#1", "QDate": "yesterday"},
+        {"GlobalJobId": "s#2.0#1", "RequestGpus": float("nan")},
+        {"GlobalJobId": "s#3.0#1", "NumJobStarts": 2.5},
+        {"GlobalJobId": "s#4.0#1", "JobStatus": 2**40},
+        {"GlobalJobId": "s#5.0#1", "Owner": {"name": "x"}},
+        {"GlobalJobId": "s#6.0#1", "CompletionDate": 1754391900000},  # milliseconds, not seconds
+        {"GlobalJobId": ["s#7.0#1"]},
+        {"GlobalJobId": "s#8.0#1", "MyType": "Machine"},
+        ["not", "a", "dict"],
+        {"GlobalJobId": "s#9.0#1", "QDate": "2025-08-05T08:00:00Z", "JobStatus": "4", "RequestGpus": True},
+    ]
+    docs.append({"GlobalJobId": "s#10.0#1", "EpochAdType": "SPAWN", "EpochWriteDate": 5, "NumJobStarts": 1})
+    res = normalize_docs(docs, "elasticsearch", origin="test")
+    reasons = {q.position: q.reason.split(":")[0] for q in res.quarantine}
+    assert reasons == {0: "bad_value", 1: "bad_value", 2: "bad_value", 3: "bad_value", 4: "bad_value",
+                       5: "bad_value", 6: "missing_global_job_id", 7: "not_a_job_ad", 8: "not_an_object",
+                       9: "bad_value", 10: "not_a_run_epoch"}
+    assert all(q.source == "test" for q in res.quarantine)
+    ok = normalize_docs([{"GlobalJobId": "s#9.0#1", "QDate": "2025-08-05T08:00:00Z", "JobStatus": "4"}], "ndjson")
+    r = ok.table.to_pylist()[0]
+    assert r["queued_utc"] == t(8) and r["job_status"] == 4 and (r["cluster_id"], r["proc_id"]) == (9, 0)
+
+
+def test_table_has_the_spec_schema_and_is_deterministic(tmp_path):
+    paths = [FIX / "adstash_epochs.ndjson", FIX / "adstash_jobs.ndjson"]
+    a = read_ndjson(paths).table
+    b = read_ndjson(list(reversed(paths))).table
+    assert a.schema == JOBS.schema
+    assert conform(a, JOBS).equals(a)
+    assert a.equals(b)
+    assert JOBS.path == "clean/jobs" and JOBS.key == ("global_job_id", "run_index", "doc_kind")
+    assert normalize_docs([], "ndjson").table.schema == JOBS.schema
+    with pytest.raises(ValueError):
+        normalize_docs([], "sqlite")
+    # gzip works the same
+    gz = tmp_path / "epochs.ndjson.gz"
+    gz.write_bytes(gzip.compress((FIX / "adstash_epochs.ndjson").read_bytes()))
+    assert read_ndjson(gz).table.equals(read_ndjson(FIX / "adstash_epochs.ndjson").table)
+
+
+def test_quarantine_table_matches_the_shared_schema():
+    res = read_ndjson(FIX / "adstash_jobs.ndjson")
+    q = quarantine_table(res.quarantine)
+    assert q.schema == QUARANTINE.schema and q.num_rows == 3
+    assert set(q["source_table"].to_pylist()) == {"jobs"}
+    assert sorted(q["source_row"].to_pylist()) == [3, 5, 6]
+    for text in q["row_json"].to_pylist():
+        assert text
+
+
+# --- condor_history / condor_q JSON -------------------------------------------------------------
+
+
+def test_condor_history_json_array():
+    res = read_condor_history_json(FIX / "condor_history.json")
+    assert res.quarantine == [] and res.table.num_rows == 2
+    rows = rows_by_id(res.table)
+    ev = rows["ap21.uc.osg-htc.org#6589423.0#1790949100"]
+    assert ev["request_gpus"] is None  # "/Expr(...)/" is an unevaluated expression: unset
+    assert (ev["run_index"], ev["num_job_starts"], ev["num_vacates"], ev["vacate_reason_code"]) == (1, 2, 1, 1022)
+    # split at the LAST '@' of LastRemoteHost (a glidein slot name holds another '@')
+    assert ev["host"] == "gpu-node007.example.org" and ev["slot"] == "slot1_2@glidein_4242_1234567"
+    assert ev["schedd"] == "ap21.uc.osg-htc.org" and ev["acct_group"] == "group_opportunistic.ligo.osg-ligo"
+    assert ev["run_start_utc"] == dt.datetime.fromtimestamp(1790950295, UTC)
+    assert ev["run_end_utc"] == ev["completion_utc"] == dt.datetime.fromtimestamp(1790961097, UTC)
+    assert ev["record_utc"] == ev["completion_utc"]  # no RecordTime: derived like adstash
+    run = rows["submit2.chtc.wisc.edu#5100010.3#1754406000"]
+    assert run["job_status_name"] == "Running" and run["run_end_utc"] is None
+    assert (run["host"], run["slot"], run["proc_id"]) == ("gpu0103.chtc.wisc.edu", "slot1_7", 3)
+    assert run["record_utc"] == dt.datetime.fromtimestamp(1754413200, UTC)  # ServerTime
+    assert run["source"] == "condor_history"
+
+
+def test_condor_history_one_ad_per_line_and_broken_file(tmp_path):
+    ads = json.loads((FIX / "condor_history.json").read_text())
+    jsonl = tmp_path / "history.jsonl"
+    jsonl.write_text("\n".join(json.dumps(a) for a in ads) + "\n")
+    assert read_condor_history_json(jsonl).table.num_rows == 2
+    broken = tmp_path / "broken.json"
+    broken.write_text((FIX / "condor_history.json").read_text()[:200])
+    with pytest.raises(JobsFileError, match=r"broken\.json: invalid JSON at line"):
+        read_condor_history_json(broken)
+
+
+def test_real_clas12_condor_q_ads_with_expressions():
+    paths = [real("htcondor-jobs", "clas12_osg_condor_q_json_running_job_3472942.81.json"),
+             real("htcondor-jobs", "clas12_osg_condor_q_json_held_job_3472942.89.json")]
+    raw = [json.loads(p.read_text()) for p in paths]
+    assert any(isinstance(v, str) and v.startswith("/Expr(") for ad in raw for v in ad.values())
+    res = read_condor_history_json(paths)
+    assert res.quarantine == [] and res.table.num_rows == 2
+    rows = rows_by_id(res.table)
+    running = rows["scosg16.jlab.org#3472942.81#1616890323"]
+    held = rows["scosg16.jlab.org#3472942.89#1616890323"]
+    # restarted jobs: NumJobStarts 4 -> run index 3
+    assert (running["num_job_starts"], running["run_index"]) == (4, 3)
+    assert running["job_status_name"] == "Running" and running["run_end_utc"] is None
+    assert running["host"] == "CRUSH-OSG-C7-10-5-219-52"  # from RemoteHost (the current run)
+    assert running["last_vacate_utc"] == dt.datetime.fromtimestamp(1616927815, UTC)
+    # held: its LastVacateTime (1617115474) precedes this run's start (1617115491) -> it ended when held
+    assert held["job_status_name"] == "Held"
+    assert held["run_start_utc"] == dt.datetime.fromtimestamp(1617115491, UTC)
+    assert held["run_end_utc"] == dt.datetime.fromtimestamp(1617120643, UTC)
+    assert held["project"] == "CLAS12" and held["owner"] == "gemc"
+    # typed fields holding an expression are unset, not errors
+    exprs = [{**ad, "RequestGPUs": ad["MemoryUsage"], "JobStatus": ad["PeriodicRelease"]} for ad in raw]
+    res2 = normalize_docs(exprs, "condor_history")
+    assert res2.quarantine == []
+    assert {r["request_gpus"] for r in res2.table.to_pylist()} == {None}
+    assert {r["job_status"] for r in res2.table.to_pylist()} == {None}
+
+
+# --- Elasticsearch exports ----------------------------------------------------------------------
+
+
+def test_es_export_response_and_bare_list(tmp_path):
+    res = read_es_export(FIX / "es_export_hits.json")
+    assert res.docs_in == 3 and res.table.num_rows == 1
+    assert res.quarantined_by_reason == {"not_a_hit": 1, "not_a_job_ad": 1}
+    row = res.table.to_pylist()[0]
+    assert row["source"] == "es_export" and row["run_end_utc"] == dt.datetime.fromtimestamp(1754391900, UTC)
+    bare = tmp_path / "hits.json"
+    bare.write_text(json.dumps(json.loads((FIX / "es_export_hits.json").read_text())["hits"]["hits"]))
+    res2 = read_es_export(bare)
+    assert res2.table.equals(res.table) and res2.quarantined_by_reason == res.quarantined_by_reason
+
+
+def test_real_gracc_export_is_handled_without_crash():
+    path = real("elasticsearch", "gracc_2016_es_export_JobUsageRecord_340docs.json")
+    res = read_es_export(path)
+    # 340 OSG accounting records (one hit per line): none is an HTCondor job ad
+    assert res.docs_in == 340
+    assert res.table.num_rows == 0 and res.table.schema == JOBS.schema
+    assert res.quarantined_by_reason == {"not_a_job_ad": 340}
+    assert res.duplicates == 0
+    assert {q.position for q in res.quarantine} == set(range(1, 341))  # line numbers
+
+
+# --- the simulator's documents --------------------------------------------------------------------
+
+
+def test_simulator_job_documents_match_its_ground_truth(tmp_path):
+    simulate_mod = pytest.importorskip("gpu_pipeline.lib.simulate")
+    pq = pytest.importorskip("pyarrow.parquet")
+    summary = simulate_mod.simulate(
+        tmp_path, simulate_mod.SimConfig(start=dt.date(2025, 8, 5), end=dt.date(2025, 8, 5), gpus=16,
+                                         seed=3, telemetry_interval_s=0)
+    )
+    epochs = read_ndjson(sorted((tmp_path / "jobs").glob("epochs-*.ndjson")))
+    finals = read_ndjson(sorted((tmp_path / "jobs").glob("jobs-*.ndjson")))
+    assert epochs.quarantine == [] and finals.quarantine == []
+    assert epochs.table.num_rows == summary["epoch_documents"] > 0
+    assert finals.table.num_rows == summary["job_documents"] > 0
+    truth = {(r["global_job_id"], r["run_index"]): r for r in pq.read_table(tmp_path / "truth" / "jobs.parquet").to_pylist()}
+    checked = 0
+    for r in epochs.table.to_pylist():
+        tr = truth.get((r["global_job_id"], r["run_index"]))
+        if tr is None:
+            continue
+        checked += 1
+        assert (r["run_start_utc"], r["run_end_utc"]) == (tr["start_utc"], tr["end_utc"])
+        assert (r["host"], f"{r['slot']}@{r['host']}") == (tr["host"], tr["slot_name"])
+        assert r["assigned_gpus"] == tr["gpu_ids"] and r["user"] == tr["owner"]
+        assert r["is_backfill_slot"] == (tr["kind"] == "backfill")
+    assert checked > 0

@@ -1,0 +1,651 @@
+"""GPU telemetry parsers: real captures (conformance), our own fixtures (edge cases), DST, the
+directory reader and the simulator's output."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from gpu_pipeline.lib.schemas import QUARANTINE
+from gpu_pipeline.lib.telemetry import (
+    DEFAULT_QUERY_FIELDS,
+    GPU_SAMPLES,
+    parse_dcgm_text,
+    parse_nvidia_smi_csv,
+    read_telemetry_dir,
+    short_gpu_id,
+)
+
+UTC = dt.UTC
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "telemetry"
+REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
+needs_real = pytest.mark.skipif(
+    not REAL.is_dir(), reason=f"real captures not found at {REAL} (../shared/fixtures/real beside the repo)"
+)
+T0 = dt.datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def utc(*args: int) -> dt.datetime:
+    return dt.datetime(*args, tzinfo=UTC)
+
+
+def rows(result) -> list[dict]:
+    return result.table.to_pylist()
+
+
+def by_gpu(result) -> dict[tuple, dict]:
+    return {(r["sample_utc"], r["gpu_id"]): r for r in rows(result)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers for the real captures
+# ----------------------------------------------------------------------------------------------
+
+_BANNER = re.compile(r"^#{20,}\s*$", re.MULTILINE)
+
+
+def capture_sections(text: str) -> list[tuple[list[str], str]]:
+    """Split an nvidia_gpu_exporter capture into ``(banner comment lines, body)`` sections.
+
+    A capture is ``####`` / ``# title`` / ``# $ command`` / ``####`` / body, repeated."""
+    chunks = _BANNER.split(text)
+    return [
+        ([ln for ln in chunks[i].splitlines() if ln.startswith("#")], chunks[i + 1])
+        for i in range(1, len(chunks) - 1, 2)
+    ]
+
+
+def query_gpu_sections(text: str) -> list[tuple[str, str, str]]:
+    """``(title, command, csv body)`` of every ``nvidia-smi --query-gpu=... --format=csv`` section."""
+    out = []
+    for banner, body in capture_sections(text):
+        cmd = next((ln[4:] for ln in banner if ln.startswith("# $ ")), "")
+        if "--query-gpu=" in cmd and "--format=csv" in cmd:
+            out.append((banner[0][2:], cmd, body))
+    return out
+
+
+def data_lines(body: str) -> list[str]:
+    return [ln for ln in body.splitlines() if ln.strip()][1:]
+
+
+def test_capture_section_helper_finds_the_query_gpu_sections():
+    text = (
+        "#####################\n# header\n#####################\ncollected_at: x\n\n"
+        "#####################\n# idle :: query-gpu (csv)\n# $ nvidia-smi --query-gpu=index,uuid --format=csv\n"
+        "#####################\nindex, uuid\n0, GPU-00000000-0000-0000-0000-000000000000\n\n"
+        "#####################\n# idle :: pmon\n# $ nvidia-smi pmon -c 1\n#####################\n# gpu pid\n"
+    )
+    sections = query_gpu_sections(text)
+    assert [(t, c) for t, c, _ in sections] == [
+        ("idle :: query-gpu (csv)", "nvidia-smi --query-gpu=index,uuid --format=csv")
+    ]
+    assert data_lines(sections[0][2]) == ["0, GPU-00000000-0000-0000-0000-000000000000"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Conformance: real nvidia-smi captures
+# ----------------------------------------------------------------------------------------------
+
+# Values read by eye from the captures: (collected_at, idle row, load row) of the query-gpu sections.
+# power_w is power.draw (e.g. H100 idle 69.85 W), not power.draw.instant (69.62 W) printed beside it.
+REAL_NVSMI = {
+    "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt": (
+        "2026-07-14T08:12:38Z",
+        dict(device_name="NVIDIA H100 80GB HBM3", util_pct=0.0, mem_util_pct=0.0, mem_total_mib=81559.0,
+             mem_used_mib=0.0, power_w=69.85, power_limit_w=700.0, temp_c=41.0, sm_clock_mhz=345.0),
+        dict(util_pct=100.0, mem_util_pct=11.0, mem_used_mib=19818.0, power_w=631.95, temp_c=59.0,
+             sm_clock_mhz=1980.0),
+    ),
+    # MIG mode: the parent GPU's utilization.gpu / utilization.memory read [N/A].
+    "linux-x86_64__nvidia-h100-mig__590.48.01.txt": (
+        "2026-07-14T09:00:26Z",
+        dict(util_pct=None, mem_util_pct=None, mem_used_mib=59.0, mem_total_mib=81559.0, power_w=71.15,
+             temp_c=42.0),
+        dict(util_pct=None, mem_util_pct=None, mem_used_mib=11125.0, power_w=433.78, temp_c=53.0),
+    ),
+    "linux-x86_64__nvidia-h200__590.48.01.txt": (
+        "2026-07-03T22:10:45Z",
+        dict(device_name="NVIDIA H200", mem_total_mib=143771.0, power_w=77.71, temp_c=28.0),
+        dict(util_pct=100.0, mem_util_pct=7.0, mem_used_mib=32362.0, power_w=627.40, temp_c=52.0),
+    ),
+    # The L40S reads 100 % utilization while "idle" (as captured).
+    "linux-x86_64__nvidia-l40s__595.80.txt": (
+        "2026-07-03T08:33:38Z",
+        dict(device_name="NVIDIA L40S", util_pct=100.0, mem_util_pct=9.0, mem_total_mib=46068.0,
+             power_w=144.97, power_limit_w=350.0, temp_c=63.0, sm_clock_mhz=2520.0),
+        dict(util_pct=9.0, mem_util_pct=2.0, mem_used_mib=1235.0, power_w=110.23, temp_c=54.0),
+    ),
+}
+
+
+@needs_real
+def test_every_real_nvidia_smi_capture_is_covered():
+    names = {p.name for p in (REAL / "nvidia-smi").glob("*.txt")}
+    assert names == set(REAL_NVSMI) | {"exporter_testdata_query.txt"}
+
+
+@needs_real
+@pytest.mark.parametrize("name", sorted(REAL_NVSMI))
+def test_real_nvidia_smi_query_gpu_sections(name):
+    text = (REAL / "nvidia-smi" / name).read_text()
+    collected, idle, load = REAL_NVSMI[name]
+    sections = query_gpu_sections(text)
+    assert [t.split(" :: ")[0] for t, _, _ in sections] == ["idle", "load"]
+    for (title, _cmd, body), expected in zip(sections, (idle, load), strict=True):
+        header = [ln for ln in body.splitlines() if ln.strip()][0]
+        assert len(header.split(", ")) > 200, "the exporter queries every field"
+        # The capture machines ran on UTC: the local timestamps are the collection time.
+        result = parse_nvidia_smi_csv(body, "UTC", host="capture-host", source_file=f"{name}#{title}")
+        assert result.table.schema == GPU_SAMPLES.schema
+        assert result.rows == len(data_lines(body)) == 1
+        assert result.quarantine == []
+        row = rows(result)[0]
+        assert row["gpu_uuid"] == "GPU-00000000-0000-0000-0000-000000000000"  # masked in the captures
+        assert row["gpu_id"] == "GPU-00000000"
+        assert row["gpu_index"] == 0
+        assert row["source"] == "nvidia-smi" and row["host"] == "capture-host"
+        assert row["power_limit_w"] == (350.0 if "l40s" in name else 700.0)
+        for col, value in expected.items():
+            assert row[col] == value, (title, col)
+        if title.startswith("idle"):
+            assert abs(row["sample_utc"] - dt.datetime.fromisoformat(collected)) < dt.timedelta(seconds=2)
+
+
+@needs_real
+def test_real_capture_parsed_as_noheader_with_the_command_field_list():
+    text = (REAL / "nvidia-smi" / "linux-x86_64__nvidia-h200__590.48.01.txt").read_text()
+    _title, cmd, body = query_gpu_sections(text)[1]
+    fields = re.search(r"--query-gpu=(\S+)", cmd).group(1).split(",")
+    assert len(fields) == 212 and "hostname" in fields
+    result = parse_nvidia_smi_csv("\n".join(data_lines(body)), "UTC", fields=fields)
+    assert result.rows == 1 and result.quarantine == []
+    row = rows(result)[0]
+    assert (row["power_w"], row["mem_used_mib"], row["util_pct"]) == (627.40, 32362.0, 100.0)
+    assert row["host"] is None  # the hostname field reads [N/A] and no host was given
+
+
+@needs_real
+def test_real_exporter_testdata_query_without_timestamp_field():
+    text = (REAL / "nvidia-smi" / "exporter_testdata_query.txt").read_text()
+    with pytest.raises(ValueError, match="no timestamp field"):
+        parse_nvidia_smi_csv(text, "UTC")
+    result = parse_nvidia_smi_csv(text, "UTC", default_time_utc=T0)
+    assert result.rows == 2 and result.quarantine == []
+    got = {r["gpu_index"]: r for r in rows(result)}
+    assert got[0]["gpu_id"] == "GPU-df6e7a7c"
+    assert got[0]["gpu_uuid"] == "GPU-df6e7a7c-7314-46f8-abc4-b88b36dcf3aa"
+    assert got[0]["device_name"] == "NVIDIA GeForce RTX 2080 SUPER"
+    assert got[0]["mem_used_mib"] == 575.0
+    assert got[1]["gpu_id"] == "GPU-04757e3e" and got[1]["mem_used_mib"] == 1234.0
+    assert {r["sample_utc"] for r in got.values()} == {T0}
+    assert got[0]["util_pct"] is None  # not queried
+
+
+# ----------------------------------------------------------------------------------------------
+# Conformance: real dcgm-exporter scrapes
+# ----------------------------------------------------------------------------------------------
+
+
+@needs_real
+def test_every_real_dcgm_scrape_is_covered():
+    names = {p.name for p in (REAL / "dcgm-exporter").glob("*.prom")}
+    assert names == {
+        "datadog_integrations-core_dcgm_tests_docker_serve_metrics.prom",
+        "h100_8gpu_k8s_gpu-operator_sampled.prom",
+        "issue_excerpts_real_scrapes.prom",
+    }
+
+
+@needs_real
+@pytest.mark.parametrize("whole_file", [False, True])
+def test_real_dcgm_datadog_t4_two_exporter_builds(whole_file):
+    path = REAL / "dcgm-exporter" / "datadog_integrations-core_dcgm_tests_docker_serve_metrics.prom"
+    with pytest.raises(ValueError, match="no timestamp"):
+        parse_dcgm_text(path, whole_file=whole_file)
+    result = parse_dcgm_text(path, default_time_utc=T0, whole_file=whole_file)
+    assert result.table.schema == GPU_SAMPLES.schema
+    assert result.quarantine == []  # empty HELP lines and the '# NOTE' comment are fine
+    got = {r["gpu_id"]: r for r in rows(result)}
+    assert set(got) == {"GPU-20c56d28", "GPU-9ef1b6d0"}
+    a, b = got["GPU-20c56d28"], got["GPU-9ef1b6d0"]
+    assert a["host"] == "424773df46e0" and b["host"] == "551bdf382151"
+    assert a["gpu_uuid"] == "GPU-20c56d28-0da5-6d26-a36a-e7af1ce2586e"
+    assert (a["device_name"], a["gpu_index"], a["sample_utc"]) == ("Tesla T4", 0, T0)
+    assert (a["sm_clock_mhz"], a["temp_c"], a["power_w"]) == (300.0, 25.0, 8.969)
+    assert a["energy_mj"] == 128996013.0  # a counter without _total
+    assert (a["util_pct"], a["mem_util_pct"], a["mem_used_mib"]) == (0.0, 0.0, 0.0)
+    assert a["mem_total_mib"] == 15109.0  # FB_USED 0 + FB_FREE 15109
+    assert b["power_limit_w"] == 70.0
+    assert b["mem_total_mib"] == 15109.0  # DCGM_FI_DEV_FB_TOTAL
+    assert b["util_pct"] is None
+    assert result.counters["unmapped_samples"] == 12
+
+
+@needs_real
+def test_real_dcgm_h100_gpu_operator_pod_labels_do_not_split_rows():
+    path = REAL / "dcgm-exporter" / "h100_8gpu_k8s_gpu-operator_sampled.prom"
+    result = parse_dcgm_text(path, default_time_utc=T0)
+    assert result.rows == 8 and result.quarantine == []
+    got = {r["gpu_index"]: r for r in rows(result)}
+    assert {r["host"] for r in got.values()} == {"gpu-node-1"}
+    assert got[0]["gpu_id"] == "GPU-c4529c8d"  # the GPU with container/namespace/pod labels
+    assert (got[0]["temp_c"], got[0]["power_w"], got[0]["util_pct"]) == (30.0, 113.611, 0.0)
+    assert [got[i]["temp_c"] for i in range(8)] == [30, 29, 26, 29, 28, 26, 28, 26]
+    assert got[7]["power_w"] == 66.997
+    assert got[6]["mem_util_pct"] is None and got[5]["mem_util_pct"] == 0.0  # excerpt stops at gpu 5
+    assert result.counters["conflicting_samples"] == 0
+    # host given by the caller wins over the label
+    assert {r["host"] for r in rows(parse_dcgm_text(path, host="n1", default_time_utc=T0))} == {"n1"}
+
+
+@needs_real
+def test_real_dcgm_issue_excerpts_mig_and_hostname_labels():
+    path = REAL / "dcgm-exporter" / "issue_excerpts_real_scrapes.prom"
+    result = parse_dcgm_text(path, default_time_utc=T0)
+    assert result.quarantine == []
+    got = {r["gpu_id"]: r for r in rows(result)}
+    assert result.rows == 14
+    # H100 MIG (issue 512): GR_ENGINE_ACTIVE per instance, no GPU_UTIL
+    for gi in (7, 8, 9):
+        r = got[f"GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77/{gi}"]
+        assert (r["mig_profile"], r["mig_instance_id"], r["host"]) == ("1g.10gb", gi, "gsrh100-074")
+        assert r["gr_engine_active_pct"] == 0.0
+        assert r["util_pct"] is None
+        assert r["gpu_uuid"] == "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"
+    # A30 MIG (issue 317): 4 + 2 instances with FB_USED only
+    a30 = [r for r in got.values() if r["device_name"] == "NVIDIA A30" and r["host"].startswith("yg-")]
+    assert len(a30) == 6 and {r["mem_used_mib"] for r in a30} == {3.0}
+    assert {r["mig_profile"] for r in a30} == {"1g.6gb"}
+    # V100 (issue 250): Hostname label; gpu 1 has only an unmapped counter -> no row
+    v100 = {r["gpu_index"]: r for r in got.values() if r["host"] == "r6i3n0"}
+    assert set(v100) == {0, 2, 3}
+    assert (v100[2]["power_limit_w"], v100[3]["power_limit_w"], v100[0]["util_pct"]) == (300.0, 300.0, 0.0)
+    # PR 736: lower-case 'hostname' label, pci_bus_id tolerated
+    ada = got["GPU-fc60126e"]
+    assert ada["host"] == "dcgm-exporter-wwwjh" and ada["device_name"] == "NVIDIA RTX 2000 Ada Generation"
+    assert ada["mem_used_mib"] is None and ada["mem_total_mib"] is None  # FB_FREE alone gives no total
+    mig = got["GPU-63bc0b91-2265-1b94-831c-15c41fe92675/3"]
+    assert mig["host"] == "dcgm-exporter-wwwjh" and mig["mig_instance_id"] == 3
+
+
+@needs_real
+def test_real_dcgm_fast_and_whole_file_paths_agree():
+    for path in sorted((REAL / "dcgm-exporter").glob("*.prom")):
+        fast = parse_dcgm_text(path, default_time_utc=T0)
+        whole = parse_dcgm_text(path, default_time_utc=T0, whole_file=True)
+        assert fast.table.equals(whole.table), path.name
+        assert fast.counters == whole.counters, path.name
+
+
+# ----------------------------------------------------------------------------------------------
+# Our fixtures: nvidia-smi
+# ----------------------------------------------------------------------------------------------
+
+
+def test_nvidia_smi_with_header_units_repeated_header_and_garbage():
+    path = FIXTURES / "nvidia-smi-a100-header.csv"
+    result = parse_nvidia_smi_csv(path, "America/Chicago", host="gpu-a100-01.example.edu")
+    assert result.table.schema == GPU_SAMPLES.schema
+    assert result.rows == 6
+    assert [(q.line_number, q.source_file) for q in result.quarantine] == [
+        (6, str(path)), (9, str(path)), (11, str(path)), (12, str(path))
+    ]
+    reasons = {q[0]: q[1] for q in result.quarantine}
+    assert reasons[6] == "expected 15 fields, got 1"
+    assert reasons[9] == "expected 15 fields, got 5"
+    assert reasons[11] == "memory.used: not a number: '4O1OO MiB'"
+    assert reasons[12].startswith("timestamp: unreadable '2026/07/14 25:16:01.012'")
+    assert result.quarantine[0][2].startswith("Unable to determine the device handle")
+    assert result.counters["repeated_headers"] == 1
+    assert result.counters["blank_lines"] == 1
+    assert result.counters["data_lines"] == 10
+
+    got = by_gpu(result)
+    # July in Chicago is CDT (UTC-5)
+    r = got[(utc(2026, 7, 14, 13, 12, 38, 696000), "GPU-3f2a9c1e")]
+    assert r == {
+        "sample_utc": utc(2026, 7, 14, 13, 12, 38, 696000), "source": "nvidia-smi",
+        "host": "gpu-a100-01.example.edu", "gpu_uuid": "GPU-3f2a9c1e-5b7d-4e21-9a0c-1d2e3f405162",
+        "gpu_id": "GPU-3f2a9c1e", "gpu_index": 0, "mig_profile": None, "mig_instance_id": None,
+        "device_name": "NVIDIA A100-SXM4-80GB", "util_pct": 38.0, "mem_util_pct": 12.0, "mem_used_mib": 1234.0,
+        "mem_total_mib": 81920.0, "power_w": 212.34, "power_limit_w": 400.0, "temp_c": 51.0,
+        "sm_clock_mhz": 1410.0, "energy_mj": None, "gr_engine_active_pct": None, "sm_active_pct": None,
+        "tensor_active_pct": None, "source_file": str(path),
+    }
+    # upper-case UUID: canonical lower case, short id from it; power.draw [N/A] -> power.draw.instant
+    r = got[(utc(2026, 7, 14, 13, 12, 38, 701000), "GPU-b81c0d4e")]
+    assert r["gpu_uuid"] == "GPU-b81c0d4e-77aa-4c3b-8e9f-0a1b2c3d4e5f"
+    assert r["power_w"] == 61.50
+    # every power field [Not Supported] -> null, the rest of the row intact
+    r = got[(utc(2026, 7, 14, 13, 13, 38, 702000), "GPU-3f2a9c1e")]
+    assert (r["power_w"], r["power_limit_w"], r["util_pct"], r["mem_used_mib"]) == (None, None, 100.0, 40000.0)
+    # [Unknown Error] -> null
+    r = got[(utc(2026, 7, 14, 13, 13, 38, 707000), "GPU-b81c0d4e")]
+    assert (r["util_pct"], r["mem_util_pct"], r["power_w"]) == (None, None, 60.25)
+    assert (utc(2026, 7, 14, 13, 16, 1, 15000), "GPU-b81c0d4e") in got
+    # sorted by (sample_utc, host, gpu_id)
+    keys = [(r["sample_utc"], r["gpu_id"]) for r in rows(result)]
+    assert keys == sorted(keys)
+
+
+def test_nvidia_smi_quarantine_table_matches_the_project_schema():
+    result = parse_nvidia_smi_csv(FIXTURES / "nvidia-smi-a100-header.csv", "UTC", source_file="a.csv")
+    q = result.quarantine_table()
+    assert q.schema == QUARANTINE.schema
+    assert q.column("source_row").to_pylist() == [6, 9, 11, 12]
+    assert set(q.column("source_file").to_pylist()) == {"a.csv"}
+    assert set(q.column("source_table").to_pylist()) == {"clean/gpu_samples"}
+
+
+def test_nvidia_smi_noheader_nounits_default_fields():
+    path = FIXTURES / "nvidia-smi-l40s-noheader-nounits.csv"
+    result = parse_nvidia_smi_csv(path, "America/Chicago", host="gpu-l40s-03")
+    assert result.counters["assumed_default_fields"] == 1
+    assert result.rows == 4 and result.quarantine == []
+    explicit = parse_nvidia_smi_csv(path, "America/Chicago", host="gpu-l40s-03", fields=list(DEFAULT_QUERY_FIELDS))
+    assert explicit.table.equals(result.table)
+    assert "assumed_default_fields" not in explicit.counters
+    got = by_gpu(result)
+    # January in Chicago is CST (UTC-6)
+    r = got[(utc(2026, 1, 15, 16, 0, 0, 123000), "GPU-0a1b2c3d")]
+    assert (r["util_pct"], r["mem_util_pct"], r["mem_total_mib"], r["mem_used_mib"]) == (97.0, 40.0, 46068.0, 30211.0)
+    assert (r["power_w"], r["power_limit_w"], r["temp_c"], r["device_name"]) == (301.12, 350.0, 71.0, "NVIDIA L40S")
+    assert got[(utc(2026, 1, 15, 16, 0, 30, 129000), "GPU-5e6f7a8b")]["power_w"] is None
+
+
+def test_nvidia_smi_noheader_with_a_custom_field_order_and_wrong_field_list():
+    text = "GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, 2026/01/15 10:00:00.123, 301.12, 12\n"
+    result = parse_nvidia_smi_csv(text, "UTC", fields=["uuid", "timestamp", "power.draw.average", "clocks.sm"])
+    r = rows(result)[0]
+    assert (r["gpu_id"], r["sample_utc"], r["power_w"], r["sm_clock_mhz"]) == (
+        "GPU-0a1b2c3d", utc(2026, 1, 15, 10, 0, 0, 123000), 301.12, 12.0)
+    # the default 12-field query against 4-field lines: every line quarantined, nothing half-parsed
+    bad = parse_nvidia_smi_csv(text * 3, "UTC")
+    assert bad.rows == 0 and [q.reason for q in bad.quarantine] == ["expected 12 fields, got 4"] * 3
+
+
+def test_nvidia_smi_units_and_header_changes():
+    text = (
+        "timestamp, uuid, memory.used [MiB]\n"
+        "2026/01/15 10:00:00.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, 12 GiB\n"  # wrong unit
+        "2026/01/15 10:00:01.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, 12\n"  # nounits value
+        "timestamp, uuid, temperature.gpu, power.limit [W]\n"  # logger restarted with another query
+        "2026/01/15 10:00:02.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, 40, 300.00 W\n"
+        "2026/01/15 10:00:03.000, [N/A], 41, 300.00 W\n"
+    )
+    result = parse_nvidia_smi_csv(text, "UTC")
+    assert [(q.line_number, q.reason) for q in result.quarantine] == [
+        (2, "memory.used: unit 'GiB' where the header says [MiB]"),
+        (6, "no GPU UUID (uuid field absent or null)"),
+    ]
+    assert result.counters["header_changes"] == 1
+    assert [(r["mem_used_mib"], r["temp_c"], r["power_limit_w"]) for r in rows(result)] == [
+        (12.0, None, None), (None, 40.0, 300.0)]
+
+
+def test_nvidia_smi_hostname_field_used_when_no_host_given():
+    text = "timestamp, uuid, hostname\n2026/01/15 10:00:00.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, node7\n"
+    assert rows(parse_nvidia_smi_csv(text, "UTC"))[0]["host"] == "node7"
+    assert rows(parse_nvidia_smi_csv(text, "UTC", host="gpu7.example.edu"))[0]["host"] == "gpu7.example.edu"
+
+
+def test_nvidia_smi_dst_fall_back_day_in_chicago():
+    path = FIXTURES / "nvidia-smi-dst-fallback-chicago.csv"
+    result = parse_nvidia_smi_csv(path, "America/Chicago")
+    assert result.rows == 18 and result.quarantine == []
+    assert result.counters["ambiguous_local_times"] == 12  # 01:00-01:40 twice, two GPUs
+    gpu0 = [r for r in rows(result) if r["gpu_index"] == 0]
+    by_util = {int(r["util_pct"]): r["sample_utc"] for r in gpu0}
+    # fold=0: both passes through 01:xx are read as CDT (UTC-5): the second pass lands on the first
+    assert by_util[10] == utc(2026, 11, 1, 5, 40)  # 00:40 CDT
+    assert by_util[11] == by_util[14] == utc(2026, 11, 1, 6, 0)  # 01:00 CDT (both passes)
+    assert by_util[17] == utc(2026, 11, 1, 8, 0)  # 02:00 CST
+    assert by_util[18] == utc(2026, 11, 1, 8, 20)
+
+    ordered = parse_nvidia_smi_csv(path, "America/Chicago", ambiguous="order")
+    gpu0 = [r for r in rows(ordered) if r["gpu_index"] == 0]
+    by_util = {int(r["util_pct"]): r["sample_utc"] for r in gpu0}
+    assert by_util[11] == utc(2026, 11, 1, 6, 0)  # first 01:00 = CDT
+    assert by_util[14] == utc(2026, 11, 1, 7, 0)  # second 01:00 = CST
+    assert by_util[16] == utc(2026, 11, 1, 7, 40)
+    times = [by_util[u] for u in range(10, 19)]
+    assert times == sorted(times) and len(set(times)) == 9  # 20-minute steps, no collisions
+    gpu1 = {int(r["util_pct"]): r["sample_utc"] for r in rows(ordered) if r["gpu_index"] == 1}
+    assert gpu1[54] == utc(2026, 11, 1, 7, 0, 0, 5000)  # +5 ms jitter of GPU 1 stays in the second pass
+    with pytest.raises(ValueError, match="ambiguous must be"):
+        parse_nvidia_smi_csv(path, "America/Chicago", ambiguous="latest")
+
+
+def test_nvidia_smi_spring_forward_gap_uses_fold_0():
+    text = (
+        "timestamp, uuid\n"
+        "2026/03/08 01:59:30.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d\n"
+        "2026/03/08 02:30:00.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d\n"  # does not exist in Chicago
+        "2026/03/08 03:00:30.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d\n"
+    )
+    result = parse_nvidia_smi_csv(text, "America/Chicago")
+    assert result.counters["nonexistent_local_times"] == 1
+    # 02:30 is read with the pre-change offset (CST, UTC-6): 08:30 UTC, i.e. after 03:00:30 CDT
+    assert [r["sample_utc"] for r in rows(result)] == [
+        utc(2026, 3, 8, 7, 59, 30), utc(2026, 3, 8, 8, 0, 30), utc(2026, 3, 8, 8, 30)]
+
+
+def test_missing_file_is_an_error_not_one_line_of_text(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        parse_nvidia_smi_csv(str(tmp_path / "nvidia-smi-2026-07-14.csv"), "UTC")
+    with pytest.raises(FileNotFoundError):
+        parse_dcgm_text(tmp_path / "dcgm-2026-07-14.prom")
+
+
+def test_unknown_time_zone_is_a_clear_error():
+    with pytest.raises(Exception, match="Nowhere/Atlantis"):
+        parse_nvidia_smi_csv(FIXTURES / "nvidia-smi-dst-fallback-chicago.csv", "Nowhere/Atlantis")
+
+
+# ----------------------------------------------------------------------------------------------
+# Our fixtures: DCGM
+# ----------------------------------------------------------------------------------------------
+
+U0 = "GPU-7c1e2d3f-1a2b-4c3d-8e9f-0a1b2c3d4e5f"
+U1 = "GPU-e4d3c2b1-a0f9-4e8d-b7c6-5a4b3c2d1e0f"
+DT1, DT2 = utc(2026, 7, 14, 17, 12), utc(2026, 7, 14, 17, 12, 30)
+
+
+@pytest.mark.parametrize("whole_file", [False, True])
+def test_dcgm_pivot_duplicates_conflicts_blanks_mig_and_an_invalid_line(whole_file):
+    path = FIXTURES / "dcgm-a100-mig-dup-invalid.prom"
+    result = parse_dcgm_text(path, source_file="dcgm/gpu-a100-02/x.prom", whole_file=whole_file)
+    assert result.table.schema == GPU_SAMPLES.schema
+    assert [(q.line_number, q.raw_line[:31]) for q in result.quarantine] == [(36, 'DCGM_FI_DEV_GPU_TEMP{gpu="0",UU')]
+    assert result.quarantine[0].reason.startswith("invalid exposition line: ValueError")
+    assert result.quarantine[0].source_file == "dcgm/gpu-a100-02/x.prom"
+    c = result.counters
+    assert (c["duplicate_samples"], c["conflicting_samples"], c["blank_values"], c["unmapped_samples"]) == (1, 1, 1, 1)
+    assert result.rows == 5
+    got = by_gpu(result)
+    assert set(got) == {(DT1, "GPU-7c1e2d3f"), (DT2, "GPU-7c1e2d3f"), (DT1, "GPU-e4d3c2b1"),
+                        (DT1, f"{U1}/1"), (DT1, f"{U1}/2")}
+    r = got[(DT1, "GPU-7c1e2d3f")]
+    assert r == {
+        "sample_utc": DT1, "source": "dcgm", "host": "gpu-a100-02", "gpu_uuid": U0, "gpu_id": "GPU-7c1e2d3f",
+        "gpu_index": 0, "mig_profile": None, "mig_instance_id": None, "device_name": "NVIDIA A100-SXM4-80GB",
+        "util_pct": 87.0, "mem_util_pct": 35.0, "mem_used_mib": 40000.0,
+        "mem_total_mib": 81920.0,  # 40000 used + 41405 free + 515 reserved
+        "power_w": 312.456,  # the pod="trainer-0" series (999 W) conflicts and is not used
+        "power_limit_w": 400.0, "temp_c": 61.0, "sm_clock_mhz": 1410.0, "energy_mj": 123456789012.0,
+        "gr_engine_active_pct": pytest.approx(87.321), "sm_active_pct": pytest.approx(80.1),
+        "tensor_active_pct": None,  # DCGM FP64 blank
+        "source_file": "dcgm/gpu-a100-02/x.prom",
+    }
+    r = got[(DT2, "GPU-7c1e2d3f")]
+    assert (r["util_pct"], r["mem_used_mib"], r["mem_total_mib"], r["power_w"]) == (91.0, 40100.0, 81920.0, 298.001)
+    assert r["energy_mj"] == 123466163012.0
+    assert r["temp_c"] is None  # its line was the invalid one
+    parent = got[(DT1, "GPU-e4d3c2b1")]
+    assert (parent["power_w"], parent["temp_c"], parent["mig_profile"]) == (151.25, 45.0, None)
+    m1, m2 = got[(DT1, f"{U1}/1")], got[(DT1, f"{U1}/2")]
+    assert (m1["mig_profile"], m1["mig_instance_id"], m1["gpu_uuid"]) == ("3g.40gb", 1, U1)
+    assert (m1["util_pct"], m1["gr_engine_active_pct"], m1["tensor_active_pct"]) == (None, 50.0, 25.0)
+    assert (m1["mem_used_mib"], m1["mem_total_mib"]) == (20000.0, 40475.0)
+    assert (m2["mig_profile"], m2["gr_engine_active_pct"], m2["mem_total_mib"]) == ("1g.10gb", 0.0, None)
+
+
+def test_dcgm_fast_and_whole_file_paths_agree_on_our_fixture():
+    path = FIXTURES / "dcgm-a100-mig-dup-invalid.prom"
+    fast, whole = parse_dcgm_text(path), parse_dcgm_text(path, whole_file=True)
+    assert fast.table.equals(whole.table)
+    assert fast.counters == whole.counters
+    assert fast.quarantine == whole.quarantine
+
+
+def test_dcgm_host_argument_wins_and_default_time_applies_only_without_timestamps():
+    text = (
+        '# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n'
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}",hostname="dcgm-exporter-x7k2p"}} 12\n'
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="{U1}",hostname="dcgm-exporter-x7k2p"}} 13 1784049120000\n'
+    )
+    with pytest.raises(ValueError, match="pass default_time_utc"):
+        parse_dcgm_text(text)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        parse_dcgm_text(text, default_time_utc=dt.datetime(2026, 7, 14))
+    result = parse_dcgm_text(text, default_time_utc=utc(2026, 7, 14, 17, 0))
+    assert [(r["sample_utc"], r["gpu_index"], r["host"]) for r in rows(result)] == [
+        (utc(2026, 7, 14, 17, 0), 0, "dcgm-exporter-x7k2p"), (DT1, 1, "dcgm-exporter-x7k2p")]
+    assert result.counters["samples_default_time"] == 1
+    assert {r["host"] for r in rows(parse_dcgm_text(text, host="gpu-a100-02", default_time_utc=T0))} == {
+        "gpu-a100-02"}
+
+
+def test_dcgm_mig_uuid_label_nan_and_series_without_uuid():
+    mig = "MIG-3b2a1c0d-9e8f-5a6b-8c7d-6e5f4a3b2c1d"
+    text = (
+        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="0",UUID="{U0}",GPU_I_ID="3",GPU_I_PROFILE="2g.20gb",'
+        f'mig_uuid="{mig}"}} 0.25 1784049120000\n'
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",UUID="{U0}"}} NaN 1784049120000\n'
+        'DCGM_FI_DEV_GPU_TEMP{gpu="0"} 50 1784049120000\n'
+    )
+    result = parse_dcgm_text(text)
+    got = {r["gpu_id"]: r for r in rows(result)}
+    assert got[mig]["gpu_uuid"] == mig and got[mig]["gr_engine_active_pct"] == 25.0
+    assert got["GPU-7c1e2d3f"]["temp_c"] is None
+    assert (result.counters["nan_values"], result.counters["samples_without_uuid"]) == (1, 1)
+
+
+def test_dcgm_garbage_everywhere_never_crashes():
+    text = f'garbage\n# TYPE\n\x00\x00\nDCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} 5 1784049120000\n}}{{\n'
+    for whole in (False, True):
+        result = parse_dcgm_text(text, whole_file=whole)
+        assert result.rows == 1 and rows(result)[0]["util_pct"] == 5.0
+        assert [q.line_number for q in result.quarantine] == [1, 2, 3, 5]
+
+
+# ----------------------------------------------------------------------------------------------
+# short ids
+# ----------------------------------------------------------------------------------------------
+
+
+def test_short_gpu_id():
+    assert short_gpu_id("GPU-DF6E7A7C-7314-46f8-abc4-b88b36dcf3aa") == "GPU-df6e7a7c"
+    assert short_gpu_id("GPU-0667ce7c") == "GPU-0667ce7c"
+    assert short_gpu_id("GPUs_GPU_b156e653") == "GPU-b156e653"
+    assert short_gpu_id("MIG-3b2a1c0d-9e8f-5a6b-8c7d-6e5f4a3b2c1d") == "MIG-3b2a1c0d-9e8f-5a6b-8c7d-6e5f4a3b2c1d"
+    with pytest.raises(ValueError):
+        short_gpu_id("GPU-xyz")
+
+
+def test_schema_is_the_contract():
+    assert GPU_SAMPLES.path == "clean/gpu_samples"
+    assert GPU_SAMPLES.key == ("sample_utc", "source", "host", "gpu_id")
+    assert GPU_SAMPLES.schema.names == [
+        "sample_utc", "source", "host", "gpu_uuid", "gpu_id", "gpu_index", "mig_profile", "mig_instance_id",
+        "device_name", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib", "power_w", "power_limit_w",
+        "temp_c", "sm_clock_mhz", "energy_mj", "gr_engine_active_pct", "sm_active_pct", "tensor_active_pct",
+        "source_file",
+    ]
+    types = {f.name: f.type for f in GPU_SAMPLES.schema}
+    assert types["gpu_index"] == types["mig_instance_id"] == pa.int32()
+    assert {types[n] for n in GPU_SAMPLES.schema.names[9:21]} == {pa.float64()}
+    assert [f.name for f in GPU_SAMPLES.schema if not f.nullable] == ["sample_utc", "source", "gpu_id"]
+    assert GPU_SAMPLES.schema.field("sample_utc").type == pa.timestamp("us", tz="UTC")
+    assert all(f.metadata[b"description"] for f in GPU_SAMPLES.schema)
+
+
+# ----------------------------------------------------------------------------------------------
+# Directory reader
+# ----------------------------------------------------------------------------------------------
+
+
+def _tree(root: Path) -> Path:
+    tel = root / "telemetry"
+    a = tel / "nvidia-smi" / "gpu-a100-01.example.edu"
+    b = tel / "dcgm" / "gpu-a100-02.example.edu"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    shutil.copy(FIXTURES / "nvidia-smi-a100-header.csv", a / "nvidia-smi-2026-07-14.csv")
+    shutil.copy(FIXTURES / "dcgm-a100-mig-dup-invalid.prom", b / "dcgm-2026-07-14.prom")
+    # Outside the window (+-1 day): never opened, so its garbage cannot matter
+    (a / "nvidia-smi-2026-07-20.csv").write_text("timestamp, uuid\n\x00garbage\n")
+    (a / "notes.txt").write_text("not telemetry\n")
+    return tel
+
+
+def test_read_telemetry_dir_window_hosts_and_order(tmp_path):
+    tel = _tree(tmp_path)
+    start, end = utc(2026, 7, 14, 13, 13), utc(2026, 7, 14, 17, 12, 30)
+    result = read_telemetry_dir(tel, start, end, "America/Chicago")
+    assert result.table.schema == GPU_SAMPLES.schema
+    assert result.files == ["nvidia-smi/gpu-a100-01.example.edu/nvidia-smi-2026-07-14.csv",
+                            "dcgm/gpu-a100-02.example.edu/dcgm-2026-07-14.prom"]
+    assert result.counters["files_outside_window"] == 1
+    got = [(r["sample_utc"], r["host"], r["gpu_id"]) for r in rows(result)]
+    assert got == sorted(got)
+    nvsmi = [g for g in got if g[1] == "gpu-a100-01.example.edu"]
+    assert [g[0] for g in nvsmi] == [utc(2026, 7, 14, 13, 13, 38, 702000), utc(2026, 7, 14, 13, 13, 38, 707000),
+                                     utc(2026, 7, 14, 13, 15, 1, 3000), utc(2026, 7, 14, 13, 16, 1, 15000)]
+    dcgm = [g for g in got if g[1] == "gpu-a100-02.example.edu"]  # host = directory, not the label
+    assert len(dcgm) == 4 and {g[0] for g in dcgm} == {DT1}  # DT2 == end is excluded
+    assert result.counters["rows_outside_window"] == 2 + 1
+    assert {q.source_file for q in result.quarantine} == {
+        "nvidia-smi/gpu-a100-01.example.edu/nvidia-smi-2026-07-14.csv",
+        "dcgm/gpu-a100-02.example.edu/dcgm-2026-07-14.prom"}
+    assert len(result.quarantine) == 5
+    assert set(result.table.column("source_file").to_pylist()) == set(result.files)
+
+
+def test_read_telemetry_dir_empty_and_bad_window(tmp_path):
+    empty = read_telemetry_dir(tmp_path / "nothing", utc(2026, 7, 14), utc(2026, 7, 15), "UTC")
+    assert empty.rows == 0 and empty.table.schema == GPU_SAMPLES.schema
+    with pytest.raises(ValueError, match="empty window"):
+        read_telemetry_dir(tmp_path, utc(2026, 7, 15), utc(2026, 7, 14), "UTC")
+    with pytest.raises(ValueError, match="timezone-aware"):
+        read_telemetry_dir(tmp_path, dt.datetime(2026, 7, 14), utc(2026, 7, 15), "UTC")
+
+
+def test_read_telemetry_dir_on_the_simulator_output(tmp_path):
+    simulate_mod = pytest.importorskip("gpu_pipeline.lib.simulate")
+    from gpu_pipeline.lib.timeutil import day_window
+
+    day = dt.date(2026, 3, 8)  # spring-forward day in Chicago: 23 hours
+    cfg = simulate_mod.SimConfig(start=day, end=day, gpus=16, seed=7, timezone="America/Chicago",
+                                 telemetry_interval_s=120)
+    summary = simulate_mod.simulate(tmp_path, cfg)
+    start, end = day_window(day, "America/Chicago")
+    result = read_telemetry_dir(tmp_path / "telemetry", start, end, "America/Chicago")
+    assert result.quarantine == []
+    assert result.rows == summary["telemetry_samples"] > 0
+    assert set(result.table.column("source").to_pylist()) == {"nvidia-smi", "dcgm"}
+    t = result.table.to_pylist()
+    assert all(start <= r["sample_utc"] < end for r in t)
+    assert all(re.fullmatch(r"GPU-[0-9a-f]{8}", r["gpu_id"]) for r in t)
+    assert all(r["gpu_uuid"].startswith(r["gpu_id"]) for r in t)
+    assert all(0 <= r["util_pct"] <= 100 for r in t)
+    assert all(r["mem_total_mib"] > 0 for r in t)
+    dcgm = [r for r in t if r["source"] == "dcgm"]
+    assert dcgm and all(r["energy_mj"] > 0 and not math.isnan(r["energy_mj"]) for r in dcgm)
