@@ -99,7 +99,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpu_pipeline.lib.schemas import QUARANTINE, TS, TableSpec, _f
+from gpu_pipeline.lib.schemas import JOBS, QUARANTINE, TS
 from gpu_pipeline.lib.slots import normalize_gpu_id
 
 SOURCES: tuple[str, ...] = ("elasticsearch", "ndjson", "es_export", "condor_history")
@@ -117,57 +117,6 @@ JOB_STATUS_NAMES: dict[int, str] = {
 #: Statuses in which the current run is still going on (its end is unknown).
 RUNNING_STATUSES = frozenset({2, 6, 7})
 
-JOBS = TableSpec(
-    layer="clean",
-    name="jobs",
-    description=(
-        "HTCondor job records (condor_adstash job and epoch documents, condor_history/condor_q "
-        "ads), one row per job run: doc_kind 'job' rows are final job ads (their last run), "
-        "'epoch' rows one run attempt each. Typed, UTC; field names matched case-insensitively; "
-        "0/absent dates and unevaluated /Expr()/ values are null. Malformed documents are "
-        "quarantined with the reason, exact duplicates dropped and counted."
-    ),
-    key=("global_job_id", "run_index", "doc_kind"),
-    schema=pa.schema(
-        [
-            _f("global_job_id", pa.string(), "HTCondor GlobalJobId (schedd#cluster.proc#qdate)", nullable=False),
-            _f("run_index", pa.int32(), "0-based run (epoch) index: NumJobStarts - 1; 0 if never started",
-               nullable=False),
-            _f("doc_kind", pa.string(), "'job' (job ad) or 'epoch' (one run attempt)", nullable=False),
-            _f("cluster_id", pa.int64(), "ClusterId"),
-            _f("proc_id", pa.int64(), "ProcId"),
-            _f("owner", pa.string(), "Owner (submitter's local user name), else the user part of 'user'"),
-            _f("user", pa.string(), "User (owner@uid_domain), else RemoteOwner; as RemoteOwner in slot snapshots"),
-            _f("project", pa.string(), "ProjectName"),
-            _f("acct_group", pa.string(), "AcctGroup, else AccountingGroup"),
-            _f("schedd", pa.string(), "ScheddName, else the part of GlobalJobId before '#'"),
-            _f("job_status", pa.int32(), "JobStatus code when the document was written"),
-            _f("job_status_name", pa.string(), "1 Idle, 2 Running, 3 Removed, 4 Completed, 5 Held, "
-               "6 Transferring Output, 7 Suspended"),
-            _f("queued_utc", TS, "QDate: when the job was submitted"),
-            _f("run_start_utc", TS, "Start of the run: JobCurrentStartDate, else JobStartDate"),
-            _f("run_end_utc", TS, "End of the run: CompletionDate, else LastVacateTime (evicted), else "
-               "EpochWriteDate (epochs) or EnteredCurrentStatus (left the running states); "
-               "null while running"),
-            _f("completion_utc", TS, "CompletionDate (null unless completed)"),
-            _f("record_utc", TS, "RecordTime (adstash), else EpochWriteDate / ServerTime / CompletionDate / "
-               "EnteredCurrentStatus"),
-            _f("host", pa.string(), "Execute host: StartdName, else RemoteHost/LastRemoteHost after the last '@'"),
-            _f("slot", pa.string(), "Slot: StartdSlot, else RemoteHost/LastRemoteHost before the last '@'"),
-            _f("is_backfill_slot", pa.bool_(), "Slot name contains 'backfill' (null when no slot)"),
-            _f("assigned_gpus", pa.string(), "Comma list of HTCondor short GPU ids (GPU-xxxxxxxx) or MIG ids"),
-            _f("request_gpus", pa.float64(), "RequestGPUs"),
-            _f("num_job_starts", pa.int32(), "NumJobStarts"),
-            _f("num_vacates", pa.int32(), "NumVacates"),
-            _f("last_vacate_utc", TS, "LastVacateTime (may belong to an earlier run)"),
-            _f("vacate_reason_code", pa.int32(), "VacateReasonCode"),
-            _f("vacate_reason", pa.string(), "VacateReason"),
-            _f("remote_wall_clock_s", pa.float64(), "RemoteWallClockTime: cumulative wall time of all runs (s)"),
-            _f("committed_time_s", pa.float64(), "CommittedTime: wall time not lost to evictions (s)"),
-            _f("source", pa.string(), "elasticsearch, ndjson, es_export or condor_history", nullable=False),
-        ]
-    ),
-)
 
 
 class QuarantinedDoc(NamedTuple):

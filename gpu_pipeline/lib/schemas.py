@@ -145,6 +145,102 @@ GPU_STATES = TableSpec(
     ),
 )
 
+TELEMETRY_SOURCES: tuple[str, ...] = ("nvidia-smi", "dcgm", "nvml", "prometheus", "terapixel")
+
+GPU_SAMPLES = TableSpec(
+    layer="clean",
+    name="gpu_samples",
+    description=(
+        "GPU telemetry samples from every source (nvidia-smi logs, dcgm-exporter scrapes, NVML sampler, "
+        "Prometheus, Terapixel CSV) normalized to one row per sample x GPU (or MIG instance), in UTC. "
+        "gpu_id is the HTCondor short id so samples join slot snapshots."
+    ),
+    key=("sample_utc", "source", "host", "gpu_id"),
+    schema=pa.schema(
+        [
+            _f("sample_utc", TS, "Sample time (UTC); local source timestamps localized with the source "
+               "time zone", nullable=False),
+            _f("source", pa.string(), "One of " + ", ".join(TELEMETRY_SOURCES), nullable=False),
+            _f("host", pa.string(), "Host the GPU is in"),
+            _f("gpu_uuid", pa.string(), "Full GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), or the "
+               "MIG UUID of a MIG instance when the source gives it (else the parent GPU's UUID)"),
+            _f("gpu_id", pa.string(), "HTCondor short id GPU-xxxxxxxx (first 8 hex of the UUID, lower "
+               "case); a MIG instance: its MIG UUID, or '<parent UUID>/<GPU_I_ID>' from DCGM",
+               nullable=False),
+            _f("gpu_index", pa.int32(), "Device index on the host (nvidia-smi index, DCGM gpu label)"),
+            _f("mig_profile", pa.string(), "MIG GPU-instance profile, e.g. 1g.10gb (null: not MIG)"),
+            _f("mig_instance_id", pa.int32(), "MIG GPU-instance id GPU_I_ID (null: not MIG)"),
+            _f("device_name", pa.string(), "GPU model name"),
+            _f("util_pct", pa.float64(), "GPU utilization (%); null on MIG instances"),
+            _f("mem_util_pct", pa.float64(), "Memory controller utilization / copy utilization (%)"),
+            _f("mem_used_mib", pa.float64(), "Framebuffer memory used (MiB)"),
+            _f("mem_total_mib", pa.float64(), "Framebuffer memory total (MiB); DCGM: FB_TOTAL, else "
+               "FB_USED + FB_FREE (+ FB_RESERVED)"),
+            _f("power_w", pa.float64(), "Power draw (W)"),
+            _f("power_limit_w", pa.float64(), "Power limit (W)"),
+            _f("temp_c", pa.float64(), "GPU temperature (C)"),
+            _f("sm_clock_mhz", pa.float64(), "SM clock (MHz)"),
+            _f("energy_mj", pa.float64(), "Total energy consumed since boot (mJ, cumulative counter)"),
+            _f("gr_engine_active_pct", pa.float64(), "DCGM PROF graphics engine active (%, ratio x 100)"),
+            _f("sm_active_pct", pa.float64(), "DCGM PROF SM active (%, ratio x 100)"),
+            _f("tensor_active_pct", pa.float64(), "DCGM PROF tensor pipe active (%, ratio x 100)"),
+            _f("source_file", pa.string(), "File the sample was read from"),
+        ]
+    ),
+)
+
+JOBS = TableSpec(
+    layer="clean",
+    name="jobs",
+    description=(
+        "HTCondor job records (condor_adstash job and epoch documents, condor_history/condor_q "
+        "ads), one row per job run: doc_kind 'job' rows are final job ads (their last run), "
+        "'epoch' rows one run attempt each. Typed, UTC; field names matched case-insensitively; "
+        "0/absent dates and unevaluated /Expr()/ values are null. Malformed documents are "
+        "quarantined with the reason, exact duplicates dropped and counted."
+    ),
+    key=("global_job_id", "run_index", "doc_kind"),
+    schema=pa.schema(
+        [
+            _f("global_job_id", pa.string(), "HTCondor GlobalJobId (schedd#cluster.proc#qdate)", nullable=False),
+            _f("run_index", pa.int32(), "0-based run (epoch) index: NumJobStarts - 1; 0 if never started",
+               nullable=False),
+            _f("doc_kind", pa.string(), "'job' (job ad) or 'epoch' (one run attempt)", nullable=False),
+            _f("cluster_id", pa.int64(), "ClusterId"),
+            _f("proc_id", pa.int64(), "ProcId"),
+            _f("owner", pa.string(), "Owner (submitter's local user name), else the user part of 'user'"),
+            _f("user", pa.string(), "User (owner@uid_domain), else RemoteOwner; as RemoteOwner in slot snapshots"),
+            _f("project", pa.string(), "ProjectName"),
+            _f("acct_group", pa.string(), "AcctGroup, else AccountingGroup"),
+            _f("schedd", pa.string(), "ScheddName, else the part of GlobalJobId before '#'"),
+            _f("job_status", pa.int32(), "JobStatus code when the document was written"),
+            _f("job_status_name", pa.string(), "1 Idle, 2 Running, 3 Removed, 4 Completed, 5 Held, "
+               "6 Transferring Output, 7 Suspended"),
+            _f("queued_utc", TS, "QDate: when the job was submitted"),
+            _f("run_start_utc", TS, "Start of the run: JobCurrentStartDate, else JobStartDate"),
+            _f("run_end_utc", TS, "End of the run: CompletionDate, else LastVacateTime (evicted), else "
+               "EpochWriteDate (epochs) or EnteredCurrentStatus (left the running states); "
+               "null while running"),
+            _f("completion_utc", TS, "CompletionDate (null unless completed)"),
+            _f("record_utc", TS, "RecordTime (adstash), else EpochWriteDate / ServerTime / CompletionDate / "
+               "EnteredCurrentStatus"),
+            _f("host", pa.string(), "Execute host: StartdName, else RemoteHost/LastRemoteHost after the last '@'"),
+            _f("slot", pa.string(), "Slot: StartdSlot, else RemoteHost/LastRemoteHost before the last '@'"),
+            _f("is_backfill_slot", pa.bool_(), "Slot name contains 'backfill' (null when no slot)"),
+            _f("assigned_gpus", pa.string(), "Comma list of HTCondor short GPU ids (GPU-xxxxxxxx) or MIG ids"),
+            _f("request_gpus", pa.float64(), "RequestGPUs"),
+            _f("num_job_starts", pa.int32(), "NumJobStarts"),
+            _f("num_vacates", pa.int32(), "NumVacates"),
+            _f("last_vacate_utc", TS, "LastVacateTime (may belong to an earlier run)"),
+            _f("vacate_reason_code", pa.int32(), "VacateReasonCode"),
+            _f("vacate_reason", pa.string(), "VacateReason"),
+            _f("remote_wall_clock_s", pa.float64(), "RemoteWallClockTime: cumulative wall time of all runs (s)"),
+            _f("committed_time_s", pa.float64(), "CommittedTime: wall time not lost to evictions (s)"),
+            _f("source", pa.string(), "elasticsearch, ndjson, es_export or condor_history", nullable=False),
+        ]
+    ),
+)
+
 QUARANTINE = TableSpec(
     layer="quarantine",
     name="slot_snapshots",
@@ -163,7 +259,7 @@ QUARANTINE = TableSpec(
 
 TABLES: dict[str, TableSpec] = {
     spec.path: spec
-    for spec in (RAW_CONDOR_SLOT_SNAPSHOTS, CLEAN_SLOT_SNAPSHOTS, QUARANTINE, GPU_STATES)
+    for spec in (RAW_CONDOR_SLOT_SNAPSHOTS, CLEAN_SLOT_SNAPSHOTS, QUARANTINE, GPU_SAMPLES, JOBS, GPU_STATES)
 }
 
 # Versioned schema history: (table path, version, change).

@@ -65,53 +65,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client.parser import text_fd_to_metric_families, text_string_to_metric_families
 
-from gpu_pipeline.lib.schemas import QUARANTINE, TS, TableSpec, _f, conform
+from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE, TS, conform
 
 UTC = dt.UTC
 
-SOURCES: tuple[str, ...] = ("nvidia-smi", "dcgm", "nvml", "prometheus", "terapixel")
-
-GPU_SAMPLES = TableSpec(
-    layer="clean",
-    name="gpu_samples",
-    description=(
-        "GPU telemetry samples from every source (nvidia-smi logs, dcgm-exporter scrapes, NVML sampler, "
-        "Prometheus, Terapixel CSV) normalized to one row per sample x GPU (or MIG instance), in UTC. "
-        "gpu_id is the HTCondor short id so samples join slot snapshots."
-    ),
-    key=("sample_utc", "source", "host", "gpu_id"),
-    schema=pa.schema(
-        [
-            _f("sample_utc", TS, "Sample time (UTC); local source timestamps localized with the source "
-               "time zone", nullable=False),
-            _f("source", pa.string(), "One of " + ", ".join(SOURCES), nullable=False),
-            _f("host", pa.string(), "Host the GPU is in"),
-            _f("gpu_uuid", pa.string(), "Full GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), or the "
-               "MIG UUID of a MIG instance when the source gives it (else the parent GPU's UUID)"),
-            _f("gpu_id", pa.string(), "HTCondor short id GPU-xxxxxxxx (first 8 hex of the UUID, lower "
-               "case); a MIG instance: its MIG UUID, or '<parent UUID>/<GPU_I_ID>' from DCGM",
-               nullable=False),
-            _f("gpu_index", pa.int32(), "Device index on the host (nvidia-smi index, DCGM gpu label)"),
-            _f("mig_profile", pa.string(), "MIG GPU-instance profile, e.g. 1g.10gb (null: not MIG)"),
-            _f("mig_instance_id", pa.int32(), "MIG GPU-instance id GPU_I_ID (null: not MIG)"),
-            _f("device_name", pa.string(), "GPU model name"),
-            _f("util_pct", pa.float64(), "GPU utilization (%); null on MIG instances"),
-            _f("mem_util_pct", pa.float64(), "Memory controller utilization / copy utilization (%)"),
-            _f("mem_used_mib", pa.float64(), "Framebuffer memory used (MiB)"),
-            _f("mem_total_mib", pa.float64(), "Framebuffer memory total (MiB); DCGM: FB_TOTAL, else "
-               "FB_USED + FB_FREE (+ FB_RESERVED)"),
-            _f("power_w", pa.float64(), "Power draw (W)"),
-            _f("power_limit_w", pa.float64(), "Power limit (W)"),
-            _f("temp_c", pa.float64(), "GPU temperature (C)"),
-            _f("sm_clock_mhz", pa.float64(), "SM clock (MHz)"),
-            _f("energy_mj", pa.float64(), "Total energy consumed since boot (mJ, cumulative counter)"),
-            _f("gr_engine_active_pct", pa.float64(), "DCGM PROF graphics engine active (%, ratio x 100)"),
-            _f("sm_active_pct", pa.float64(), "DCGM PROF SM active (%, ratio x 100)"),
-            _f("tensor_active_pct", pa.float64(), "DCGM PROF tensor pipe active (%, ratio x 100)"),
-            _f("source_file", pa.string(), "File the sample was read from"),
-        ]
-    ),
-)
 
 _FLOAT_COLUMNS = tuple(f.name for f in GPU_SAMPLES.schema if f.type == pa.float64())
 
