@@ -1,0 +1,532 @@
+"""Kubernetes GPU demand from Kueue ``/metrics`` scrapes into one ``kueue_demand`` table
+(DESIGN.md 4.4, 5.6).
+
+A scrape is the Prometheus text exposition of the Kueue controller manager, parsed with
+``prometheus_client.parser``. Samples carry no timestamps: each scrape gets the time the caller
+gives (when it was taken, e.g. the file's mtime). :func:`parse_kueue_scrapes` reads scrapes, in any
+order, and returns the table; :func:`parse_kueue_scrape` and :func:`kueue_demand` are its two
+halves.
+
+Rows (``kind`` x ``scope``), one per scrape and
+    * ``queue``: per queue (and ``status`` for the per-status metrics): ``pending_workloads``
+      (``kueue_pending_workloads`` / ``kueue_local_queue_pending_workloads``, status ``active`` =
+      in the admission queue, ``inadmissible`` = failed an admission attempt and parked), admitted /
+      reserving active workloads, the cumulative admitted / quota-reserved counters, fair-sharing
+      values. Metrics without a ``status`` label fill the row with ``status`` null.
+    * ``resource``: per queue, ``flavor`` and ``resource`` (``nvidia.com/gpu``, ``cpu`` in cores,
+      ``memory`` in bytes): ``resource_usage``, ``resource_reservation``, ``nominal_quota``,
+      ``borrowing_limit`` / ``lending_limit`` (Kueue reports ``+Inf`` when unset: stored as null =
+      unlimited). ``kueue_cluster_queue_resource_pending`` has no flavor: its rows have ``flavor``
+      null (pending workloads are not assigned to a flavor yet).
+    * ``admission_wait`` / ``quota_reserved_wait``: the ``kueue_[local_queue_]admission_wait_time_seconds``
+      / ``..._quota_reserved_wait_time_seconds`` histograms (see below).
+    ``scope`` is ``cluster_queue`` (label ``cluster_queue``), ``local_queue`` (labels ``name``,
+    ``namespace``; the ``LocalQueueMetrics`` feature gate) or ``cohort`` (``kueue_cohort_*``).
+    :data:`KUEUE_METRICS` is the complete mapping; anything else in a scrape (controller health,
+    Go runtime metrics) is counted as ``unmapped_samples``.
+
+Histograms (how the wait columns are computed)
+    Kueue's histograms are cumulative since the controller started. ``wait_count_total`` and
+    ``wait_sum_total_s`` are the scrape's cumulative ``_count`` / ``_sum``. The interval columns
+    describe the workloads admitted *between the previous scrape of the same series and this one*:
+    ``wait_count_interval`` = delta of ``_count``, ``wait_mean_s`` = delta ``_sum`` / delta ``_count``
+    (null when nothing was admitted), ``wait_p50_s`` / ``wait_p90_s`` = ``histogram_quantile`` over
+    the delta of the ``_bucket`` counts (Prometheus' linear interpolation inside the bucket; a rank
+    in the ``+Inf`` bucket returns the highest finite bound), ``interval_s`` = seconds since that
+    previous scrape. A series' first scrape has null interval columns. A counter reset (the
+    controller restarted: a count, the sum or a bucket went down) or a changed bucket layout takes
+    the current cumulative values as the delta (like ``rate()``), counted as ``counter_resets``.
+    The wait is "created or requeued until admission" (Kueue's definition), so a requeued workload
+    counts again.
+
+Priority classes
+    Counters and histograms carry ``priority_class``. By default series are summed over priority
+    classes (``priority_class`` null = all; histogram buckets are summed before the quantiles);
+    ``by_priority_class=True`` keeps one row per class instead.
+
+HA replicas
+    Kueue labels every series with ``replica_role`` (``leader``, ``follower``, ``standalone``).
+    Samples of a ``follower`` replica are dropped (counted as ``follower_samples``) so that scraping
+    every replica does not count a queue twice. ``custom_*`` labels (the ``CustomMetricLabels`` gate)
+    are ignored. Two samples for one cell: the first is kept, the second counted as
+    ``duplicate_samples`` (same value) or ``conflicting_samples``.
+
+``cohort`` is the ``cohort`` label where the metric has one, else the ClusterQueue's
+``parent_cohort`` from ``kueue_cluster_queue_info`` in the same scrape. A LocalQueue row's
+``cluster_queue`` is filled when any LocalQueue metric of the scrape carries a ``cluster_queue``
+label for it (``kueue_local_queue_admission_fair_sharing_usage``, ...); Kueue's default metrics do
+not say which ClusterQueue a LocalQueue points to. NaN reads as null
+(``nan_values``). A scrape the exposition parser rejects raises ``ValueError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import pyarrow as pa
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
+
+UTC = dt.UTC
+
+KINDS: tuple[str, ...] = ("queue", "resource", "admission_wait", "quota_reserved_wait")
+SCOPES: tuple[str, ...] = ("cluster_queue", "local_queue", "cohort")
+
+KUEUE_DEMAND = TableSpec(
+    layer="clean",
+    name="kueue_demand",
+    description=(
+        "Kubernetes demand and capacity from Kueue /metrics scrapes: per scrape, one row per queue "
+        "(and status), per queue x flavor x resource, and per queue wait histogram (admission, quota "
+        "reservation) with interval mean and quantiles from the delta to the previous scrape."
+    ),
+    key=("sample_utc", "cluster", "kind", "scope", "cluster_queue", "namespace", "local_queue", "cohort",
+         "status", "priority_class", "flavor", "resource"),
+    schema=pa.schema(
+        [
+            _f("sample_utc", TS, "Time the scrape was taken (UTC)", nullable=False),
+            _f("cluster", pa.string(), "Kubernetes cluster the Kueue scrape came from (given by the caller)"),
+            _f("kind", pa.string(), "Row kind: " + ", ".join(KINDS), nullable=False),
+            _f("scope", pa.string(), "What the row describes: " + ", ".join(SCOPES), nullable=False),
+            _f("cluster_queue", pa.string(), "ClusterQueue (scope cluster_queue); on local_queue rows the "
+               "LocalQueue's ClusterQueue when a metric of the scrape names it (e.g. fair sharing usage)"),
+            _f("namespace", pa.string(), "Namespace of the LocalQueue (scope local_queue)"),
+            _f("local_queue", pa.string(), "LocalQueue name (scope local_queue)"),
+            _f("cohort", pa.string(), "Cohort: the identity for scope cohort; else the metric's cohort "
+               "label or the ClusterQueue's parent_cohort from kueue_cluster_queue_info"),
+            _f("status", pa.string(), "Pending status on queue rows of per-status metrics: active (in "
+               "the admission queue) or inadmissible (failed an admission attempt); null otherwise"),
+            _f("priority_class", pa.string(), "Priority class of counter / histogram rows with "
+               "by_priority_class ('' = workloads without one); null = summed over all classes"),
+            _f("resource", pa.string(), "Resource name on resource rows, e.g. nvidia.com/gpu, cpu, memory"),
+            _f("flavor", pa.string(), "ResourceFlavor on resource rows (null for resource_pending)"),
+            _f("pending_workloads", pa.int64(), "Pending workloads (kueue_[local_queue_]pending_workloads)"),
+            _f("pending_scheduling_hashes", pa.int64(), "Unique pending scheduling equivalence hashes"),
+            _f("admitted_active_workloads", pa.int64(), "Admitted workloads that are active"),
+            _f("reserving_active_workloads", pa.int64(), "Workloads reserving quota"),
+            _f("admitted_workloads_total", pa.int64(), "Admitted workloads since the controller started "
+               "(cumulative counter)"),
+            _f("quota_reserved_workloads_total", pa.int64(), "Quota-reserved workloads since the "
+               "controller started (cumulative counter)"),
+            _f("fair_sharing_usage", pa.float64(), "LocalQueue admission fair sharing usage"),
+            _f("weighted_share", pa.float64(), "ClusterQueue / Cohort weighted share (NaN -> null)"),
+            _f("resource_pending", pa.float64(), "Pending resource requests (not yet assigned a flavor)"),
+            _f("resource_usage", pa.float64(), "Resource usage (units of the resource: GPUs, cores, bytes)"),
+            _f("resource_reservation", pa.float64(), "Resource reservation"),
+            _f("nominal_quota", pa.float64(), "Nominal quota (scope cohort: aggregated over the subtree)"),
+            _f("borrowing_limit", pa.float64(), "Borrowing limit; null = unlimited (Kueue reports +Inf)"),
+            _f("lending_limit", pa.float64(), "Lending limit; null = unlimited (Kueue reports +Inf)"),
+            _f("wait_count_total", pa.int64(), "Histogram _count: waits observed since the controller "
+               "started (cumulative)"),
+            _f("wait_sum_total_s", pa.float64(), "Histogram _sum: total wait seconds (cumulative)"),
+            _f("interval_s", pa.float64(), "Seconds since the previous scrape of this histogram series"),
+            _f("wait_count_interval", pa.int64(), "Waits observed in the interval (delta of _count)"),
+            _f("wait_mean_s", pa.float64(), "Mean wait in the interval: delta _sum / delta _count"),
+            _f("wait_p50_s", pa.float64(), "Median wait in the interval (histogram_quantile of the "
+               "bucket deltas)"),
+            _f("wait_p90_s", pa.float64(), "90th percentile wait in the interval"),
+            _f("source_file", pa.string(), "Scrape file the row was read from"),
+        ]
+    ),
+)
+
+_INT_COLUMNS = frozenset(f.name for f in KUEUE_DEMAND.schema if f.type == pa.int64())
+
+
+class KueueMetric(NamedTuple):
+    """Where a Kueue metric goes: row ``kind``, ``scope``, value ``column`` (None for histograms)
+    and Prometheus type."""
+
+    kind: str
+    scope: str
+    column: str | None
+    type: str
+
+
+_CQ, _LQ, _CO = "cluster_queue", "local_queue", "cohort"
+
+#: Every Kueue metric the parser reads (names as documented by Kueue's metrics reference).
+KUEUE_METRICS: dict[str, KueueMetric] = {
+    # pending / active workloads
+    "kueue_pending_workloads": KueueMetric("queue", _CQ, "pending_workloads", "gauge"),
+    "kueue_local_queue_pending_workloads": KueueMetric("queue", _LQ, "pending_workloads", "gauge"),
+    "kueue_pending_scheduling_hashes": KueueMetric("queue", _CQ, "pending_scheduling_hashes", "gauge"),
+    "kueue_admitted_active_workloads": KueueMetric("queue", _CQ, "admitted_active_workloads", "gauge"),
+    "kueue_local_queue_admitted_active_workloads": KueueMetric("queue", _LQ, "admitted_active_workloads", "gauge"),
+    "kueue_reserving_active_workloads": KueueMetric("queue", _CQ, "reserving_active_workloads", "gauge"),
+    "kueue_local_queue_reserving_active_workloads": KueueMetric("queue", _LQ, "reserving_active_workloads", "gauge"),
+    "kueue_admitted_workloads_total": KueueMetric("queue", _CQ, "admitted_workloads_total", "counter"),
+    "kueue_local_queue_admitted_workloads_total": KueueMetric("queue", _LQ, "admitted_workloads_total", "counter"),
+    "kueue_quota_reserved_workloads_total": KueueMetric("queue", _CQ, "quota_reserved_workloads_total", "counter"),
+    "kueue_local_queue_quota_reserved_workloads_total": KueueMetric(
+        "queue", _LQ, "quota_reserved_workloads_total", "counter"),
+    "kueue_local_queue_admission_fair_sharing_usage": KueueMetric("queue", _LQ, "fair_sharing_usage", "gauge"),
+    "kueue_cluster_queue_weighted_share": KueueMetric("queue", _CQ, "weighted_share", "gauge"),
+    "kueue_cohort_weighted_share": KueueMetric("queue", _CO, "weighted_share", "gauge"),
+    # resources (usage, quota, limits)
+    "kueue_cluster_queue_resource_pending": KueueMetric("resource", _CQ, "resource_pending", "gauge"),
+    "kueue_cluster_queue_resource_usage": KueueMetric("resource", _CQ, "resource_usage", "gauge"),
+    "kueue_local_queue_resource_usage": KueueMetric("resource", _LQ, "resource_usage", "gauge"),
+    "kueue_cluster_queue_resource_reservation": KueueMetric("resource", _CQ, "resource_reservation", "gauge"),
+    "kueue_local_queue_resource_reservation": KueueMetric("resource", _LQ, "resource_reservation", "gauge"),
+    "kueue_cohort_subtree_resource_reservations": KueueMetric("resource", _CO, "resource_reservation", "gauge"),
+    "kueue_cluster_queue_nominal_quota": KueueMetric("resource", _CQ, "nominal_quota", "gauge"),
+    "kueue_cohort_subtree_quota": KueueMetric("resource", _CO, "nominal_quota", "gauge"),
+    "kueue_cluster_queue_borrowing_limit": KueueMetric("resource", _CQ, "borrowing_limit", "gauge"),
+    "kueue_cluster_queue_lending_limit": KueueMetric("resource", _CQ, "lending_limit", "gauge"),
+    # waits
+    "kueue_admission_wait_time_seconds": KueueMetric("admission_wait", _CQ, None, "histogram"),
+    "kueue_local_queue_admission_wait_time_seconds": KueueMetric("admission_wait", _LQ, None, "histogram"),
+    "kueue_quota_reserved_wait_time_seconds": KueueMetric("quota_reserved_wait", _CQ, None, "histogram"),
+    "kueue_local_queue_quota_reserved_wait_time_seconds": KueueMetric(
+        "quota_reserved_wait", _LQ, None, "histogram"),
+}
+#: Read for the ClusterQueue -> parent cohort join only.
+CLUSTER_QUEUE_INFO = "kueue_cluster_queue_info"
+_UNLIMITED_WHEN_INF = frozenset({"borrowing_limit", "lending_limit"})
+_HIST_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+class RowKey(NamedTuple):
+    """Identity of one row within a scrape (``cohort`` of a queue row is an attribute, not here)."""
+
+    kind: str
+    scope: str
+    cluster_queue: str | None
+    namespace: str | None
+    local_queue: str | None
+    cohort: str | None  # scope cohort only
+    status: str | None
+    priority_class: str | None
+    resource: str | None
+    flavor: str | None
+
+
+@dataclass
+class _Hist:
+    buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
+    sum: float | None = None
+    count: float | None = None
+
+
+@dataclass
+class KueueScrape:
+    """One parsed scrape: per-row values, histograms and the cohort of each ClusterQueue."""
+
+    sample_utc: dt.datetime
+    cluster: str | None
+    source_file: str | None
+    values: dict[RowKey, dict[str, float | None]] = field(default_factory=dict)
+    hists: dict[RowKey, _Hist] = field(default_factory=dict)
+    row_cohort: dict[RowKey, str] = field(default_factory=dict)
+    cq_cohort: dict[str, str] = field(default_factory=dict)
+    lq_cluster_queue: dict[tuple[str, str], str] = field(default_factory=dict)
+    counters: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class KueueResult:
+    table: pa.Table
+    counters: Counter[str] = field(default_factory=Counter)
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return self.table.num_rows
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus' ``histogram_quantile``: ``buckets`` maps upper bound ``le`` (``inf`` included) to
+    the cumulative count. ``None`` when there is no observation or no ``+Inf`` bucket."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile must be in [0, 1], got {q}")
+    les = sorted(buckets)
+    if len(les) < 2 or not math.isinf(les[-1]):
+        return None
+    counts = [buckets[le] for le in les]
+    for i in range(1, len(counts)):  # tolerate tiny non-monotonicity, as Prometheus does
+        counts[i] = max(counts[i], counts[i - 1])
+    total = counts[-1]
+    if total <= 0:
+        return None
+    rank = q * total
+    b = next(i for i, c in enumerate(counts) if c >= rank)
+    if b == len(les) - 1:
+        return les[-2]
+    upper = les[b]
+    if b == 0 and upper <= 0:
+        return upper
+    lower = 0.0 if b == 0 else les[b - 1]
+    prev = 0.0 if b == 0 else counts[b - 1]
+    in_bucket = counts[b] - prev
+    if in_bucket <= 0:
+        return upper
+    return lower + (upper - lower) * (rank - prev) / in_bucket
+
+
+def _text(path_or_text: str | Path) -> tuple[str, str | None]:
+    if isinstance(path_or_text, Path):
+        return path_or_text.read_text(encoding="utf-8", errors="replace"), str(path_or_text)
+    if not isinstance(path_or_text, str):
+        raise TypeError(f"expected a path or text, got {type(path_or_text).__name__}")
+    if "\n" not in path_or_text:
+        p = Path(path_or_text)
+        return p.read_text(encoding="utf-8", errors="replace"), str(p)
+    return path_or_text, None
+
+
+def _utc(value: dt.datetime, what: str) -> dt.datetime:
+    if not isinstance(value, dt.datetime):
+        raise TypeError(f"{what} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None:
+        raise ValueError(f"{what} must be timezone-aware (UTC), got naive {value!r}")
+    return value.astimezone(UTC)
+
+
+def _lookup(sample_name: str) -> tuple[str, KueueMetric, str | None] | None:
+    """``(metric, mapping, histogram component)`` of a sample, or ``None`` if unmapped."""
+    m = KUEUE_METRICS.get(sample_name)
+    if m is not None and m.type != "histogram":
+        return sample_name, m, None
+    for suffix in _HIST_SUFFIXES:
+        if sample_name.endswith(suffix):
+            base = sample_name[: -len(suffix)]
+            m = KUEUE_METRICS.get(base)
+            if m is not None and m.type == "histogram":
+                return base, m, suffix[1:]
+    return None
+
+
+def _row_key(m: KueueMetric, labels: Mapping[str, str], by_pc: bool) -> RowKey | None:
+    if m.scope == _CQ:
+        cq = labels.get("cluster_queue")
+        if not cq:
+            return None
+        ns = lq = co = None
+    elif m.scope == _LQ:
+        ns, lq = labels.get("namespace"), labels.get("name")
+        if not ns or not lq:
+            return None
+        cq = co = None  # a LocalQueue's ClusterQueue is an attribute (KueueScrape.lq_cluster_queue)
+    else:
+        co = labels.get("cohort")
+        if not co:
+            return None
+        cq = ns = lq = None
+    pc = labels.get("priority_class") if by_pc and "priority_class" in labels else None
+    status = (labels.get("status") or None) if m.kind == "queue" else None
+    resource = (labels.get("resource") or None) if m.kind == "resource" else None
+    flavor = (labels.get("flavor") or None) if m.kind == "resource" else None
+    if m.kind == "resource" and resource is None:
+        return None
+    return RowKey(m.kind, m.scope, cq, ns, lq, co, status, pc, resource, flavor)
+
+
+def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, cluster: str | None = None,
+                       source_file: str | None = None, by_priority_class: bool = False) -> KueueScrape:
+    """Parse one Kueue ``/metrics`` scrape taken at ``sample_utc``. A ``str`` without a newline is a
+    file path. See the module docstring."""
+    text, path = _text(path_or_text)
+    src = source_file if source_file is not None else path
+    scrape = KueueScrape(_utc(sample_utc, "sample_utc"), cluster, src)
+    c = scrape.counters
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises bare ValueError, IndexError, ...
+        raise ValueError(f"{src or 'Kueue scrape'}: invalid Prometheus exposition: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    # Samples summed over priority classes: remember which (row, column, pc, labels) were seen so
+    # that a repeated series is a duplicate, not a second class.
+    seen: dict[tuple, float] = {}
+    for family in families:
+        for sample in family.samples:
+            c["samples"] += 1
+            labels = sample.labels
+            if labels.get("replica_role") == "follower":
+                c["follower_samples"] += 1
+                continue
+            if sample.name == CLUSTER_QUEUE_INFO or family.name == CLUSTER_QUEUE_INFO:
+                if labels.get("cluster_queue") and labels.get("parent_cohort"):
+                    scrape.cq_cohort.setdefault(labels["cluster_queue"], labels["parent_cohort"])
+                continue
+            if sample.name.endswith("_created"):
+                c["created_samples"] += 1
+                continue
+            hit = _lookup(sample.name)
+            if hit is None:
+                c["unmapped_samples"] += 1
+                continue
+            metric, m, component = hit
+            key = _row_key(m, labels, by_priority_class)
+            if key is None:
+                c["samples_missing_labels"] += 1
+                continue
+            cell = component if component is not None else m.column
+            le = None
+            if component == "bucket":
+                try:
+                    le = float(labels.get("le", ""))
+                except ValueError:
+                    c["samples_bad_le"] += 1
+                    continue
+            # Identity of the series apart from what the row folds away (priority class when summing).
+            ident = (key, metric, cell, le, labels.get("priority_class"))
+            value = float(sample.value)
+            if ident in seen:
+                same = seen[ident] == value or (math.isnan(seen[ident]) and math.isnan(value))
+                c["duplicate_samples" if same else "conflicting_samples"] += 1
+                continue
+            seen[ident] = value
+            co = labels.get("cohort")
+            if co and m.scope != _CO:
+                scrape.row_cohort.setdefault(key, co)
+            if m.scope == _LQ and labels.get("cluster_queue"):
+                scrape.lq_cluster_queue.setdefault((key.namespace, key.local_queue), labels["cluster_queue"])
+            if component is not None:
+                h = scrape.hists.setdefault(key, _Hist())
+                if math.isnan(value):
+                    c["nan_values"] += 1
+                    continue
+                if component == "bucket":
+                    h.buckets[le] = h.buckets.get(le, 0.0) + value
+                elif component == "sum":
+                    h.sum = (h.sum or 0.0) + value
+                else:
+                    h.count = (h.count or 0.0) + value
+                continue
+            row = scrape.values.setdefault(key, {})
+            if math.isnan(value):
+                c["nan_values"] += 1
+                row.setdefault(cell, None)
+                continue
+            if math.isinf(value):
+                c["unlimited_values" if cell in _UNLIMITED_WHEN_INF else "infinite_values"] += 1
+                row.setdefault(cell, None)
+                continue
+            prev = row.get(cell)
+            row[cell] = value if prev is None else prev + value  # sums only over priority classes
+    return scrape
+
+
+class _Prev(NamedTuple):
+    at: dt.datetime
+    hist: _Hist
+
+
+def _count(value: float | None, counters: Counter[str]) -> int | None:
+    if value is None:
+        return None
+    if not math.isfinite(value) or value != int(value):
+        counters["non_integer_counts"] += 1
+        return None
+    return int(value)
+
+
+def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
+    """The ``kueue_demand`` table of parsed scrapes (any order; deltas follow time per cluster).
+    Two scrapes of one cluster at one time: the second is skipped (``duplicate_scrapes``)."""
+    ordered = sorted(scrapes, key=lambda s: (s.cluster or "", s.sample_utc))
+    counters: Counter[str] = Counter()
+    files: list[str] = []
+    cols: dict[str, list] = {f.name: [] for f in KUEUE_DEMAND.schema}
+    prev: dict[tuple, _Prev] = {}
+    seen_times: set[tuple] = set()
+
+    def emit(s: KueueScrape, key: RowKey, values: Mapping[str, object]) -> None:
+        cq = key.cluster_queue
+        if key.scope == _LQ:
+            cq = s.lq_cluster_queue.get((key.namespace, key.local_queue))
+        cohort = key.cohort
+        if cohort is None:
+            cohort = s.row_cohort.get(key) or (s.cq_cohort.get(cq) if cq else None)
+        base = {
+            "sample_utc": s.sample_utc, "cluster": s.cluster, "kind": key.kind, "scope": key.scope,
+            "cluster_queue": cq, "namespace": key.namespace, "local_queue": key.local_queue,
+            "cohort": cohort, "status": key.status, "priority_class": key.priority_class,
+            "resource": key.resource, "flavor": key.flavor, "source_file": s.source_file,
+        }
+        for name, out in cols.items():
+            if name in base:
+                out.append(base[name])
+            else:
+                v = values.get(name)
+                out.append(_count(v, counters) if name in _INT_COLUMNS and v is not None else v)
+
+    for s in ordered:
+        if (s.cluster, s.sample_utc) in seen_times:
+            counters["duplicate_scrapes"] += 1
+            continue
+        seen_times.add((s.cluster, s.sample_utc))
+        counters["scrapes"] += 1
+        counters.update(s.counters)
+        if s.source_file:
+            files.append(s.source_file)
+        for key, values in s.values.items():
+            emit(s, key, values)
+        for key, h in s.hists.items():
+            values: dict[str, object] = {"wait_count_total": h.count, "wait_sum_total_s": h.sum}
+            pk = (s.cluster, key)
+            before = prev.get(pk)
+            prev[pk] = _Prev(s.sample_utc, h)
+            if before is not None:
+                values.update(_interval(before, s.sample_utc, h, counters))
+            emit(s, key, values)
+    table = conform(pa.table({k: pa.array(v, type=KUEUE_DEMAND.schema.field(k).type) for k, v in cols.items()}),
+                    KUEUE_DEMAND) if cols["sample_utc"] else KUEUE_DEMAND.empty()
+    if table.num_rows > 1:
+        table = table.sort_by([(k, "ascending") for k in KUEUE_DEMAND.key])
+    counters["rows_out"] = table.num_rows
+    return KueueResult(table=table, counters=counters, files=files)
+
+
+def _interval(before: _Prev, at: dt.datetime, h: _Hist, counters: Counter[str]) -> dict[str, object]:
+    b = before.hist
+    reset = (
+        set(b.buckets) != set(h.buckets)
+        or (h.count or 0.0) < (b.count or 0.0)
+        or (h.sum or 0.0) < (b.sum or 0.0)
+        or any(h.buckets[le] < b.buckets[le] for le in h.buckets if le in b.buckets)
+    )
+    if reset:
+        counters["counter_resets"] += 1
+        d_buckets = dict(h.buckets)
+        d_sum, d_count = h.sum, h.count
+    else:
+        d_buckets = {le: h.buckets[le] - b.buckets[le] for le in h.buckets}
+        d_sum = None if h.sum is None or b.sum is None else h.sum - b.sum
+        d_count = None if h.count is None or b.count is None else h.count - b.count
+    out: dict[str, object] = {"interval_s": (at - before.at).total_seconds(), "wait_count_interval": d_count}
+    if d_count and d_sum is not None:
+        out["wait_mean_s"] = d_sum / d_count
+    out["wait_p50_s"] = histogram_quantile(0.5, d_buckets)
+    out["wait_p90_s"] = histogram_quantile(0.9, d_buckets)
+    return out
+
+
+def parse_kueue_scrapes(items: Iterable[tuple[dt.datetime, str | Path]], *, cluster: str | None = None,
+                        by_priority_class: bool = False) -> KueueResult:
+    """``kueue_demand`` rows of ``(sample_utc, path or text)`` scrapes of one cluster."""
+    return kueue_demand(
+        parse_kueue_scrape(src, at, cluster=cluster, by_priority_class=by_priority_class) for at, src in items
+    )
+
+
+__all__ = [
+    "CLUSTER_QUEUE_INFO",
+    "KUEUE_DEMAND",
+    "KUEUE_METRICS",
+    "KueueMetric",
+    "KueueResult",
+    "KueueScrape",
+    "histogram_quantile",
+    "kueue_demand",
+    "parse_kueue_scrape",
+    "parse_kueue_scrapes",
+]
