@@ -20,6 +20,7 @@ INSTANCE_TEMPLATE = Path(__file__).resolve().parent.parent / "dagster.yaml"
 DEMO_TZ = "America/Chicago"
 DEMO_GPUS = 80
 DEMO_DAYS = 7
+DEMO_TELEMETRY_S = 60
 
 ENV_DEFAULTS = {
     "GPU_PIPELINE_SOURCE_TZ": "UTC",
@@ -101,6 +102,9 @@ def demo_env(base: Path, start: dt.date) -> dict[str, str]:
         "GPU_PIPELINE_TIMEZONE": DEMO_TZ,
         "GPU_PIPELINE_START_DATE": start.isoformat(),
         "GPU_PIPELINE_EXCLUDED_HOSTS": "",
+        "GPU_PIPELINE_JOBS_DIR": str(base / "sources" / "jobs"),
+        "GPU_PIPELINE_TELEMETRY_DIR": str(base / "sources" / "telemetry"),
+        "GPU_PIPELINE_TELEMETRY_TZ": DEMO_TZ,
     }
 
 
@@ -110,7 +114,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     base = Path(args.dir).resolve()
     start, end = demo_days()
     print(f"Simulating {args.gpus} GPUs for {start} .. {end} ({DEMO_TZ}) into {base / 'sources'}")
-    simulate(base / "sources", SimConfig(start=start, end=end, gpus=args.gpus, seed=args.seed, timezone=DEMO_TZ))
+    simulate(
+        base / "sources",
+        SimConfig(start=start, end=end, gpus=args.gpus, seed=args.seed, timezone=DEMO_TZ,
+                  telemetry_interval_s=DEMO_TELEMETRY_S),
+    )
     env = demo_env(base, start)
     prepare_dagster_home(Path(env["DAGSTER_HOME"]))
     os.environ.update(env)

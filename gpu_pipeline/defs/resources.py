@@ -1,11 +1,23 @@
-"""Resources: where the data root and the sources are. Values come from the environment
-(``dg.EnvVar``), resolved when a run starts, never at import. See README "Configuration"."""
+"""Resources: where the data root and the sources are.
 
+Values come from the environment through ``dg.EnvVar`` and are resolved when a run starts, so
+secrets never enter the definitions, the UI's config view or the event log. Required variables are
+always bound; an optional variable is bound only when it is set (otherwise the field's default,
+which disables that source). See README "Configuration".
+"""
+
+import os
 from pathlib import Path
 
 import dagster as dg
 
+from gpu_pipeline.lib.es_source import EsConfig
 from gpu_pipeline.lib.store import Store
+
+
+def optional_env(name: str, default: str = "") -> str:
+    """``dg.EnvVar(name)`` when the variable is set, else ``default`` (the source stays off)."""
+    return dg.EnvVar(name) if name in os.environ else default
 
 
 class DataStoreResource(dg.ConfigurableResource):
@@ -32,15 +44,90 @@ class CondorArchiveResource(dg.ConfigurableResource):
         return [p.strip() for p in self.excluded_hosts.split(",") if p.strip()]
 
 
+class JobRecordsResource(dg.ConfigurableResource):
+    """HTCondor job records: Elasticsearch (condor_adstash index) or offline files.
+
+    ``es_hosts`` set: read the index with point-in-time paging. Else ``files_dir`` set: read the
+    NDJSON (``*.ndjson``, adstash ``_source`` documents), Elasticsearch exports (``*.es.json``) and
+    ``condor_history -json`` dumps (``*.json``) in it. Neither: the source is off (empty tables).
+    """
+
+    es_hosts: str = ""
+    es_index: str = "adstash-ospool-job-history"
+    es_api_key: str = ""
+    es_username: str = ""
+    es_password: str = ""
+    es_ca_certs: str = ""
+    es_verify_certs: str = "true"
+    es_timeout_s: str = "30"
+    files_dir: str = ""
+    lookahead_days: str = "7"
+
+    @property
+    def mode(self) -> str:
+        if self.es_hosts.strip():
+            return "elasticsearch"
+        if self.files_dir.strip():
+            return "files"
+        return "off"
+
+    def es_config(self) -> EsConfig:
+        return EsConfig(
+            hosts=self.es_hosts,
+            index=self.es_index,
+            api_key=self.es_api_key or None,
+            username=self.es_username or None,
+            password=self.es_password or None,
+            verify_certs=self.es_verify_certs.strip().lower() not in {"0", "false", "no", "off"},
+            ca_certs=self.es_ca_certs or None,
+            request_timeout=float(self.es_timeout_s),
+        )
+
+
+class TelemetryResource(dg.ConfigurableResource):
+    """GPU telemetry files: ``<dir>/nvidia-smi/HOST/*.csv``, ``<dir>/dcgm/HOST/*.prom``,
+    ``<dir>/nvml/HOST/*.parquet``; nvidia-smi timestamps are local time in ``source_timezone``."""
+
+    telemetry_dir: str = ""
+    source_timezone: str = "UTC"
+    file_margin_days: str = "0"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.telemetry_dir.strip())
+
+    @property
+    def path(self) -> Path:
+        return Path(self.telemetry_dir).expanduser()
+
+
 @dg.definitions
 def resources() -> dg.Definitions:
+    source_tz = optional_env("GPU_PIPELINE_SOURCE_TZ", "UTC")
     return dg.Definitions(
         resources={
             "data_store": DataStoreResource(data_root=dg.EnvVar("GPU_PIPELINE_DATA_ROOT")),
             "condor_archive": CondorArchiveResource(
                 archive_dir=dg.EnvVar("GPU_PIPELINE_CONDOR_ARCHIVE"),
-                source_timezone=dg.EnvVar("GPU_PIPELINE_SOURCE_TZ"),
-                excluded_hosts=dg.EnvVar("GPU_PIPELINE_EXCLUDED_HOSTS"),
+                source_timezone=source_tz,
+                excluded_hosts=optional_env("GPU_PIPELINE_EXCLUDED_HOSTS"),
+            ),
+            "job_records": JobRecordsResource(
+                es_hosts=optional_env("GPU_PIPELINE_ES_HOSTS"),
+                es_index=optional_env("GPU_PIPELINE_ES_INDEX", "adstash-ospool-job-history"),
+                es_api_key=optional_env("GPU_PIPELINE_ES_API_KEY"),
+                es_username=optional_env("GPU_PIPELINE_ES_USERNAME"),
+                es_password=optional_env("GPU_PIPELINE_ES_PASSWORD"),
+                es_ca_certs=optional_env("GPU_PIPELINE_ES_CA_CERTS"),
+                es_verify_certs=optional_env("GPU_PIPELINE_ES_VERIFY_CERTS", "true"),
+                es_timeout_s=optional_env("GPU_PIPELINE_ES_TIMEOUT_S", "30"),
+                files_dir=optional_env("GPU_PIPELINE_JOBS_DIR"),
+                lookahead_days=optional_env("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", "7"),
+            ),
+            "telemetry": TelemetryResource(
+                telemetry_dir=optional_env("GPU_PIPELINE_TELEMETRY_DIR"),
+                source_timezone=optional_env("GPU_PIPELINE_TELEMETRY_TZ", "") or source_tz,
+                file_margin_days=optional_env("GPU_PIPELINE_TELEMETRY_MARGIN_DAYS", "0"),
             ),
         }
     )

@@ -721,6 +721,43 @@ def _one_value_per_line(text: str) -> bool:
     return True
 
 
+def _export_items(p: Path) -> Iterator[_Item]:
+    text = _read_text(p)
+    if _one_value_per_line(text):
+        yield from _iter_ndjson(p, unwrap_hits=True)
+        return
+    for obj in _parse_json_values(text, p):
+        yield from _hits(obj, str(p), -1)
+
+
+def _history_items(p: Path) -> Iterator[_Item]:
+    pos = 0
+    for obj in _parse_json_values(_read_text(p), p):
+        for ad in obj if isinstance(obj, list) else [obj]:
+            yield _Item(str(p), pos, ad)
+            pos += 1
+
+
+def file_items(path: str | Path) -> tuple[str, Iterator[_Item]]:
+    """(source, documents) of one offline file, by its name: ``*.ndjson`` / ``*.jsonl`` (adstash
+    ``_source`` lines), ``*.es.json`` (Elasticsearch export of hits), other ``*.json``
+    (``condor_history -json``); each may be gzipped."""
+    p = Path(path)
+    name = p.name.lower().removesuffix(".gz")
+    if name.endswith((".ndjson", ".jsonl")):
+        return "ndjson", _iter_ndjson(p, unwrap_hits=False)
+    if name.endswith(".es.json"):
+        return "es_export", _export_items(p)
+    if name.endswith(".json"):
+        return "condor_history", _history_items(p)
+    raise JobsFileError(f"{p}: not a job-record file (expected .ndjson, .jsonl, .es.json or .json)")
+
+
+def normalize_items(items: Iterable[tuple[str, int, Any, str | None]], source: str) -> NormalizeResult:
+    """Normalize (origin, position, document, parse_error) tuples, e.g. rows of the raw table."""
+    return _normalize((_Item(*it) for it in items), source)
+
+
 def read_es_export(path: str | Path | Iterable[str | Path]) -> NormalizeResult:
     """Read Elasticsearch exports of search hits through the normalizer (source ``es_export``).
 
@@ -731,17 +768,7 @@ def read_es_export(path: str | Path | Iterable[str | Path]) -> NormalizeResult:
     reason. A JSON document that does not parse raises :class:`JobsFileError`.
     """
     paths = _paths(path)
-
-    def items() -> Iterator[_Item]:
-        for p in paths:
-            text = _read_text(p)
-            if _one_value_per_line(text):
-                yield from _iter_ndjson(p, unwrap_hits=True)
-                continue
-            for obj in _parse_json_values(text, p):
-                yield from _hits(obj, str(p), -1)
-
-    return _normalize(items(), "es_export")
+    return _normalize((it for p in paths for it in _export_items(p)), "es_export")
 
 
 def read_condor_history_json(path: str | Path | Iterable[str | Path]) -> NormalizeResult:
@@ -753,16 +780,7 @@ def read_condor_history_json(path: str | Path | Iterable[str | Path]) -> Normali
     :class:`JobsFileError`.
     """
     paths = _paths(path)
-
-    def items() -> Iterator[_Item]:
-        for p in paths:
-            pos = 0
-            for obj in _parse_json_values(_read_text(p), p):
-                for ad in obj if isinstance(obj, list) else [obj]:
-                    yield _Item(str(p), pos, ad)
-                    pos += 1
-
-    return _normalize(items(), "condor_history")
+    return _normalize((it for p in paths for it in _history_items(p)), "condor_history")
 
 
 # ---------------------------------------------------------------------------------------------

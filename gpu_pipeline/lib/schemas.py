@@ -10,6 +10,7 @@ A schema change bumps ``TableSpec.version`` and is listed in ``SCHEMA_CHANGES`` 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -241,6 +242,26 @@ JOBS = TableSpec(
     ),
 )
 
+RAW_JOB_DOCUMENTS = TableSpec(
+    layer="raw",
+    name="job_documents",
+    description=(
+        "HTCondor job documents as fetched for the day (Elasticsearch condor_adstash index, or offline "
+        "NDJSON / Elasticsearch export / condor_history -json files): every job or epoch document whose "
+        "run or queue wait may overlap the day, unmodified, as JSON text."
+    ),
+    schema=pa.schema(
+        [
+            _f("source", pa.string(), "elasticsearch, ndjson, es_export or condor_history", nullable=False),
+            _f("origin", pa.string(), "Index (Elasticsearch) or file the document came from", nullable=False),
+            _f("position", pa.int64(), "Line number (line files), element index, or hit number", nullable=False),
+            _f("doc_json", pa.string(), "The document (_source) as JSON, or the raw line when it is not JSON",
+               nullable=False),
+            _f("parse_error", pa.string(), "Why the line is not a document (null when it is)"),
+        ]
+    ),
+)
+
 QUARANTINE = TableSpec(
     layer="quarantine",
     name="slot_snapshots",
@@ -257,9 +278,44 @@ QUARANTINE = TableSpec(
     ),
 )
 
+
+def quarantine_spec(table: str) -> TableSpec:
+    """The quarantine table of one cleaned table (same schema for every source)."""
+    return dataclasses.replace(
+        QUARANTINE, name=table, description=f"Rows of {table} set aside by cleaning, with the reason."
+    )
+
+
+QUARANTINE_JOBS = quarantine_spec("jobs")
+QUARANTINE_GPU_SAMPLES = quarantine_spec("gpu_samples")
+QUARANTINE_GPU_TELEMETRY = quarantine_spec("gpu_telemetry")
+
+RAW_GPU_TELEMETRY = dataclasses.replace(
+    GPU_SAMPLES,
+    layer="raw",
+    name="gpu_telemetry",
+    key=(),
+    description=(
+        "GPU telemetry samples of the day as parsed from every configured source (nvidia-smi CSV logs, "
+        "dcgm-exporter scrapes, NVML sampler files), before validation."
+    ),
+)
+
 TABLES: dict[str, TableSpec] = {
     spec.path: spec
-    for spec in (RAW_CONDOR_SLOT_SNAPSHOTS, CLEAN_SLOT_SNAPSHOTS, QUARANTINE, GPU_SAMPLES, JOBS, GPU_STATES)
+    for spec in (
+        RAW_CONDOR_SLOT_SNAPSHOTS,
+        RAW_JOB_DOCUMENTS,
+        RAW_GPU_TELEMETRY,
+        CLEAN_SLOT_SNAPSHOTS,
+        JOBS,
+        GPU_SAMPLES,
+        QUARANTINE,
+        QUARANTINE_JOBS,
+        QUARANTINE_GPU_SAMPLES,
+        QUARANTINE_GPU_TELEMETRY,
+        GPU_STATES,
+    )
 }
 
 # Versioned schema history: (table path, version, change).

@@ -1,6 +1,7 @@
 """The README's first command, end to end: `gpu-pipeline demo` on a fresh directory."""
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -86,3 +87,45 @@ def test_sql_command_queries_the_catalog(demo):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-1] == "80"
+
+
+def test_cleaned_row_counts_match_the_simulator(demo):
+    summary = json.loads((demo / "sources" / "truth" / "summary.json").read_text())
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+
+    def count(table: str) -> int:
+        files = list((demo / "data").glob(f"{table}/date=*/part-0.parquet"))
+        return con.sql("SELECT count(*) FROM read_parquet(?)", params=[[str(f) for f in files]]).fetchall()[0][0]
+
+    # every archive row of the week is one clean slot row: nothing excluded, quarantined or duplicated
+    assert count("clean/slot_snapshots") == summary["slot_rows"]
+    assert count("quarantine/slot_snapshots") == 0
+    # every telemetry sample the simulator wrote (nvidia-smi + DCGM) is one clean sample
+    assert count("clean/gpu_samples") == summary["telemetry_samples"]
+    assert count("quarantine/gpu_samples") == 0 and count("quarantine/gpu_telemetry") == 0
+    # per day, the epochs in clean/jobs are exactly the true runs that ended and whose run -- or, for a
+    # first run, its queue wait -- overlaps the day
+    jobs = str(demo / "data" / "clean" / "jobs" / "*" / "*.parquet")
+    truth = str(demo / "sources" / "truth" / "jobs.parquet")
+    diff = con.sql(
+        """
+        WITH days AS (SELECT DISTINCT date FROM read_parquet(?, hive_partitioning=true)),
+        got AS (SELECT date, global_job_id, run_index FROM read_parquet(?, hive_partitioning=true)
+                WHERE doc_kind = 'epoch'),
+        want AS (
+            SELECT d.date, t.global_job_id, t.run_index
+            FROM read_parquet(?) t, days d
+            WHERE t.end_reason IN ('completed', 'evicted')
+              AND (CASE WHEN t.run_index = 0 THEN t.qdate_utc ELSE t.start_utc END)
+                  < timezone('America/Chicago', CAST(d.date + 1 AS TIMESTAMP))
+              AND t.end_utc > timezone('America/Chicago', CAST(d.date AS TIMESTAMP))
+        )
+        SELECT 'missing' AS what, count(*) FROM (SELECT * FROM want EXCEPT SELECT * FROM got)
+        UNION ALL SELECT 'extra', count(*) FROM (SELECT * FROM got EXCEPT SELECT * FROM want)
+        UNION ALL SELECT 'matched', count(*) FROM (SELECT * FROM got INTERSECT SELECT * FROM want)
+        """,
+        params=[jobs, jobs, truth],
+    ).fetchall()
+    result = dict(diff)
+    assert result["missing"] == 0 and result["extra"] == 0 and result["matched"] > 1000, result

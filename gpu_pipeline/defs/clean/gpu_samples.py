@@ -1,0 +1,65 @@
+"""Clean layer: validated GPU telemetry samples (one schema for every source)."""
+
+import dagster as dg
+
+from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.raw.gpu_telemetry import KEY as RAW_KEY
+from gpu_pipeline.defs.resources import DataStoreResource
+from gpu_pipeline.lib.samples import clean_samples
+from gpu_pipeline.lib.schemas import GPU_SAMPLES as SPEC
+from gpu_pipeline.lib.schemas import QUARANTINE_GPU_SAMPLES, RAW_GPU_TELEMETRY
+
+KEY = dg.AssetKey(["clean", "gpu_samples"])
+MAX_QUARANTINE_SHARE = 0.01
+RANGES_OK = dg.AssetCheckSpec(
+    "values_in_range", asset=KEY,
+    description=f"At most {MAX_QUARANTINE_SHARE:.0%} of the day's samples were quarantined for out-of-range values.",
+)
+UNIQUE = dg.AssetCheckSpec("unique_sample_key", asset=KEY, description="(sample_utc, source, host, gpu_id) is unique.")
+
+
+@dg.asset(
+    key=KEY,
+    group_name="clean",
+    description=SPEC.description,
+    deps=[RAW_KEY],
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    kinds={"duckdb", "parquet"},
+    owners=["team:gpu-ops"],
+    metadata=table_asset_metadata(SPEC),
+    check_specs=[RANGES_OK, UNIQUE],
+)
+def gpu_samples(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
+    store = data_store.store()
+    shares: dict[str, float] = {}
+    dupes: dict[str, int] = {}
+
+    def one_day(day: str) -> DayOutcome:
+        cleaned = clean_samples(store.read_table(RAW_GPU_TELEMETRY, day))
+        store.write_partition(QUARANTINE_GPU_SAMPLES, day, cleaned.quarantine)
+        result = store.write_partition(SPEC, day, cleaned.table)
+        shares[day] = cleaned.quarantine.num_rows / cleaned.rows_in if cleaned.rows_in else 0.0
+        keys = cleaned.table.select(list(SPEC.key))
+        dupes[day] = keys.num_rows - keys.group_by(keys.column_names).aggregate([]).num_rows
+        return DayOutcome(
+            day=day,
+            result=result,
+            metrics={
+                "rows_in": cleaned.rows_in,
+                "rows_quarantined": cleaned.quarantine.num_rows,
+                "duplicate_rows_dropped": cleaned.duplicates_dropped,
+                "gpus": len(set(cleaned.table["gpu_id"].to_pylist())),
+            },
+            details={"quarantined_by_reason": cleaned.quarantined_by_reason},
+        )
+
+    outcomes = run_days(context, one_day)
+    checks = [
+        dg.AssetCheckResult(check_name=RANGES_OK.name, passed=all(s <= MAX_QUARANTINE_SHARE for s in shares.values()),
+                            metadata={"quarantined_share_by_day": dg.MetadataValue.json(shares)}),
+        dg.AssetCheckResult(check_name=UNIQUE.name, passed=not any(dupes.values()),
+                            metadata={"duplicates_by_day": dg.MetadataValue.json(dupes)}),
+    ]
+    return materialize_result(SPEC, outcomes, check_results=checks)

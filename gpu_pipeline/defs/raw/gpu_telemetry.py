@@ -1,0 +1,68 @@
+"""Raw layer: GPU telemetry samples of each day from every configured source."""
+
+import dagster as dg
+
+from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
+from gpu_pipeline.lib.coverage import coverage
+from gpu_pipeline.lib.samples import RawSamples, raw_samples
+from gpu_pipeline.lib.schemas import QUARANTINE_GPU_TELEMETRY
+from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY as SPEC
+
+KEY = dg.AssetKey(["raw", "gpu_telemetry"])
+MIN_COVERAGE = 0.8
+HAS_SAMPLES = dg.AssetCheckSpec(
+    "has_samples", asset=KEY, blocking=True,
+    description="When a telemetry directory is configured, every day of the run has samples.",
+)
+COVERAGE = dg.AssetCheckSpec(
+    "coverage", asset=KEY, blocking=True,
+    description=f"Samples seen >= {MIN_COVERAGE:.0%} of those expected from each GPU's observed cadence.",
+)
+
+
+@dg.asset(
+    key=KEY,
+    group_name="raw",
+    description=SPEC.description,
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    kinds={"nvidia", "prometheus", "parquet"},
+    owners=["team:gpu-ops"],
+    metadata=table_asset_metadata(SPEC),
+    check_specs=[HAS_SAMPLES, COVERAGE],
+)
+def gpu_telemetry(
+    context: dg.AssetExecutionContext, data_store: DataStoreResource, telemetry: TelemetryResource
+) -> dg.MaterializeResult:
+    store = data_store.store()
+    covs: dict[str, float] = {}
+
+    def one_day(day: str) -> DayOutcome:
+        start, end = window(day)
+        if telemetry.enabled:
+            raw = raw_samples(telemetry.path, start, end, telemetry.source_timezone, int(telemetry.file_margin_days))
+        else:
+            raw = RawSamples(table=SPEC.empty())
+        # Lines the parsers could not read are kept with the reason (always written, so a re-run replaces).
+        quarantine = raw.quarantine if raw.quarantine is not None else QUARANTINE_GPU_TELEMETRY.empty()
+        store.write_partition(QUARANTINE_GPU_TELEMETRY, day, quarantine)
+        result = store.write_partition(SPEC, day, raw.table)
+        cov = coverage(raw.table, "sample_utc", ["source", "host", "gpu_id"], start, end)
+        covs[day] = cov.coverage
+        metrics = {"samples": raw.table.num_rows, "lines_quarantined": quarantine.num_rows}
+        metrics.update(cov.as_metadata("telemetry"))
+        return DayOutcome(day=day, result=result, metrics=metrics, details={"files": len(raw.files)})
+
+    outcomes = run_days(context, one_day)
+    empty = [o.day for o in outcomes if not o.metrics.get("samples")]
+    low = {d: round(c, 4) for d, c in covs.items() if c < MIN_COVERAGE}
+    checks = [
+        dg.AssetCheckResult(check_name=HAS_SAMPLES.name, passed=not telemetry.enabled or not empty,
+                            metadata={"days_without_samples": dg.MetadataValue.json(empty)}),
+        dg.AssetCheckResult(check_name=COVERAGE.name, passed=not telemetry.enabled or not low,
+                            metadata={"coverage_by_day": dg.MetadataValue.json(covs),
+                                      "below_threshold": dg.MetadataValue.json(low)}),
+    ]
+    return materialize_result(SPEC, outcomes, check_results=checks)

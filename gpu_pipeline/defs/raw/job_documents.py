@@ -1,0 +1,61 @@
+"""Raw layer: the HTCondor job documents (Elasticsearch or offline files) that overlap each day."""
+
+import dagster as dg
+
+from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.resources import DataStoreResource, JobRecordsResource
+from gpu_pipeline.lib.job_source import RawDocs, raw_docs_from_es, raw_docs_from_files
+from gpu_pipeline.lib.schemas import RAW_JOB_DOCUMENTS as SPEC
+
+KEY = dg.AssetKey(["raw", "job_documents"])
+HAS_DOCUMENTS = dg.AssetCheckSpec(
+    "has_documents",
+    asset=KEY,
+    blocking=True,
+    description="When a job-record source is configured, every day of the run has documents.",
+)
+
+
+@dg.asset(
+    key=KEY,
+    group_name="raw",
+    description=SPEC.description,
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    kinds={"elasticsearch", "parquet"},
+    owners=["team:gpu-ops"],
+    metadata=table_asset_metadata(SPEC),
+    check_specs=[HAS_DOCUMENTS],
+)
+def job_documents(
+    context: dg.AssetExecutionContext, data_store: DataStoreResource, job_records: JobRecordsResource
+) -> dg.MaterializeResult:
+    store = data_store.store()
+    mode = job_records.mode
+    if mode == "off":
+        context.log.info("no job-record source configured (GPU_PIPELINE_ES_HOSTS / GPU_PIPELINE_JOBS_DIR): "
+                         "writing empty partitions")
+
+    def one_day(day: str) -> DayOutcome:
+        start, end = window(day)
+        if mode == "elasticsearch":
+            raw = raw_docs_from_es(job_records.es_config(), start, end)
+        elif mode == "files":
+            raw = raw_docs_from_files(job_records.files_dir, start, end, int(job_records.lookahead_days))
+        else:
+            raw = RawDocs(table=SPEC.empty())
+        result = store.write_partition(SPEC, day, raw.table)
+        metrics = {"documents": raw.table.num_rows}
+        if raw.es_total is not None:
+            metrics.update(es_hits_total=raw.es_total, es_pages=raw.es_pages or 0, es_retries=raw.es_retries or 0)
+        return DayOutcome(day=day, result=result, metrics=metrics, details={"files": raw.files, "mode": mode})
+
+    outcomes = run_days(context, one_day)
+    empty = [o.day for o in outcomes if not o.metrics.get("documents")]
+    check = dg.AssetCheckResult(
+        check_name=HAS_DOCUMENTS.name,
+        passed=mode == "off" or not empty,
+        metadata={"mode": mode, "days_without_documents": dg.MetadataValue.json(empty)},
+    )
+    return materialize_result(SPEC, outcomes, check_results=[check])

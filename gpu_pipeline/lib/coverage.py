@@ -1,0 +1,80 @@
+"""Coverage of a time series source over a window: observed cadence, expected vs seen, gaps.
+
+The cadence is never assumed: it is the median interval between consecutive distinct timestamps
+of each series (a GPU, or the pool for snapshots). Expected samples = window length / cadence;
+a gap is an interval longer than ``gap_factor`` x cadence.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class Coverage:
+    series: int
+    samples: int
+    cadence_s: float | None
+    expected: float
+    coverage: float
+    gaps: int
+    longest_gap_s: float
+
+    def as_metadata(self, prefix: str) -> dict[str, float]:
+        return {
+            f"{prefix}_series": float(self.series),
+            f"{prefix}_samples": float(self.samples),
+            f"{prefix}_cadence_s": float(self.cadence_s or 0.0),
+            f"{prefix}_coverage_pct": 100.0 * self.coverage,
+            f"{prefix}_gaps": float(self.gaps),
+            f"{prefix}_longest_gap_s": float(self.longest_gap_s),
+        }
+
+
+def coverage(
+    table: pa.Table,
+    time_col: str,
+    series_cols: list[str],
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+    gap_factor: float = 3.0,
+) -> Coverage:
+    """Coverage of ``table`` (one row per sample) over [start_utc, end_utc)."""
+    window_s = (end_utc - start_utc).total_seconds()
+    if table.num_rows == 0:
+        return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
+    con = duckdb.connect()
+    try:
+        con.register("t", table.select([time_col, *series_cols]))
+        key = ", ".join(f'"{c}"' for c in series_cols) or "1"
+        row = con.sql(
+            f"""
+            WITH pts AS (SELECT DISTINCT {key} AS k, epoch_us("{time_col}") AS t FROM t),
+            d AS (SELECT k, t, t - lag(t) OVER (PARTITION BY k ORDER BY t) AS dt_us FROM pts),
+            per AS (SELECT k, count(*) AS n, median(dt_us) AS cad, min(t) AS first_t, max(t) AS last_t
+                    FROM d GROUP BY k),
+            cad AS (SELECT median(cad) AS c FROM per WHERE cad IS NOT NULL)
+            SELECT (SELECT count(*) FROM per), (SELECT sum(n) FROM per), (SELECT c FROM cad),
+                   (SELECT count(*) FROM d, cad WHERE d.dt_us > {gap_factor} * cad.c),
+                   (SELECT max(dt_us) FROM d)
+            """
+        ).fetchall()[0]
+    finally:
+        con.close()
+    series, samples, cad_us, gaps, max_gap_us = row
+    cad_s = float(cad_us) / 1e6 if cad_us else None
+    expected = series * window_s / cad_s if cad_s else float(series)
+    cov = min(1.0, samples / expected) if expected else 0.0
+    return Coverage(
+        series=int(series),
+        samples=int(samples),
+        cadence_s=cad_s,
+        expected=float(expected),
+        coverage=float(cov),
+        gaps=int(gaps or 0),
+        longest_gap_s=float(max_gap_us or 0) / 1e6,
+    )

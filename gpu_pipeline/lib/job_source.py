@@ -1,0 +1,140 @@
+"""One day of HTCondor job records: fetch the raw documents, then clean them.
+
+Raw: every document whose run or queue wait may overlap the day, kept verbatim as JSON text
+(``raw/job_documents``), from Elasticsearch (point-in-time paging, see ``es_source``) or from offline
+files. Clean: the documents normalized (``jobs.normalize_items``) into ``clean/jobs``, keeping the
+runs that overlap the day; malformed documents go to ``quarantine/jobs`` with the reason.
+
+Offline files are chosen by the date in their name (``...YYYY-MM-DD...``): from the day before the
+window to ``lookahead_days`` after it, because a job's record is written when it leaves the queue,
+days after a run that overlaps the window (files without a date are always read).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from gpu_pipeline.lib.es_source import EsConfig, fetch_jobs
+from gpu_pipeline.lib.jobs import file_items, jobs_overlapping, normalize_items, quarantine_table
+from gpu_pipeline.lib.schemas import JOBS, QUARANTINE_JOBS, RAW_JOB_DOCUMENTS, conform
+
+_DATE_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
+_JOB_SUFFIXES = (".ndjson", ".jsonl", ".json")
+
+
+@dataclass
+class RawDocs:
+    table: pa.Table
+    files: list[str] = field(default_factory=list)
+    es_total: int | None = None
+    es_pages: int | None = None
+    es_retries: int | None = None
+
+
+def _dumps(doc: object) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _raw_table(rows: list[tuple[str, str, int, str, str | None]]) -> pa.Table:
+    names = RAW_JOB_DOCUMENTS.schema.names
+    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
+    return pa.Table.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(cols, RAW_JOB_DOCUMENTS.schema, strict=True)],
+        schema=RAW_JOB_DOCUMENTS.schema,
+    )
+
+
+def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, lookahead_days: int) -> list[Path]:
+    if not files_dir.is_dir():
+        raise FileNotFoundError(f"{files_dir}: job-record directory does not exist")
+    lo = start_utc.date() - dt.timedelta(days=1)
+    hi = end_utc.date() + dt.timedelta(days=lookahead_days)
+    picked = []
+    for p in sorted(files_dir.rglob("*")):
+        if not p.is_file() or not p.name.lower().removesuffix(".gz").endswith(_JOB_SUFFIXES):
+            continue
+        m = _DATE_RE.search(p.name)
+        if m:
+            try:
+                day = dt.date.fromisoformat(m.group(1))
+            except ValueError:
+                day = None
+            if day is not None and not lo <= day <= hi:
+                continue
+        picked.append(p)
+    return picked
+
+
+def raw_docs_from_files(
+    files_dir: str | Path, start_utc: dt.datetime, end_utc: dt.datetime, lookahead_days: int = 7
+) -> RawDocs:
+    rows: list[tuple[str, str, int, str, str | None]] = []
+    files = select_files(Path(files_dir), start_utc, end_utc, lookahead_days)
+    for path in files:
+        source, items = file_items(path)
+        for it in items:
+            text = it.doc if isinstance(it.doc, str) and it.error else _dumps(it.doc)
+            rows.append((source, it.origin, it.position, text, it.error))
+    return RawDocs(table=_raw_table(rows), files=[str(p) for p in files])
+
+
+def raw_docs_from_es(cfg: EsConfig, start_utc: dt.datetime, end_utc: dt.datetime) -> RawDocs:
+    result = fetch_jobs(cfg, start_utc, end_utc)
+    rows = [("elasticsearch", cfg.index, i, _dumps(doc), None) for i, doc in enumerate(result.docs)]
+    return RawDocs(
+        table=_raw_table(rows), es_total=result.total, es_pages=result.pages, es_retries=result.retries
+    )
+
+
+@dataclass
+class CleanJobs:
+    table: pa.Table
+    quarantine: pa.Table
+    docs_in: int = 0
+    duplicates: int = 0
+    outside_window: int = 0
+    quarantined_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> CleanJobs:
+    """Normalize the raw documents of a day; keep the runs overlapping [start_utc, end_utc)."""
+    by_source: dict[str, list[tuple[str, int, object, str | None]]] = {}
+    for r in raw.to_pylist():
+        doc: object = r["doc_json"]
+        error = r["parse_error"]
+        if error is None:
+            try:
+                doc = json.loads(r["doc_json"])
+            except json.JSONDecodeError as exc:
+                error = f"invalid_json: {exc.msg} (column {exc.colno})"
+        by_source.setdefault(r["source"], []).append((r["origin"], r["position"], doc, error))
+
+    tables, quarantined, reasons = [], [], Counter()
+    docs_in = duplicates = 0
+    for source in sorted(by_source):
+        result = normalize_items(by_source[source], source)
+        tables.append(result.table)
+        quarantined.extend(result.quarantine)
+        reasons.update(result.quarantined_by_reason)
+        docs_in += result.docs_in
+        duplicates += result.duplicates
+    table = pa.concat_tables(tables) if tables else JOBS.empty()
+    kept = jobs_overlapping(table, start_utc, end_utc)
+    kept = kept.sort_by([("global_job_id", "ascending"), ("run_index", "ascending"), ("doc_kind", "ascending"),
+                         ("source", "ascending")])
+    q = conform(quarantine_table(quarantined, source_table="raw/job_documents"), QUARANTINE_JOBS)
+    return CleanJobs(
+        table=conform(kept, JOBS),
+        quarantine=q,
+        docs_in=docs_in,
+        duplicates=duplicates,
+        outside_window=table.num_rows - kept.num_rows,
+        quarantined_by_reason=dict(sorted(reasons.items())),
+    )
