@@ -220,6 +220,36 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover
 
 
+def cmd_collect_condor(args: argparse.Namespace) -> int:
+    import logging
+
+    from gpu_pipeline.lib.condor_collector import collect_loop
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    result = collect_loop(
+        args.collector,
+        Path(args.out),
+        archive_tz=args.archive_tz,
+        timeout_s=args.timeout,
+        interval_s=args.interval,
+        iterations=1 if args.once else args.iterations,
+    )
+    print(
+        f"collect condor: {result.successes} snapshot(s) written, {result.failures} failure(s)"
+        + (f"; stopped: {result.stopped_reason}" if result.stopped_reason else "")
+    )
+    return result.exit_code
+
+
+def cmd_collect_nvml(args: argparse.Namespace) -> int:
+    import logging
+
+    from gpu_pipeline.lib.nvml_sampler import main_collect_nvml
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    return main_collect_nvml(Path(args.out), args.interval, args.iterations, flush_every=args.flush_every)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu-pipeline", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -254,6 +284,24 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--catalog", help="write a DuckDB database file with the views instead of querying")
     q.add_argument("--max-rows", type=int, default=60)
     q.set_defaults(func=cmd_sql)
+
+    c = sub.add_parser("collect", help="live collectors: HTCondor slot snapshots, NVML GPU samples")
+    csub = c.add_subparsers(dest="source", required=True)
+    cc = csub.add_parser("condor", help="append collector snapshots to the monthly gpu_state archive")
+    cc.add_argument("--collector", required=True, help="HOST[:PORT] of the HTCondor collector")
+    cc.add_argument("--out", required=True, help="archive directory (gpu_state_YYYY-MM.db files)")
+    cc.add_argument("--interval", type=float, default=300.0, help="seconds between snapshots")
+    cc.add_argument("--iterations", type=int, help="stop after N snapshots (default: run until stopped)")
+    cc.add_argument("--once", action="store_true", help="take one snapshot and exit (for cron)")
+    cc.add_argument("--timeout", type=float, default=20.0, help="collector query timeout, seconds")
+    cc.add_argument("--archive-tz", default="UTC", help="time zone of the archive's timestamps and months")
+    cc.set_defaults(func=cmd_collect_condor)
+    cn = csub.add_parser("nvml", help="sample every local GPU with NVML into daily Parquet files")
+    cn.add_argument("--out", required=True)
+    cn.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
+    cn.add_argument("--iterations", type=int)
+    cn.add_argument("--flush-every", type=int, default=10, help="rewrite the day file every N samples")
+    cn.set_defaults(func=cmd_collect_nvml)
 
     u = sub.add_parser("ui", help="start the Dagster UI (dagster dev) on the configured data")
     u.add_argument("--dir", help="use the .env of a demo directory")

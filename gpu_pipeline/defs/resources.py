@@ -12,6 +12,7 @@ from pathlib import Path
 import dagster as dg
 
 from gpu_pipeline.lib.es_source import EsConfig
+from gpu_pipeline.lib.prometheus_source import PrometheusConfig
 from gpu_pipeline.lib.store import Store
 
 
@@ -85,16 +86,43 @@ class JobRecordsResource(dg.ConfigurableResource):
 
 
 class TelemetryResource(dg.ConfigurableResource):
-    """GPU telemetry files: ``<dir>/nvidia-smi/HOST/*.csv``, ``<dir>/dcgm/HOST/*.prom``,
-    ``<dir>/nvml/HOST/*.parquet``; nvidia-smi timestamps are local time in ``source_timezone``."""
+    """GPU telemetry: files (``<dir>/nvidia-smi/HOST/*.csv``, ``<dir>/dcgm/HOST/*.prom``,
+    ``<dir>/nvml/HOST/*.parquet``; nvidia-smi timestamps are local time in ``source_timezone``)
+    and/or DCGM history from a Prometheus server (``query_range`` at ``prometheus_step_s``)."""
 
     telemetry_dir: str = ""
     source_timezone: str = "UTC"
     file_margin_days: str = "0"
+    prometheus_url: str = ""
+    prometheus_token: str = ""
+    prometheus_username: str = ""
+    prometheus_password: str = ""
+    prometheus_ca_file: str = ""
+    prometheus_verify_tls: str = "true"
+    prometheus_step_s: str = "30"
+    prometheus_selector: str = ""
 
     @property
     def enabled(self) -> bool:
+        return bool(self.telemetry_dir.strip()) or bool(self.prometheus_url.strip())
+
+    @property
+    def files_enabled(self) -> bool:
         return bool(self.telemetry_dir.strip())
+
+    def prometheus_config(self) -> PrometheusConfig | None:
+        if not self.prometheus_url.strip():
+            return None
+        return PrometheusConfig(
+            base_url=self.prometheus_url,
+            bearer_token=self.prometheus_token or None,
+            username=self.prometheus_username or None,
+            password=self.prometheus_password or None,
+            ca_file=self.prometheus_ca_file or None,
+            verify_tls=self.prometheus_verify_tls.strip().lower() not in {"0", "false", "no", "off"},
+            step_s=float(self.prometheus_step_s),
+            extra_selector=self.prometheus_selector,
+        )
 
     @property
     def path(self) -> Path:
@@ -128,6 +156,14 @@ def resources() -> dg.Definitions:
                 telemetry_dir=optional_env("GPU_PIPELINE_TELEMETRY_DIR"),
                 source_timezone=optional_env("GPU_PIPELINE_TELEMETRY_TZ", "") or source_tz,
                 file_margin_days=optional_env("GPU_PIPELINE_TELEMETRY_MARGIN_DAYS", "0"),
+                prometheus_url=optional_env("GPU_PIPELINE_PROMETHEUS_URL"),
+                prometheus_token=optional_env("GPU_PIPELINE_PROMETHEUS_TOKEN"),
+                prometheus_username=optional_env("GPU_PIPELINE_PROMETHEUS_USERNAME"),
+                prometheus_password=optional_env("GPU_PIPELINE_PROMETHEUS_PASSWORD"),
+                prometheus_ca_file=optional_env("GPU_PIPELINE_PROMETHEUS_CA_FILE"),
+                prometheus_verify_tls=optional_env("GPU_PIPELINE_PROMETHEUS_VERIFY_TLS", "true"),
+                prometheus_step_s=optional_env("GPU_PIPELINE_PROMETHEUS_STEP_S", "30"),
+                prometheus_selector=optional_env("GPU_PIPELINE_PROMETHEUS_SELECTOR"),
             ),
         }
     )

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpu_pipeline.lib.prometheus_source import PrometheusConfig, fetch_dcgm_range
 from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE_GPU_SAMPLES, RAW_GPU_TELEMETRY, conform
 from gpu_pipeline.lib.telemetry import read_telemetry_dir
 
@@ -66,24 +67,39 @@ def read_nvml_dir(root: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> t
 
 
 def raw_samples(
-    telemetry_dir: str | Path, start_utc: dt.datetime, end_utc: dt.datetime, source_tz: str, margin_days: int = 0
+    telemetry_dir: str | Path | None,
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+    source_tz: str,
+    margin_days: int = 0,
+    prometheus: PrometheusConfig | None = None,
 ) -> RawSamples:
-    """``margin_days`` = 0 reads only files whose name carries a local date of the window (files rolled
+    """Samples of [start_utc, end_utc) from the telemetry files and/or Prometheus.
+
+    ``margin_days`` = 0 reads only files whose name carries a local date of the window (files rolled
     at local midnight); raise it for loggers that roll at another time."""
-    root = Path(telemetry_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: telemetry directory does not exist")
-    parsed = read_telemetry_dir(root, start_utc, end_utc, source_tz, margin_days=margin_days)
-    nvml, nvml_files = read_nvml_dir(root, start_utc, end_utc)
-    table = pa.concat_tables([conform(parsed.table, RAW_GPU_TELEMETRY), nvml])
+    parts: list[pa.Table] = []
+    files: list[str] = []
+    quarantine = None
+    counters: dict[str, int] = {}
+    if telemetry_dir:
+        root = Path(telemetry_dir)
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root}: telemetry directory does not exist")
+        parsed = read_telemetry_dir(root, start_utc, end_utc, source_tz, margin_days=margin_days)
+        nvml, nvml_files = read_nvml_dir(root, start_utc, end_utc)
+        parts += [conform(parsed.table, RAW_GPU_TELEMETRY), nvml]
+        files += list(parsed.files) + nvml_files
+        quarantine = parsed.quarantine_table()
+        counters.update(parsed.counters)
+    if prometheus is not None:
+        fetched = fetch_dcgm_range(prometheus, start_utc, end_utc)
+        parts.append(conform(fetched.table, RAW_GPU_TELEMETRY))
+        counters.update({f"prometheus_{k}": v for k, v in fetched.counters.items()})
+    table = pa.concat_tables(parts) if parts else RAW_GPU_TELEMETRY.empty()
     table = table.sort_by([("sample_utc", "ascending"), ("host", "ascending"), ("gpu_id", "ascending"),
                            ("source", "ascending")])
-    return RawSamples(
-        table=table,
-        files=list(parsed.files) + nvml_files,
-        quarantine=parsed.quarantine_table(),
-        counters=dict(parsed.counters),
-    )
+    return RawSamples(table=table, files=files, quarantine=quarantine, counters=counters)
 
 
 @dataclass

@@ -42,7 +42,14 @@ def gpu_telemetry(
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
         if telemetry.enabled:
-            raw = raw_samples(telemetry.path, start, end, telemetry.source_timezone, int(telemetry.file_margin_days))
+            raw = raw_samples(
+                telemetry.path if telemetry.files_enabled else None,
+                start,
+                end,
+                telemetry.source_timezone,
+                int(telemetry.file_margin_days),
+                prometheus=telemetry.prometheus_config(),
+            )
         else:
             raw = RawSamples(table=SPEC.empty())
         # Lines the parsers could not read are kept with the reason (always written, so a re-run replaces).
