@@ -129,6 +129,17 @@ class TelemetryResource(dg.ConfigurableResource):
         return Path(self.telemetry_dir).expanduser()
 
 
+class KueueResource(dg.ConfigurableResource):
+    """A directory of Kueue controller ``/metrics`` scrape files (Kubernetes demand); off when empty."""
+
+    scrape_dir: str = ""
+    cluster: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.scrape_dir.strip())
+
+
 @dg.definitions
 def resources() -> dg.Definitions:
     source_tz = optional_env("GPU_PIPELINE_SOURCE_TZ", "UTC")
@@ -151,6 +162,10 @@ def resources() -> dg.Definitions:
                 es_timeout_s=optional_env("GPU_PIPELINE_ES_TIMEOUT_S", "30"),
                 files_dir=optional_env("GPU_PIPELINE_JOBS_DIR"),
                 lookahead_days=optional_env("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", "7"),
+            ),
+            "kueue": KueueResource(
+                scrape_dir=optional_env("GPU_PIPELINE_KUEUE_DIR"),
+                cluster=optional_env("GPU_PIPELINE_KUEUE_CLUSTER"),
             ),
             "telemetry": TelemetryResource(
                 telemetry_dir=optional_env("GPU_PIPELINE_TELEMETRY_DIR"),

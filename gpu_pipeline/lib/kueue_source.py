@@ -1,0 +1,87 @@
+"""One day of Kueue ``/metrics`` scrapes: pick the scrape files, keep their text (raw), derive the
+``kueue_demand`` rows (clean).
+
+Scrape files (``*.prom`` / ``*.txt`` / ``*.metrics``, e.g. written every minute by
+``curl -s kueue-controller:8080/metrics > kueue-$(date -u +%Y%m%dT%H%M%SZ).prom``) are timed by the
+UTC timestamp in their name (``YYYYMMDDTHHMMSSZ``), else by their modification time. The day's raw
+table holds the scrapes inside the window plus the last one before it, so that the first
+histogram interval of the day has a baseline; the clean rows are those of the scrapes inside the
+window.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gpu_pipeline.lib.kueue import KUEUE_DEMAND, parse_kueue_scrapes
+from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
+
+RAW_KUEUE_SCRAPES = TableSpec(
+    layer="raw",
+    name="kueue_scrapes",
+    description=(
+        "Kueue controller /metrics scrapes of the day (and the last one before it), verbatim, with the "
+        "time each was taken."
+    ),
+    schema=pa.schema(
+        [
+            _f("scrape_utc", TS, "When the scrape was taken (file name timestamp, else mtime)", nullable=False),
+            _f("source_file", pa.string(), "Scrape file", nullable=False),
+            _f("in_window", pa.bool_(), "False for the baseline scrape taken before the day", nullable=False),
+            _f("text", pa.string(), "The exposition text", nullable=False),
+        ]
+    ),
+)
+
+_STAMP_RE = re.compile(r"(\d{8}T\d{6}Z)")
+_SUFFIXES = (".prom", ".txt", ".metrics")
+
+
+def scrape_time(path: Path) -> dt.datetime:
+    m = _STAMP_RE.search(path.name)
+    if m:
+        return dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
+    return dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
+
+
+def raw_scrapes(scrape_dir: str | Path, start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
+    root = Path(scrape_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: Kueue scrape directory does not exist")
+    timed = sorted(
+        (scrape_time(p), p) for p in root.rglob("*") if p.is_file() and p.suffix.lower() in _SUFFIXES
+    )
+    inside = [(t, p) for t, p in timed if start_utc <= t < end_utc]
+    before = [(t, p) for t, p in timed if t < start_utc][-1:]
+    rows = [
+        {"scrape_utc": t, "source_file": str(p), "in_window": t >= start_utc,
+         "text": p.read_text(encoding="utf-8", errors="replace")}
+        for t, p in before + inside
+    ]
+    return pa.Table.from_pylist(rows, schema=RAW_KUEUE_SCRAPES.schema) if rows else RAW_KUEUE_SCRAPES.empty()
+
+
+def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, dict[str, int]]:
+    """``kueue_demand`` rows of the in-window scrapes (the baseline only feeds the first deltas)."""
+    if raw.num_rows == 0:
+        return KUEUE_DEMAND.empty(), {}
+    rows = raw.sort_by("scrape_utc").to_pylist()
+    result = parse_kueue_scrapes([(r["scrape_utc"], r["text"]) for r in rows], cluster=cluster)
+    first = min(r["scrape_utc"] for r in rows if r["in_window"]) if any(r["in_window"] for r in rows) else None
+    table = result.table
+    if first is None:
+        table = table.slice(0, 0)
+    else:
+        table = table.filter(pc.greater_equal(table["sample_utc"], pa.scalar(first, table["sample_utc"].type)))
+    files = {r["scrape_utc"]: r["source_file"] for r in rows}
+    table = table.set_column(
+        table.schema.get_field_index("source_file"),
+        "source_file",
+        pa.array([files.get(t) for t in table["sample_utc"].to_pylist()], type=pa.string()),
+    )
+    return conform(table, KUEUE_DEMAND), dict(result.counters)
