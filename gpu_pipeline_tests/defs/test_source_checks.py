@@ -1,0 +1,148 @@
+"""Source assets through Dagster: each asset check with a passing and a failing input."""
+
+import datetime as dt
+import json
+
+import dagster as dg
+import pytest
+
+from gpu_pipeline.defs.clean.gpu_samples import gpu_samples
+from gpu_pipeline.defs.clean.jobs import jobs
+from gpu_pipeline.defs.clean.slot_snapshots import slot_snapshots
+from gpu_pipeline.defs.raw.condor_slot_snapshots import condor_slot_snapshots
+from gpu_pipeline.defs.raw.gpu_telemetry import gpu_telemetry
+from gpu_pipeline.defs.raw.job_documents import job_documents
+from gpu_pipeline.defs.resources import (
+    CondorArchiveResource,
+    DataStoreResource,
+    JobRecordsResource,
+    TelemetryResource,
+)
+from gpu_pipeline.lib.schemas import JOBS, QUARANTINE_GPU_SAMPLES, QUARANTINE_JOBS
+from gpu_pipeline.lib.store import Store
+from gpu_pipeline_tests.conftest import slot_row, write_gpu_state_db
+
+DAY = "2025-08-05"
+
+
+def run(assets, resources, partition_key=DAY):
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(assets, resources=resources, partition_key=partition_key,
+                                instance=instance, raise_on_error=False)
+        checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+        materialized = {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()
+                        for m in [m.event_specific_data.materialization]}
+    return result, checks, materialized
+
+
+def job_doc(gid: str, start: int, end: int, **extra) -> dict:
+    return {"GlobalJobId": gid, "ClusterId": 1, "ProcId": 0, "Owner": "alice", "JobStatus": 4,
+            "QDate": start - 60, "JobStartDate": start, "JobCurrentStartDate": start, "CompletionDate": end,
+            "EnteredCurrentStatus": end, "RecordTime": end, "NumJobStarts": 1, "RequestGpus": 1,
+            "StartdName": "gpu01.example.edu", "StartdSlot": "slot1_1", "AssignedGPUs": "GPU-aaaaaaaa", **extra}
+
+
+def epoch(t: str) -> int:
+    return int(dt.datetime.fromisoformat(t).replace(tzinfo=dt.UTC).timestamp())
+
+
+@pytest.fixture
+def store_res(tmp_path):
+    return DataStoreResource(data_root=str(tmp_path / "data"))
+
+
+def test_job_documents_pass_and_broken_line_is_quarantined(tmp_path, store_res):
+    d = tmp_path / "jobs"
+    d.mkdir()
+    lines = [json.dumps(job_doc("s#1.0#1", epoch("2025-08-05T01:00:00"), epoch("2025-08-05T03:00:00"))),
+             "{not json",
+             json.dumps(job_doc("s#2.0#1", epoch("2025-08-05T10:00:00"), epoch("2025-08-06T02:00:00")))]
+    (d / "jobs-2025-08-05.ndjson").write_text("\n".join(lines) + "\n")
+    res = {"data_store": store_res, "job_records": JobRecordsResource(files_dir=str(d))}
+    result, checks, mats = run([job_documents, jobs], res)
+    assert result.success
+    assert checks == {"has_documents": True, "unique_run_key": True, "run_intervals_ordered": True}
+    store = Store(tmp_path / "data")
+    clean = store.read_table(JOBS, DAY)
+    assert sorted(clean["global_job_id"].to_pylist()) == ["s#1.0#1", "s#2.0#1"]
+    q = store.read_table(QUARANTINE_JOBS, DAY).to_pylist()
+    assert len(q) == 1 and q[0]["reason"].startswith("invalid_json") and q[0]["source_row"] == 2
+    assert q[0]["source_file"].endswith("jobs-2025-08-05.ndjson")
+
+
+def test_configured_job_source_with_no_documents_blocks_downstream(tmp_path, store_res):
+    d = tmp_path / "jobs"
+    d.mkdir()
+    (d / "jobs-2025-07-01.ndjson").write_text(json.dumps(job_doc("s#1.0#1", 1, 2)) + "\n")
+    res = {"data_store": store_res, "job_records": JobRecordsResource(files_dir=str(d))}
+    result, checks, mats = run([job_documents, jobs], res)
+    assert checks["has_documents"] is False
+    assert "raw/job_documents" in mats and "clean/jobs" not in mats  # blocking check stopped it
+
+
+def test_job_source_off_writes_empty_partitions_and_passes(tmp_path, store_res):
+    res = {"data_store": store_res, "job_records": JobRecordsResource()}
+    result, checks, mats = run([job_documents, jobs], res)
+    assert result.success and checks["has_documents"] is True
+    assert Store(tmp_path / "data").read_table(JOBS, DAY).num_rows == 0
+
+
+def nvsmi_log(path, start: dt.datetime, minutes: int, step_s: int = 30, util=lambda i: 50, skip=lambda i: False):
+    lines = ["timestamp, index, name, uuid, serial, utilization.gpu [%], utilization.memory [%], "
+             "memory.total [MiB], memory.used [MiB], power.draw [W], power.limit [W], temperature.gpu"]
+    for i in range(minutes * 60 // step_s):
+        if skip(i):
+            continue
+        t = start + dt.timedelta(seconds=i * step_s)
+        lines.append(f"{t:%Y/%m/%d %H:%M:%S}.000, 0, NVIDIA A100-SXM4-80GB, "
+                     f"GPU-aaaaaaaa-1111-2222-3333-444444444444, 1650000000001, {util(i)} %, 10 %, "
+                     f"81920 MiB, 2000 MiB, 250.00 W, 400.00 W, 50")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_telemetry_full_day_passes_coverage_and_range(tmp_path, store_res):
+    nvsmi_log(tmp_path / "tel" / "nvidia-smi" / "gpu01" / "nvidia-smi-2025-08-05.csv",
+              dt.datetime(2025, 8, 5), 24 * 60)
+    res = {"data_store": store_res, "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"))}
+    result, checks, _ = run([gpu_telemetry, gpu_samples], res)
+    assert result.success
+    assert checks == {"has_samples": True, "coverage": True, "values_in_range": True, "unique_sample_key": True}
+
+
+def test_telemetry_gap_fails_coverage_and_blocks(tmp_path, store_res):
+    # samples only for the first 6 hours of the day: coverage 25 % < 80 %
+    nvsmi_log(tmp_path / "tel" / "nvidia-smi" / "gpu01" / "nvidia-smi-2025-08-05.csv",
+              dt.datetime(2025, 8, 5), 24 * 60, skip=lambda i: i >= 720)
+    res = {"data_store": store_res, "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"))}
+    result, checks, mats = run([gpu_telemetry, gpu_samples], res)
+    assert checks["coverage"] is False and checks["has_samples"] is True
+    assert "clean/gpu_samples" not in mats
+
+
+def test_out_of_range_values_are_quarantined_and_fail_the_range_check(tmp_path, store_res):
+    # 5 % of samples report 150 % utilization
+    nvsmi_log(tmp_path / "tel" / "nvidia-smi" / "gpu01" / "nvidia-smi-2025-08-05.csv",
+              dt.datetime(2025, 8, 5), 24 * 60, util=lambda i: 150 if i % 20 == 0 else 40)
+    res = {"data_store": store_res, "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"))}
+    result, checks, _ = run([gpu_telemetry, gpu_samples], res)
+    assert checks["values_in_range"] is False
+    q = Store(tmp_path / "data").read_table(QUARANTINE_GPU_SAMPLES, DAY).to_pylist()
+    assert len(q) == 2880 // 20 and "util_pct=150.0" in q[0]["reason"]
+
+
+def test_slot_snapshot_key_collision_fails_uniqueness(tmp_path, store_res):
+    ts = "2025-08-05 10:00:01.000000"
+    rows = [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Unclaimed"), slot_row(ts, "slot1", "GPU-aaaaaaaa", "Drained")]
+    write_gpu_state_db(tmp_path / "arch" / "gpu_state_2025-08.db", rows)
+    res = {"data_store": store_res, "condor_archive": CondorArchiveResource(archive_dir=str(tmp_path / "arch"))}
+    result, checks, _ = run([condor_slot_snapshots, slot_snapshots], res)
+    assert checks["has_snapshots"] is True and checks["unique_snapshot_slot_gpu"] is False
+
+
+def test_day_without_snapshots_fails_the_blocking_check(tmp_path, store_res):
+    write_gpu_state_db(tmp_path / "arch" / "gpu_state_2025-08.db",
+                       [slot_row("2025-08-20 10:00:01.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed")])
+    res = {"data_store": store_res, "condor_archive": CondorArchiveResource(archive_dir=str(tmp_path / "arch"))}
+    result, checks, mats = run([condor_slot_snapshots, slot_snapshots], res)
+    assert checks["has_snapshots"] is False and "clean/slot_snapshots" not in mats
