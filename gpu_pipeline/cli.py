@@ -21,6 +21,7 @@ DEMO_TZ = "America/Chicago"
 DEMO_GPUS = 80
 DEMO_DAYS = 7
 DEMO_TELEMETRY_S = 60
+DEMO_KUEUE_S = 900
 
 ENV_DEFAULTS = {
     "GPU_PIPELINE_SOURCE_TZ": "UTC",
@@ -79,6 +80,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         cadence_minutes=args.cadence_minutes,
         timezone=args.timezone,
         telemetry_interval_s=args.telemetry_interval,
+        kueue_interval_s=args.kueue_interval,
     )
     summary = simulate(Path(args.out), cfg)
     for key, value in summary.items():
@@ -105,6 +107,7 @@ def demo_env(base: Path, start: dt.date) -> dict[str, str]:
         "GPU_PIPELINE_JOBS_DIR": str(base / "sources" / "jobs"),
         "GPU_PIPELINE_TELEMETRY_DIR": str(base / "sources" / "telemetry"),
         "GPU_PIPELINE_TELEMETRY_TZ": DEMO_TZ,
+        "GPU_PIPELINE_KUEUE_DIR": str(base / "sources" / "kueue"),
     }
 
 
@@ -117,7 +120,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     simulate(
         base / "sources",
         SimConfig(start=start, end=end, gpus=args.gpus, seed=args.seed, timezone=DEMO_TZ,
-                  telemetry_interval_s=DEMO_TELEMETRY_S),
+                  telemetry_interval_s=DEMO_TELEMETRY_S, kueue_interval_s=DEMO_KUEUE_S),
     )
     env = demo_env(base, start)
     prepare_dagster_home(Path(env["DAGSTER_HOME"]))
@@ -263,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cadence-minutes", type=float, default=5.0)
     s.add_argument("--timezone", default=DEMO_TZ, help="collector's local time zone")
     s.add_argument("--telemetry-interval", type=int, default=30, help="seconds; 0 disables telemetry")
+    s.add_argument("--kueue-interval", type=int, default=0, help="seconds between Kueue scrapes; 0: none")
     s.set_defaults(func=cmd_simulate)
 
     d = sub.add_parser("demo", help="simulate a small cluster and run the whole pipeline on it")

@@ -40,6 +40,7 @@ from gpu_pipeline.lib.sim_cluster import LocalClock, build_cluster, local_midnig
 from gpu_pipeline.lib.sim_condor import snapshot_schedule, write_slot_snapshots
 from gpu_pipeline.lib.sim_engine import simulate_pool
 from gpu_pipeline.lib.sim_jobs import write_job_documents
+from gpu_pipeline.lib.sim_kueue import write_kueue_scrapes
 from gpu_pipeline.lib.sim_telemetry import write_telemetry
 from gpu_pipeline.lib.sim_truth import write_truth
 
@@ -48,7 +49,7 @@ __all__ = ["OUTPUT_DIRS", "WARMUP_S", "SimConfig", "simulate"]
 #: Simulated time before the window so that jobs are already running at the window start.
 WARMUP_S = 86400
 #: Sub-directories of ``out_dir`` owned by the simulator (replaced on every run).
-OUTPUT_DIRS = ("condor", "jobs", "telemetry", "truth")
+OUTPUT_DIRS = ("condor", "jobs", "telemetry", "truth", "kueue")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class SimConfig:
     timezone: str = "America/Chicago"  #: the collector's zone; naive timestamps are in it
     telemetry_interval_s: int = 30  #: GPU telemetry sample interval; 0 disables telemetry
     schema_drift: bool = True  #: vary the SQLite columns across months like the real archive
+    kueue_interval_s: int = 0  #: write Kueue /metrics scrapes of the same workload every N s; 0: none
 
     def validate(self) -> None:
         if self.end < self.start:
@@ -110,6 +112,11 @@ def simulate(out_dir: Path, cfg: SimConfig) -> dict:
     condor = write_slot_snapshots(out_dir / "condor", timelines, snapshots, cfg.schema_drift)
     truth = write_truth(out_dir / "truth", history, window_start, window_end)
     jobs = write_job_documents(out_dir / "jobs", history, window_start, window_end)
+    kueue = (
+        write_kueue_scrapes(out_dir / "kueue", out_dir / "truth", window_start, window_end, cfg.kueue_interval_s)
+        if cfg.kueue_interval_s > 0
+        else {}
+    )
 
     telemetry: dict[str, int] = {}
     if cfg.telemetry_interval_s > 0:
@@ -136,6 +143,7 @@ def simulate(out_dir: Path, cfg: SimConfig) -> dict:
         + [f"truth/{name}" for name in truth]
         + [f"jobs/{name}" for name in jobs]
         + [f"telemetry/{name}" for name in telemetry]
+        + [f"kueue/{name}" for name in kueue]
         + ["truth/summary.json"]
     )
     config = asdict(cfg)
@@ -157,6 +165,7 @@ def simulate(out_dir: Path, cfg: SimConfig) -> dict:
         "telemetry_files": len(telemetry),
         "telemetry_samples": sum(telemetry.values()),
         "telemetry_samples_by_file": dict(sorted(telemetry.items())),
+        "kueue_scrapes": len(kueue),
         "files": files,
     }
     # The counts are ground truth too: tests compare the pipeline's row counts with them.
