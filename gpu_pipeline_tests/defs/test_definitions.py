@@ -124,3 +124,26 @@ def test_a_failing_day_fails_the_run_naming_it_and_the_other_days_are_written(de
     message = str(failure.event_specific_data.error)
     assert "2025-09-01" in message and "gpu_state_2025-09.db" in message
     assert Store(tmp_path / "data").has_partition(RAW_CONDOR_SLOT_SNAPSHOTS, "2025-08-05")
+
+
+def test_rematerializing_on_unchanged_inputs_gives_identical_files(defs, tmp_path, monkeypatch):
+    days = ["2025-08-05", "2025-08-06"]
+    _hand_archive(tmp_path / "archive", days)
+    monkeypatch.setenv("GPU_PIPELINE_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.setenv("GPU_PIPELINE_CONDOR_ARCHIVE", str(tmp_path / "archive"))
+    job = defs.resolve_job_def("daily_pipeline")
+    tags = {"dagster/asset_partition_range_start": days[0], "dagster/asset_partition_range_end": days[-1]}
+
+    def snapshot() -> dict[str, bytes]:
+        root = tmp_path / "data"
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+                if p.is_file() and p.name != ".lock"}
+
+    with dg.instance_for_test() as instance:
+        assert job.execute_in_process(instance=instance, tags=tags).success
+        first = snapshot()
+        assert job.execute_in_process(instance=instance, tags=tags).success
+        second = snapshot()
+    assert first.keys() == second.keys() and len(first) >= 10
+    changed = [k for k in first if first[k] != second[k]]
+    assert changed == []
