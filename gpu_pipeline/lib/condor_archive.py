@@ -14,6 +14,7 @@ order in which snapshots were appended to the file).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import sqlite3
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from zoneinfo import ZoneInfo
 import duckdb
 import pyarrow as pa
 
-from gpu_pipeline.lib.schemas import RAW_CONDOR_SLOT_SNAPSHOTS
+from gpu_pipeline.lib.schemas import QUARANTINE_CONDOR_RAW, RAW_CONDOR_SLOT_SNAPSHOTS
 from gpu_pipeline.lib.timeutil import UTC
 
 TABLE = "gpu_state"
@@ -61,6 +62,10 @@ class ArchiveRead:
     extra_columns: dict[str, list[str]] = field(default_factory=dict)
     missing_columns: dict[str, list[str]] = field(default_factory=dict)
     unparseable_timestamps: int = 0
+    #: rows set aside: (file, rowid, reason, timestamp text)
+    rejected: list[tuple[str, int, str, str]] = field(default_factory=list)
+    #: column -> values that were not numbers and became null
+    non_numeric: dict[str, int] = field(default_factory=dict)
 
     @property
     def snapshots(self) -> int:
@@ -100,11 +105,18 @@ def _sqlite_columns(con: sqlite3.Connection, path: Path) -> list[str]:
     return [r[1] for r in rows]
 
 
-def _read_sqlite(path: Path, lo: str, hi: str) -> tuple[dict[str, list], list[str]]:
+def _decode(raw: bytes) -> str:
+    # Text that is not UTF-8 is kept with U+FFFD replacement characters; cleaning quarantines rows
+    # whose identity columns contain them (no bytes are silently dropped or guessed).
+    return raw.decode("utf-8", errors="replace")
+
+
+def _read_sqlite(path: Path, lo: str, hi: str, lock_timeout_s: float = 30.0) -> tuple[dict[str, list], list[str]]:
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=lock_timeout_s)
     except sqlite3.Error as exc:
         raise ArchiveError(f"{path}: cannot open SQLite archive: {exc}") from exc
+    con.text_factory = _decode
     try:
         cols = _sqlite_columns(con, path)
         missing_req = [c for c in REQUIRED_COLUMNS if c not in cols]
@@ -119,6 +131,13 @@ def _read_sqlite(path: Path, lo: str, hi: str) -> tuple[dict[str, list], list[st
             (lo, hi),
         )
         rows = cur.fetchall()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc).lower():
+            raise ArchiveError(
+                f"{path}: database is locked by another process for more than {lock_timeout_s:g} s "
+                "(a collector writing?); re-run the day later"
+            ) from exc
+        raise ArchiveError(f"{path}: unreadable SQLite archive: {exc}") from exc
     except sqlite3.DatabaseError as exc:
         raise ArchiveError(f"{path}: unreadable SQLite archive: {exc}") from exc
     finally:
@@ -189,6 +208,7 @@ def read_window(
     start_utc: dt.datetime,
     end_utc: dt.datetime,
     source_tz: str = "UTC",
+    lock_timeout_s: float = 30.0,
 ) -> ArchiveRead:
     """Rows with snapshot time in [start_utc, end_utc), conformed to the raw table schema."""
     archive_dir = Path(archive_dir)
@@ -210,7 +230,7 @@ def read_window(
         if path.suffix == ".parquet":
             data, cols = _read_parquet(path, lo, hi)
         else:
-            data, cols = _read_sqlite(path, lo, hi)
+            data, cols = _read_sqlite(path, lo, hi, lock_timeout_s)
         result.files.append(str(path))
         known = {"timestamp", *SOURCE_COLUMNS}
         extra = [c for c in cols if c not in known and c != "index"]
@@ -232,7 +252,13 @@ def read_window(
     keep = [
         i for i, ts in enumerate(utc_values) if ts is not None and start_utc <= ts < end_utc
     ]
-    result.unparseable_timestamps = sum(1 for ts in utc_values if ts is None)
+    bad = [i for i, ts in enumerate(utc_values) if ts is None]
+    result.unparseable_timestamps = len(bad)
+    result.rejected = [
+        (sources[i], columns["source_rowid"][i], "unparseable timestamp (expected YYYY-MM-DD HH:MM:SS.ffffff)",
+         str(columns["timestamp_local"][i]))
+        for i in bad
+    ]
     arrays: dict[str, pa.Array] = {
         "snapshot_utc": pa.array([utc_values[i] for i in keep], type=pa.timestamp("us", tz="UTC")),
         "source_file": pa.array([sources[i] for i in keep], type=pa.string()),
@@ -240,7 +266,11 @@ def read_window(
     for name, values in columns.items():
         picked = [values[i] for i in keep]
         if name in _NUMERIC:
-            arrays[name] = pa.array([_to_float(v) for v in picked], type=pa.float64())
+            floats = [_to_float(v) for v in picked]
+            lost = sum(1 for v, f in zip(picked, floats, strict=True) if f is None and v not in (None, ""))
+            if lost:
+                result.non_numeric[name] = lost
+            arrays[name] = pa.array(floats, type=pa.float64())
         elif name == "source_rowid":
             arrays[name] = pa.array(picked, type=pa.int64())
         else:
@@ -257,3 +287,17 @@ def _to_float(v: object) -> float | None:
         return float(v)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
+
+
+def rejected_rows(read: ArchiveRead) -> pa.Table:
+    """The rows ``read_window`` set aside, in the quarantine schema."""
+    if not read.rejected:
+        return QUARANTINE_CONDOR_RAW.empty()
+    return pa.Table.from_pylist(
+        [
+            {"source_table": "condor archive", "reason": reason, "source_file": f, "source_row": rowid,
+             "record_utc": None, "row_json": json.dumps({"timestamp": text})}
+            for f, rowid, reason, text in read.rejected
+        ],
+        schema=QUARANTINE_CONDOR_RAW.schema,
+    )

@@ -287,6 +287,7 @@ def quarantine_spec(table: str) -> TableSpec:
 
 
 QUARANTINE_JOBS = quarantine_spec("jobs")
+QUARANTINE_CONDOR_RAW = quarantine_spec("condor_slot_snapshots")
 QUARANTINE_GPU_SAMPLES = quarantine_spec("gpu_samples")
 QUARANTINE_GPU_TELEMETRY = quarantine_spec("gpu_telemetry")
 
@@ -312,6 +313,7 @@ TABLES: dict[str, TableSpec] = {
         GPU_SAMPLES,
         QUARANTINE,
         QUARANTINE_JOBS,
+        QUARANTINE_CONDOR_RAW,
         QUARANTINE_GPU_SAMPLES,
         QUARANTINE_GPU_TELEMETRY,
         GPU_STATES,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, QUARANTINE, conform
 
@@ -49,6 +50,7 @@ class CleanResult:
     excluded_by_host: dict[str, int] = field(default_factory=dict)
     duplicates_dropped: int = 0
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
+    usage_out_of_range_nulled: int = 0  #: GPUsAverageUsage outside 0..1 (kept row, value set null)
 
 
 def _excluded(host: str | None, patterns: list[str]) -> bool:
@@ -74,7 +76,11 @@ def clean_slot_rows(raw: pa.Table, excluded_hosts: list[str] | None = None) -> C
             excluded[host] += 1
             continue
         reason = None
-        if not name:
+        bad_text = [c for c, v in (("Name", name), ("Machine", host), ("AssignedGPUs", gpu), ("State", state))
+                    if isinstance(v, str) and "\ufffd" in v]
+        if bad_text:
+            reason = f"non-UTF-8 bytes in {', '.join(bad_text)}"
+        elif not name:
             reason = "missing slot Name"
         elif not host:
             reason = "no host (Machine empty and Name has no '@')"
@@ -111,7 +117,8 @@ def clean_slot_rows(raw: pa.Table, excluded_hosts: list[str] | None = None) -> C
                     nullif(trim("GPUs_DeviceName"), '') AS device_name,
                     CAST(round("GPUs_GlobalMemoryMb") AS BIGINT) AS gpu_memory_mib,
                     coalesce(trim("PrioritizedProjects"), '') AS prioritized_projects,
-                    "GPUsAverageUsage" * 100.0 AS gpu_usage_pct,
+                    CASE WHEN "GPUsAverageUsage" BETWEEN 0 AND 1 THEN "GPUsAverageUsage" * 100.0 END
+                        AS gpu_usage_pct,
                     nullif(trim("RemoteOwner"), '') AS remote_owner,
                     nullif(trim("GlobalJobId"), '') AS global_job_id,
                     nullif(trim("PreventJobsReason"), '') AS prevent_jobs_reason
@@ -124,6 +131,10 @@ def clean_slot_rows(raw: pa.Table, excluded_hosts: list[str] | None = None) -> C
     finally:
         con.close()
     duplicates = kept.num_rows - table.num_rows
+    usage = kept.column("GPUsAverageUsage")
+    usage_out_of_range = int(
+        pa.compute.sum(pa.compute.or_(pa.compute.less(usage, 0), pa.compute.greater(usage, 1))).as_py() or 0
+    )
 
     quarantine = quarantine_rows(raw, q_idx, q_reason, "raw/condor_slot_snapshots")
     return CleanResult(
@@ -133,6 +144,7 @@ def clean_slot_rows(raw: pa.Table, excluded_hosts: list[str] | None = None) -> C
         excluded_by_host=dict(sorted(excluded.items())),
         duplicates_dropped=duplicates,
         quarantined_by_reason=dict(sorted(Counter(q_reason).items())),
+        usage_out_of_range_nulled=usage_out_of_range,
     )
 
 

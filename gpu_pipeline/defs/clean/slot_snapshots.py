@@ -54,6 +54,7 @@ def slot_snapshots(
                 "rows_excluded_hosts": sum(cleaned.excluded_by_host.values()),
                 "rows_quarantined": cleaned.quarantine.num_rows,
                 "duplicate_rows_dropped": cleaned.duplicates_dropped,
+                "gpu_usage_out_of_range_nulled": cleaned.usage_out_of_range_nulled,
                 "gpus": len(set(cleaned.table.column("gpu_id").to_pylist())),
             },
             details={

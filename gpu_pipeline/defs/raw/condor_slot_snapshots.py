@@ -5,7 +5,8 @@ import dagster as dg
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
-from gpu_pipeline.lib.condor_archive import read_window
+from gpu_pipeline.lib.condor_archive import read_window, rejected_rows
+from gpu_pipeline.lib.schemas import QUARANTINE_CONDOR_RAW as QUARANTINE_RAW
 from gpu_pipeline.lib.schemas import RAW_CONDOR_SLOT_SNAPSHOTS as SPEC
 
 KEY = dg.AssetKey(["raw", "condor_slot_snapshots"])
@@ -39,6 +40,7 @@ def condor_slot_snapshots(
         start, end = window(day)
         read = read_window(condor_archive.path, start, end, condor_archive.source_timezone)
         result = store.write_partition(SPEC, day, read.table)
+        store.write_partition(QUARANTINE_RAW, day, rejected_rows(read))
         details = {"source_files": read.files}
         if read.missing_months:
             details["missing_months"] = read.missing_months
@@ -47,8 +49,13 @@ def condor_slot_snapshots(
             details["extra_columns_dropped"] = read.extra_columns
         if read.missing_columns:
             details["columns_absent_in_source"] = read.missing_columns
+        if read.non_numeric:
+            details["non_numeric_values_nulled"] = read.non_numeric
         return DayOutcome(
-            day=day, result=result, metrics={"snapshots": read.snapshots}, details=details
+            day=day,
+            result=result,
+            metrics={"snapshots": read.snapshots, "rows_unparseable_timestamp": read.unparseable_timestamps},
+            details=details,
         )
 
     outcomes = run_days(context, one_day)
