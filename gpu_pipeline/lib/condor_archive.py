@@ -111,7 +111,27 @@ def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+def _roll_back_hot_journal(path: Path, lock_timeout_s: float) -> None:
+    """A writer killed mid-transaction leaves a hot journal that a read-only connection cannot roll
+    back ("attempt to write a readonly database"); one read-write open rolls it back."""
+    con = sqlite3.connect(path, timeout=lock_timeout_s)
+    try:
+        con.execute("SELECT count(*) FROM sqlite_master").fetchall()
+    finally:
+        con.close()
+
+
 def _read_sqlite(path: Path, lo: str, hi: str, lock_timeout_s: float = 30.0) -> tuple[dict[str, list], list[str]]:
+    try:
+        return _read_sqlite_once(path, lo, hi, lock_timeout_s)
+    except ArchiveError as exc:
+        if "readonly" not in str(exc).lower():
+            raise
+        _roll_back_hot_journal(path, lock_timeout_s)
+        return _read_sqlite_once(path, lo, hi, lock_timeout_s)
+
+
+def _read_sqlite_once(path: Path, lo: str, hi: str, lock_timeout_s: float) -> tuple[dict[str, list], list[str]]:
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=lock_timeout_s)
     except sqlite3.Error as exc:

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -475,11 +476,18 @@ def test_killed_writer_leaves_only_complete_snapshots(tmp_path):
     journal = Path(f"{path}-journal")
     assert journal.read_bytes()[:8] == bytes.fromhex("d9d505f920a163d7")  # hot journal left behind
     assert path.stat().st_size > size_before  # the killed transaction had written into the file
-    assert cc.recover_archive(path) is True
-    assert not journal.exists()
+    # recover_archive rolls back a copy of the crashed state ...
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(path, copy / path.name)
+    shutil.copy(journal, copy / journal.name)
+    assert cc.recover_archive(copy / path.name) is True and not (copy / journal.name).exists()
+    assert read_rows(copy, dt.datetime(2025, 8, 14, tzinfo=UTC), dt.datetime(2025, 8, 15, tzinfo=UTC)) == as_read(rows, T0)
+    # ... and the pipeline's reader rolls the hot journal back itself and sees only complete snapshots
     got = read_rows(tmp_path, dt.datetime(2025, 8, 14, tzinfo=UTC), dt.datetime(2025, 8, 15, tzinfo=UTC))
     assert got == as_read(rows, T0)
-    assert cc.recover_archive(path) is False
+    assert not journal.exists()
+    assert cc.recover_archive(path) is False  # nothing left to recover
     cc.append_snapshot(tmp_path, cc.ads_to_rows(fixture_ads_old(), t2), t2)
     assert len(read_rows(tmp_path, T0, t2 + dt.timedelta(seconds=1))) == 2 * len(rows)
 
