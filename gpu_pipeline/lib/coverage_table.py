@@ -1,0 +1,125 @@
+"""The per-source, per-day coverage and quality table (DESIGN.md 5.7).
+
+One row per source per day: what was seen against what the source's own observed cadence says
+should have been seen, the gaps, how many snapshot GPUs have telemetry, telemetry series that are
+silently zero all day, and the rows quarantined (with the reasons), so a 0 from a broken exporter
+is not read as an idle GPU.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import duckdb
+import pyarrow as pa
+
+from gpu_pipeline.lib.coverage import coverage
+from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
+
+COVERAGE = TableSpec(
+    layer="metrics",
+    name="coverage",
+    description=(
+        "Coverage and quality per source per day: samples seen vs expected from the observed cadence, "
+        "gaps longer than 3 x cadence, GPUs with telemetry vs GPUs in snapshots, silent-zero telemetry "
+        "series, rows quarantined and why."
+    ),
+    key=("day_start_utc", "source"),
+    schema=pa.schema(
+        [
+            _f("day_start_utc", TS, "Start of the partition day (UTC)", nullable=False),
+            _f("source", pa.string(), "slot_snapshots, gpu_telemetry, job_records or kueue", nullable=False),
+            _f("series", pa.int64(), "Series observed (1 for the pool's snapshots; GPUs for telemetry)"),
+            _f("samples", pa.int64(), "Distinct sample times seen, summed over series"),
+            _f("expected_samples", pa.float64(), "Window length / observed cadence, summed over series"),
+            _f("coverage_pct", pa.float64(), "100 x samples / expected (capped at 100)"),
+            _f("cadence_s", pa.float64(), "Observed cadence: median interval between samples (s)"),
+            _f("gaps", pa.int64(), "Intervals longer than 3 x cadence"),
+            _f("longest_gap_s", pa.float64(), "Longest interval between samples (s)"),
+            _f("gpus_in_snapshots", pa.int64(), "GPUs seen in the day's slot snapshots"),
+            _f("gpus_with_telemetry", pa.int64(), "Of those, GPUs with at least one telemetry sample"),
+            _f("gpus_with_telemetry_pct", pa.float64(), "100 x gpus_with_telemetry / gpus_in_snapshots"),
+            _f("silent_zero_series", pa.int64(), "Telemetry GPUs whose utilization and power are 0 in every "
+               "sample of the day while the GPU was busy in at least one bucket"),
+            _f("rows_in", pa.int64(), "Rows read from the source for the day"),
+            _f("rows_quarantined", pa.int64(), "Rows set aside (quarantine tables)"),
+            _f("quarantine_reasons", pa.string(), "JSON object: reason -> rows"),
+        ]
+    ),
+)
+
+
+def _reasons(q: pa.Table) -> tuple[int, str]:
+    if q.num_rows == 0:
+        return 0, "{}"
+    counts: dict[str, int] = {}
+    for r in q.column("reason").to_pylist():
+        key = r.split(":", 1)[0] if r else "unknown"
+        counts[key] = counts.get(key, 0) + 1
+    return q.num_rows, json.dumps(dict(sorted(counts.items())))
+
+
+def coverage_rows(
+    day_start: dt.datetime,
+    day_end: dt.datetime,
+    slots: pa.Table,
+    states: pa.Table,
+    samples: pa.Table,
+    jobs: pa.Table,
+    kueue: pa.Table | None,
+    quarantines: dict[str, list[pa.Table]],
+    rows_in: dict[str, int] | None = None,
+) -> pa.Table:
+    """Coverage rows of one day from the day's clean tables and quarantine tables."""
+    rows_in = rows_in or {}
+    out = []
+    snap_gpus = set(slots.column("gpu_id").to_pylist()) if slots.num_rows else set()
+
+    def base(source: str) -> dict:
+        q = quarantines.get(source, [])
+        qt = pa.concat_tables(q) if q else None
+        n_q, reasons = _reasons(qt) if qt is not None else (0, "{}")
+        return {"day_start_utc": day_start, "source": source, "rows_quarantined": n_q,
+                "quarantine_reasons": reasons, "rows_in": rows_in.get(source)}
+
+    cov = coverage(slots, "snapshot_utc", [], day_start, day_end)
+    out.append({**base("slot_snapshots"), "series": cov.series, "samples": cov.samples,
+                "expected_samples": cov.expected, "coverage_pct": 100 * cov.coverage, "cadence_s": cov.cadence_s,
+                "gaps": cov.gaps, "longest_gap_s": cov.longest_gap_s, "gpus_in_snapshots": len(snap_gpus)})
+
+    cov = coverage(samples, "sample_utc", ["source", "host", "gpu_id"], day_start, day_end)
+    tel_gpus = set(samples.column("gpu_id").to_pylist()) if samples.num_rows else set()
+    with_tel = len(snap_gpus & tel_gpus)
+    silent = 0
+    if samples.num_rows:
+        con = duckdb.connect()
+        try:
+            con.register("s", samples.select(["gpu_id", "util_pct", "power_w"]))
+            con.register("g", states.select(["gpu_id", "state"]))
+            silent = con.sql(
+                """
+                SELECT count(*) FROM (
+                    SELECT gpu_id FROM s GROUP BY gpu_id
+                    HAVING coalesce(max(abs(util_pct)), 0) = 0 AND coalesce(max(abs(power_w)), 0) = 0
+                ) z
+                WHERE z.gpu_id IN (SELECT gpu_id FROM g WHERE state LIKE 'busy_%')
+                """
+            ).fetchall()[0][0]
+        finally:
+            con.close()
+    out.append({**base("gpu_telemetry"), "series": cov.series, "samples": cov.samples,
+                "expected_samples": cov.expected, "coverage_pct": 100 * cov.coverage, "cadence_s": cov.cadence_s,
+                "gaps": cov.gaps, "longest_gap_s": cov.longest_gap_s, "gpus_in_snapshots": len(snap_gpus),
+                "gpus_with_telemetry": with_tel,
+                "gpus_with_telemetry_pct": 100.0 * with_tel / len(snap_gpus) if snap_gpus else None,
+                "silent_zero_series": int(silent)})
+
+    out.append({**base("job_records"), "series": None, "samples": jobs.num_rows})
+    if kueue is not None:
+        times = kueue.select(["sample_utc"]) if kueue.num_rows else pa.table({"sample_utc": pa.array([], TS)})
+        cov = coverage(times, "sample_utc", [], day_start, day_end)
+        out.append({**base("kueue"), "series": cov.series, "samples": cov.samples, "expected_samples": cov.expected,
+                    "coverage_pct": 100 * cov.coverage, "cadence_s": cov.cadence_s, "gaps": cov.gaps,
+                    "longest_gap_s": cov.longest_gap_s})
+    return conform(pa.Table.from_pylist(out, schema=COVERAGE.schema), COVERAGE)

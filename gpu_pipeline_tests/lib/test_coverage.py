@@ -1,0 +1,53 @@
+import datetime as dt
+import json
+
+import pyarrow as pa
+
+from gpu_pipeline.lib.coverage import coverage
+from gpu_pipeline.lib.coverage_table import COVERAGE, coverage_rows
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_SAMPLES, GPU_STATES, JOBS, QUARANTINE, conform
+
+UTC = dt.UTC
+D0, D1 = dt.datetime(2025, 8, 5, tzinfo=UTC), dt.datetime(2025, 8, 6, tzinfo=UTC)
+
+
+def test_coverage_counts_gaps_against_the_observed_cadence():
+    # one series every 5 minutes, with a 2-hour hole
+    times = [D0 + dt.timedelta(minutes=5 * i) for i in range(288) if not 100 <= i < 124]
+    cov = coverage(pa.table({"t": pa.array(times, pa.timestamp("us", tz="UTC"))}), "t", [], D0, D1)
+    assert cov.cadence_s == 300 and cov.samples == 264 and cov.expected == 288
+    assert cov.gaps == 1 and cov.longest_gap_s == 25 * 300
+    assert abs(cov.coverage - 264 / 288) < 1e-12
+
+
+def test_coverage_rows_silent_zero_telemetry_and_quarantine_reasons():
+    snaps = [D0 + dt.timedelta(minutes=5 * i) for i in range(288)]
+    slots = conform(pa.Table.from_pylist(
+        [dict(snapshot_utc=t, host="h", slot_name="s@h", gpu_id=g, tier="shared", is_backfill_slot=False,
+              slot_state="Claimed") for t in snaps for g in ("GPU-a", "GPU-b", "GPU-c")]), CLEAN_SLOT_SNAPSHOTS)
+    states = conform(pa.Table.from_pylist(
+        [dict(bucket_start_utc=t, gpu_id=g, host="h", state="busy_shared", n_slot_rows=1)
+         for t in snaps for g in ("GPU-a", "GPU-b", "GPU-c")]), GPU_STATES)
+    # GPU-a reports real values, GPU-b reports 0 util and 0 W all day while busy, GPU-c has no telemetry
+    samples = conform(pa.Table.from_pylist(
+        [dict(sample_utc=t, source="dcgm", host="h", gpu_id=g, util_pct=u, power_w=p)
+         for t in snaps for g, u, p in (("GPU-a", 90.0, 300.0), ("GPU-b", 0.0, 0.0))]), GPU_SAMPLES)
+    q = conform(pa.Table.from_pylist([{"source_table": "x", "reason": "missing State", "row_json": "{}"}] * 2
+                                     + [{"source_table": "x", "reason": "non-UTF-8 bytes in Name", "row_json": "{}"}]),
+                QUARANTINE)
+    out = {r["source"]: r for r in coverage_rows(D0, D1, slots, states, samples, JOBS.empty(), None,
+                                                 {"slot_snapshots": [q]}).to_pylist()}
+    assert set(out) == {"slot_snapshots", "gpu_telemetry", "job_records"}
+    tel = out["gpu_telemetry"]
+    assert (tel["gpus_in_snapshots"], tel["gpus_with_telemetry"]) == (3, 2)
+    assert abs(tel["gpus_with_telemetry_pct"] - 200 / 3) < 1e-9
+    assert tel["silent_zero_series"] == 1 and tel["coverage_pct"] == 100.0
+    assert out["slot_snapshots"]["rows_quarantined"] == 3
+    assert json.loads(out["slot_snapshots"]["quarantine_reasons"]) == {"missing State": 2, "non-UTF-8 bytes in Name": 1}
+
+
+def test_empty_day_has_rows_with_full_schema():
+    out = coverage_rows(D0, D1, CLEAN_SLOT_SNAPSHOTS.empty(), GPU_STATES.empty(), GPU_SAMPLES.empty(),
+                        JOBS.empty(), None, {})
+    assert out.schema == COVERAGE.schema and out.num_rows == 3
+    assert out.column("coverage_pct").to_pylist()[:2] == [0.0, 0.0]
