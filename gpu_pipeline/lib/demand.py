@@ -1,0 +1,742 @@
+"""Demand vs capacity per hour and device class (DESIGN.md 5.6), in DuckDB SQL.
+
+Demand (HTCondor job records, ``clean/jobs``)
+    A GPU job (``request_gpus > 0``) is *idle* -- queued demand -- during:
+
+    * ``[queued_utc, run_start_utc of run 0)``: waiting for its first run (``queued_utc`` null: the
+      QDate inside the GlobalJobId ``schedd#cluster.proc#qdate``);
+    * ``[end of run k, start of run k+1)``: an evicted / vacated run sends the job back to Idle;
+    * after its last known run, when that run ended without completing: ``[end, left)``, where
+      ``left`` is the ``record_utc`` of the job's latest document if that says it left the queue or
+      stopped being idle (Removed 3, Completed 4, Held 5), else the window end (still idle as far
+      as the records tell);
+    * a job that never started: ``[queued_utc, left)`` with the same ``left`` rule (so a job
+      removed from the queue ends at its record time, a job still idle at the window end).
+
+    Runs are merged over the job's ``epoch`` and ``job`` documents (one row per job run; epoch
+    values win). When an earlier run is missing (job documents only describe the last run), the
+    gap before a run starts at the run's ``last_vacate_utc`` when that lies between the previous
+    known run's end and the run's start, else it is not counted; the first-run wait is counted
+    only when run 0 is known. Read the clean partitions of the window's days and the
+    :data:`JOBS_LOOKBACK_DAYS` before (an eviction gap can start a day earlier); rows repeated
+    across partitions are deduplicated on the table key (latest ``record_utc`` wins).
+
+    ``demand_gpus`` of an hour = time-weighted mean of Σ ``request_gpus`` of the idle jobs
+    (GPU-seconds idle in the hour / hour length); ``pending_jobs`` = the same for the job count;
+    ``mean_wait_s`` = mean, over the idle intervals overlapping the hour, of the wait so far at the
+    interval's last instant inside the hour (since ``queued_utc``, or since the eviction for a
+    re-queued job -- Kueue's "created or requeued until admission"); null when nothing waited.
+
+    What records cannot show: condor_adstash indexes a job's history when it leaves the queue and
+    an epoch when a run ends, so a job still queued, or still on its first run, has no document
+    yet; its wait appears when a later re-materialization of the day finds it (the second
+    schedule), or at once from a queue-snapshot source (``condor_q -json`` ads: ``job`` rows with
+    JobStatus 1, handled as "never started"). A job whose re-queued run is still going shows as
+    idle after the eviction until its next record. On the simulator this is measured: waits of
+    jobs with a record match the truth to the second; the rest is exactly the jobs without one.
+
+Device class of a job
+    HTCondor job records do not say which device a job can use unless its requirements name one.
+    The clean ``jobs`` table has no such column, so every job is class ``ANY``. If the jobs
+    relation has a column ``device_class`` (e.g. a view that extracts ``GPUs_DeviceName`` from
+    the Requirements expression) its non-null values are used. Output rows are per device name
+    (demand of the jobs that named it, capacity of that device) and ``ALL`` (the whole pool: all
+    demand -- ``ANY`` jobs count only here -- against all capacity).
+
+Capacity (``metrics/gpu_states``, 5-minute buckets)
+    Time-weighted means over the hour (rows x 300 s / hour length): ``idle_gpus`` = GPUs in
+    ``idle_prioritized``, ``idle_shared`` or ``idle_backfill``; ``idle_open_gpus`` = ``idle_shared``
+    + ``idle_backfill`` (capacity open to any job); ``busy_gpus`` = ``busy_*``; ``total_gpus`` =
+    idle + busy (``na`` excluded); ``allocation_pct`` = 100 busy / total.
+    **Choice:** DCR uses ``idle_gpus``, *including* idle prioritized GPUs: the seed's denominator
+    ``allocatable - usage`` counts every unallocated GPU, and the job records include the
+    prioritized projects' own jobs, which those GPUs serve (other jobs reach them only as
+    backfill). ``idle_open_gpus`` is exposed beside it for the open-capacity view.
+
+Scores with FIXED scales (so a partition's values never depend on which other days are computed
+with it; the seed's min-max normalization over the frame made days incomparable)
+    * ``DCR = demand_gpus / max(idle_gpus, 1e-6)`` capped at :data:`DCR_MAX` = 1e6 (finite);
+      ``zero_idle`` = no idle GPU in the hour, ``dcr_capped`` = the uncapped ratio exceeded the cap
+      (e.g. demand >= 1 GPU with zero idle);
+    * ``norm(DCR) = min(DCR / 4, 1)`` (:data:`DCR_SCALE`);
+    * ``norm(pending) = min(demand_gpus / total_gpus, 1)`` -- queued GPUs as a share of the class
+      (1 when there is demand and no capacity, 0 when neither);
+    * ``norm(wait) = min(mean_wait_s / 4 h, 1)`` (:data:`WAIT_SCALE_S`; null wait -> 0);
+    * ``norm(gap) = min(max(efficiency_gap_pp, 0) / 100, 1)``; the efficiency gap (DESIGN 5.5) is
+      not an input of this module unless an efficiency relation is given
+      (``hour_start_utc, device_class, efficiency_gap_pp``; :func:`efficiency_by_class_sql` builds
+      it from per-GPU hourly rows); without it ``efficiency_gap_pp`` is null and the term is 0, so
+      CIS is at most 0.7 from demand alone;
+    * ``QPS = 0.6 norm(pending) + 0.4 norm(wait)``;
+      ``CIS = 0.5 norm(DCR) + 0.3 norm(gap) + 0.2 QPS``;
+    * severity: ``CIS > 0.7 or DCR > 2`` Critical; ``CIS > 0.5 or DCR > 1`` Warning; ``CIS > 0.3``
+      Moderate; else Healthy.
+
+Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
+    From ``clean/kueue_demand`` rows of the window, per scrape summed over ClusterQueues (and
+    clusters): demand = ``resource_pending`` of ``nvidia.com/gpu`` (else pending workloads x
+    ``kueue_gpus_per_workload`` when the caller knows it), pending_jobs = pending workloads
+    (active + inadmissible), capacity per queue and flavor: total = nominal quota, busy = usage,
+    idle = max(quota - usage, 0). Hour values are the mean over the scrapes in the hour (the
+    time-weighted mean for a regular scrape interval); ``mean_wait_s`` = admission wait of the
+    workloads admitted in the hour (count-weighted interval means).
+
+Top contributors (``metrics/demand_top_contributors``): per window (day), the idle GPU-hours by
+``device_class``, ``owner`` (``user`` = owner@uid_domain, else ``owner``), ``project``, ``schedd``
+(the HTCondor queue) and, for Kueue, ``cluster_queue``; ``share`` of the source's total, ``rank``
+1..10 (ties by key). Missing keys read ``(none)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+
+from gpu_pipeline.lib.kueue import KUEUE_DEMAND
+from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, TS, TableSpec, _f, conform
+from gpu_pipeline.lib.states import BUCKET
+from gpu_pipeline.lib.store import Store, connect
+
+HOUR = dt.timedelta(hours=1)
+EPSILON = 1e-6
+DCR_MAX = 1e6
+DCR_SCALE = 4.0
+WAIT_SCALE_S = 4 * 3600.0
+GAP_SCALE_PP = 100.0
+TOP_N = 10
+JOBS_LOOKBACK_DAYS = 2
+ANY_DEVICE = "ANY"
+ALL_DEVICES = "ALL"
+UNKNOWN_DEVICE = "unknown"
+NO_KEY = "(none)"
+SOURCES: tuple[str, ...] = ("htcondor", "kueue")
+SEVERITIES: tuple[str, ...] = ("Healthy", "Moderate", "Warning", "Critical")
+DIMENSIONS: tuple[str, ...] = ("device_class", "owner", "project", "schedd", "cluster_queue")
+KUEUE_GPU_RESOURCE = "nvidia.com/gpu"
+
+DEMAND_CAPACITY = TableSpec(
+    layer="metrics",
+    name="demand_capacity",
+    description=(
+        "Demand vs capacity per hour and device class (DESIGN.md 5.6): idle-job GPU demand from job "
+        "records (or Kueue), idle / busy GPUs from the 5-minute states, demand-capacity ratio (DCR), "
+        "queue pressure (QPS) and contention index (CIS) with fixed normalization scales, severity."
+    ),
+    key=("hour_start_utc", "source", "device_class"),
+    schema=pa.schema(
+        [
+            _f("hour_start_utc", TS, "Start of the hour (UTC)", nullable=False),
+            _f("source", pa.string(), "htcondor (job records + slot states) or kueue", nullable=False),
+            _f("device_class", pa.string(), "GPU model name, or ALL = the whole pool (jobs that name "
+               "no device, class ANY, count only here)", nullable=False),
+            _f("demand_gpus", pa.float64(), "GPUs requested by idle jobs, time-weighted mean over the "
+               "hour"),
+            _f("pending_jobs", pa.float64(), "Idle jobs (Kueue: pending workloads), time-weighted mean"),
+            _f("mean_wait_s", pa.float64(), "Mean wait so far of the jobs idle in the hour (Kueue: mean "
+               "admission wait of workloads admitted in the hour); null when none"),
+            _f("idle_gpus", pa.float64(), "Unclaimed GPUs (idle_prioritized + idle_shared + "
+               "idle_backfill), time-weighted mean", nullable=False),
+            _f("idle_open_gpus", pa.float64(), "Idle GPUs open to any job (idle_shared + idle_backfill), "
+               "time-weighted mean", nullable=False),
+            _f("busy_gpus", pa.float64(), "Claimed GPUs (busy_*), time-weighted mean", nullable=False),
+            _f("total_gpus", pa.float64(), "idle + busy GPUs (na excluded), time-weighted mean",
+               nullable=False),
+            _f("allocation_pct", pa.float64(), "100 * busy_gpus / total_gpus (null when total is 0)"),
+            _f("dcr", pa.float64(), "Demand-capacity ratio demand_gpus / max(idle_gpus, 1e-6), capped "
+               "at 1e6", nullable=False),
+            _f("dcr_capped", pa.bool_(), "The uncapped DCR exceeded 1e6 (demand with zero idle GPUs)",
+               nullable=False),
+            _f("zero_idle", pa.bool_(), "No idle GPU during the hour", nullable=False),
+            _f("efficiency_gap_pp", pa.float64(), "Efficiency gap util - RFU (pp) when an efficiency "
+               "input is given; null otherwise (its CIS term is then 0)"),
+            _f("qps", pa.float64(), "Queue pressure 0.6 min(demand/total, 1) + 0.4 min(wait/4h, 1)",
+               nullable=False),
+            _f("cis", pa.float64(), "Contention index 0.5 min(DCR/4, 1) + 0.3 min(max(gap,0)/100, 1) + "
+               "0.2 QPS", nullable=False),
+            _f("severity", pa.string(), "Critical (CIS > 0.7 or DCR > 2), Warning (CIS > 0.5 or DCR > 1), "
+               "Moderate (CIS > 0.3), else Healthy", nullable=False),
+        ]
+    ),
+)
+
+DEMAND_TOP_CONTRIBUTORS = TableSpec(
+    layer="metrics",
+    name="demand_top_contributors",
+    description=(
+        "Who and what queued GPU demand came from, per day: idle GPU-hours of the top 10 keys per "
+        "dimension (device class, owner, project, schedd; Kueue cluster queue) and their share."
+    ),
+    key=("day_start_utc", "source", "dimension", "rank"),
+    schema=pa.schema(
+        [
+            _f("day_start_utc", TS, "Start of the day (partition window) (UTC)", nullable=False),
+            _f("source", pa.string(), "htcondor or kueue", nullable=False),
+            _f("dimension", pa.string(), "One of " + ", ".join(DIMENSIONS), nullable=False),
+            _f("key", pa.string(), "Value of the dimension ('(none)' when the records lack it)",
+               nullable=False),
+            _f("demand_gpu_hours", pa.float64(), "GPU-hours requested by idle jobs of the key in the day",
+               nullable=False),
+            _f("share", pa.float64(), "demand_gpu_hours / the source's total of the day (0-1)",
+               nullable=False),
+            _f("jobs", pa.int64(), "Distinct jobs idle during the day (null for Kueue)"),
+            _f("rank", pa.int32(), "1 = largest demand; ties by key", nullable=False),
+        ]
+    ),
+)
+
+IDLE_INTERVALS = pa.schema(
+    [
+        _f("global_job_id", pa.string(), "Job", nullable=False),
+        _f("reason", pa.string(), "first_run (queued -> run 0), requeued (between runs), "
+           "after_last_run (idle after an unfinished run), never_started", nullable=False),
+        _f("idle_start_utc", TS, "When the job became idle (unclipped)", nullable=False),
+        _f("start_utc", TS, "Interval start clipped to the window", nullable=False),
+        _f("end_utc", TS, "Interval end clipped to the window", nullable=False),
+        _f("open_end", pa.bool_(), "The end is the window end because the job was still idle",
+           nullable=False),
+        _f("request_gpus", pa.float64(), "RequestGPUs", nullable=False),
+        _f("device_class", pa.string(), "Device the job can use (ANY when it names none)", nullable=False),
+        _f("owner", pa.string(), "user (owner@uid_domain), else owner"),
+        _f("project", pa.string(), "ProjectName"),
+        _f("schedd", pa.string(), "Schedd"),
+    ]
+)
+
+_INTERVALS_SQL = """
+WITH
+params AS (
+    SELECT epoch_us(CAST($start AS TIMESTAMPTZ)) AS s_us, epoch_us(CAST($end AS TIMESTAMPTZ)) AS e_us
+),
+j AS (
+    SELECT *, {device_expr} AS device_class_in
+    FROM job_rows
+    WHERE request_gpus > 0
+    QUALIFY row_number() OVER (
+        PARTITION BY global_job_id, run_index, doc_kind
+        ORDER BY record_utc DESC NULLS LAST, job_status DESC NULLS LAST, run_end_utc DESC NULLS LAST,
+                 source
+    ) = 1
+),
+info AS (
+    SELECT global_job_id,
+        coalesce(epoch_us(min(queued_utc)),
+                 TRY_CAST(split_part(any_value(global_job_id), '#', 3) AS BIGINT) * 1000000) AS q_us,
+        arg_max(request_gpus, (coalesce(epoch_us(record_utc), 0), doc_kind = 'epoch', run_index)) AS request_gpus,
+        coalesce(arg_max(device_class_in, coalesce(epoch_us(record_utc), 0))
+                 FILTER (WHERE device_class_in IS NOT NULL), '{any}') AS device_class,
+        arg_max(coalesce("user", owner), coalesce(epoch_us(record_utc), 0))
+            FILTER (WHERE coalesce("user", owner) IS NOT NULL) AS who,
+        arg_max(project, coalesce(epoch_us(record_utc), 0)) FILTER (WHERE project IS NOT NULL) AS project,
+        arg_max(schedd, coalesce(epoch_us(record_utc), 0)) FILTER (WHERE schedd IS NOT NULL) AS schedd,
+        arg_max(struct_pack(st := job_status, rec := epoch_us(record_utc)),
+                (coalesce(epoch_us(record_utc), 0), run_index, doc_kind = 'job')) AS latest
+    FROM j
+    GROUP BY global_job_id
+),
+info2 AS (
+    SELECT *, CASE WHEN latest.st IN (3, 4, 5) THEN latest.rec END AS left_us FROM info
+),
+runs AS (
+    SELECT global_job_id, run_index,
+        epoch_us(arg_max(run_start_utc, doc_kind = 'epoch')) AS rs_us,
+        epoch_us(arg_max(run_end_utc, doc_kind = 'epoch') FILTER (WHERE run_end_utc IS NOT NULL)) AS re_us,
+        epoch_us(max(last_vacate_utc)) AS lv_us,
+        bool_or(completion_utc IS NOT NULL OR job_status = 4) AS completed
+    FROM j
+    WHERE run_start_utc IS NOT NULL
+    GROUP BY global_job_id, run_index
+),
+seq AS (
+    SELECT *,
+        lag(run_index) OVER w AS prev_index,
+        lag(re_us) OVER w AS prev_re_us,
+        row_number() OVER w = 1 AS is_first,
+        lead(run_index) OVER w IS NULL AS is_last
+    FROM runs
+    WINDOW w AS (PARTITION BY global_job_id ORDER BY run_index)
+),
+raw_iv AS (
+    -- waiting for run 0
+    SELECT s.global_job_id, 'first_run' AS reason, i.q_us AS a_us, s.rs_us AS b_us, false AS open_end
+    FROM seq s JOIN info2 i USING (global_job_id)
+    WHERE s.is_first AND s.run_index = 0
+    UNION ALL
+    -- re-queued between two known runs (or before the first known run, from its LastVacateTime)
+    SELECT global_job_id, 'requeued',
+        CASE
+            WHEN prev_index = run_index - 1 THEN prev_re_us
+            WHEN lv_us < rs_us AND (prev_re_us IS NULL OR lv_us >= prev_re_us) AND run_index > 0 THEN lv_us
+        END,
+        rs_us, false
+    FROM seq
+    WHERE NOT (is_first AND run_index = 0)
+    UNION ALL
+    -- idle again after the last known run, which ended without completing
+    SELECT s.global_job_id, 'after_last_run', s.re_us,
+        coalesce(CASE WHEN i.left_us >= s.re_us THEN i.left_us END, p.e_us),
+        CASE WHEN i.left_us >= s.re_us THEN false ELSE true END
+    FROM seq s JOIN info2 i USING (global_job_id), params p
+    WHERE s.is_last AND s.re_us IS NOT NULL AND NOT s.completed
+    UNION ALL
+    -- never started
+    SELECT i.global_job_id, 'never_started', i.q_us, coalesce(i.left_us, p.e_us), i.left_us IS NULL
+    FROM info2 i, params p
+    WHERE i.global_job_id NOT IN (SELECT global_job_id FROM runs)
+)
+SELECT
+    r.global_job_id,
+    r.reason,
+    make_timestamptz(r.a_us) AS idle_start_utc,
+    make_timestamptz(greatest(r.a_us, p.s_us)) AS start_utc,
+    make_timestamptz(least(r.b_us, p.e_us)) AS end_utc,
+    r.open_end AND r.b_us >= p.e_us AS open_end,
+    i.request_gpus,
+    i.device_class,
+    i.who AS owner,
+    i.project,
+    i.schedd
+FROM raw_iv r JOIN info2 i USING (global_job_id), params p
+WHERE r.a_us IS NOT NULL AND r.b_us IS NOT NULL
+  AND greatest(r.a_us, p.s_us) < least(r.b_us, p.e_us)
+ORDER BY r.global_job_id, r.a_us
+"""
+
+_CAPACITY_SQL = """
+WITH
+params AS (
+    SELECT epoch_us(CAST($start AS TIMESTAMPTZ)) AS s_us, epoch_us(CAST($end AS TIMESTAMPTZ)) AS e_us,
+           CAST($hour_us AS BIGINT) AS h_us, CAST($bucket_us AS BIGINT) AS b_us
+),
+hours AS (
+    SELECT generate_series AS h_start, least(generate_series + p.h_us, p.e_us) - generate_series AS h_len
+    FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)
+),
+st AS (
+    SELECT p.s_us + ((epoch_us(bucket_start_utc) - p.s_us) // p.h_us) * p.h_us AS h_start,
+           coalesce(device_name, '{unknown}') AS device_name, state
+    FROM gpu_state_rows, params p
+    WHERE epoch_us(bucket_start_utc) >= p.s_us AND epoch_us(bucket_start_utc) < p.e_us
+),
+cap AS (
+    SELECT h_start,
+        CASE WHEN grouping(device_name) = 1 THEN '{all}' ELSE device_name END AS device_class,
+        count(*) FILTER (WHERE state IN ('idle_prioritized', 'idle_shared', 'idle_backfill')) AS idle_n,
+        count(*) FILTER (WHERE state IN ('idle_shared', 'idle_backfill')) AS idle_open_n,
+        count(*) FILTER (WHERE state LIKE 'busy%') AS busy_n
+    FROM st
+    GROUP BY GROUPING SETS ((h_start, device_name), (h_start))
+),
+iv AS (
+    SELECT epoch_us(start_utc) AS a_us, epoch_us(end_utc) AS b_us, epoch_us(idle_start_utc) AS q_us,
+           request_gpus, device_class
+    FROM idle_iv
+),
+iv_h AS (
+    SELECT h.h_start, h.h_len, iv.device_class, iv.request_gpus, iv.q_us,
+           least(iv.b_us, h.h_start + h.h_len) AS until_us,
+           least(iv.b_us, h.h_start + h.h_len) - greatest(iv.a_us, h.h_start) AS overlap_us
+    FROM iv JOIN hours h ON iv.a_us < h.h_start + h.h_len AND iv.b_us > h.h_start
+),
+dem AS (
+    SELECT h_start,
+        CASE WHEN grouping(device_class) = 1 THEN '{all}' ELSE device_class END AS device_class,
+        sum(request_gpus * overlap_us) AS gpu_us,
+        sum(overlap_us) AS job_us,
+        sum(until_us - q_us) AS wait_us,
+        count(*) AS n_iv
+    FROM iv_h
+    GROUP BY GROUPING SETS ((h_start, device_class), (h_start))
+),
+present AS (
+    -- per hour: the devices of that hour's states and the classes its demand names (+ ALL), so an
+    -- hour's rows depend on that hour's data only (not on the other days computed with it)
+    SELECT h_start, device_class FROM cap
+    UNION SELECT h_start, device_class FROM dem WHERE device_class <> '{any}'
+),
+grid AS (SELECT h.h_start, h.h_len, c.device_class FROM hours h JOIN present c ON c.h_start = h.h_start)
+SELECT
+    make_timestamptz(g.h_start) AS hour_start_utc,
+    'htcondor' AS source,
+    g.device_class,
+    coalesce(d.gpu_us, 0) / g.h_len AS demand_gpus,
+    coalesce(d.job_us, 0) / g.h_len AS pending_jobs,
+    d.wait_us / d.n_iv / 1e6 AS mean_wait_s,
+    coalesce(c.idle_n, 0) * p.b_us / g.h_len AS idle_gpus,
+    coalesce(c.idle_open_n, 0) * p.b_us / g.h_len AS idle_open_gpus,
+    coalesce(c.busy_n, 0) * p.b_us / g.h_len AS busy_gpus,
+    (coalesce(c.idle_n, 0) + coalesce(c.busy_n, 0)) * p.b_us / g.h_len AS total_gpus
+FROM grid g
+CROSS JOIN params p
+LEFT JOIN cap c ON c.h_start = g.h_start AND c.device_class = g.device_class
+LEFT JOIN dem d ON d.h_start = g.h_start AND d.device_class = g.device_class
+"""
+
+_KUEUE_SQL = """
+WITH
+params AS (
+    SELECT epoch_us(CAST($start AS TIMESTAMPTZ)) AS s_us, epoch_us(CAST($end AS TIMESTAMPTZ)) AS e_us,
+           CAST($hour_us AS BIGINT) AS h_us, CAST($gpus_per_workload AS DOUBLE) AS gpw
+),
+k AS (
+    SELECT *, p.s_us + ((epoch_us(sample_utc) - p.s_us) // p.h_us) * p.h_us AS h_start
+    FROM kueue_rows, params p
+    WHERE scope = 'cluster_queue'
+      AND epoch_us(sample_utc) >= p.s_us AND epoch_us(sample_utc) < p.e_us
+),
+per_scrape AS (
+    SELECT h_start, sample_utc,
+        sum(resource_pending) FILTER (WHERE kind = 'resource' AND resource = '{gpu}') AS pending_gpus,
+        sum(pending_workloads) FILTER (WHERE kind = 'queue') AS pending_wl,
+        sum(resource_usage) FILTER (WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL)
+            AS usage,
+        sum(nominal_quota) FILTER (WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL)
+            AS quota,
+        sum(greatest(coalesce(nominal_quota, 0) - coalesce(resource_usage, 0), 0))
+            FILTER (WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL) AS idle,
+        sum(wait_mean_s * wait_count_interval) FILTER (WHERE kind = 'admission_wait') AS wait_sum,
+        sum(wait_count_interval) FILTER (WHERE kind = 'admission_wait' AND wait_mean_s IS NOT NULL)
+            AS wait_n
+    FROM k
+    GROUP BY h_start, sample_utc
+)
+SELECT
+    make_timestamptz(h_start) AS hour_start_utc,
+    'kueue' AS source,
+    '{all}' AS device_class,
+    avg(coalesce(pending_gpus, pending_wl * (SELECT gpw FROM params))) AS demand_gpus,
+    avg(pending_wl) AS pending_jobs,
+    sum(wait_sum) / nullif(sum(wait_n), 0) AS mean_wait_s,
+    coalesce(avg(idle), 0) AS idle_gpus,
+    coalesce(avg(idle), 0) AS idle_open_gpus,
+    coalesce(avg(usage), 0) AS busy_gpus,
+    coalesce(avg(quota), 0) AS total_gpus
+FROM per_scrape
+GROUP BY h_start
+"""
+
+_SCORE_SQL = f"""
+WITH
+base AS (
+    SELECT b.*, e.efficiency_gap_pp,
+        b.demand_gpus / greatest(b.idle_gpus, {EPSILON}) AS dcr_raw
+    FROM base_rows b
+    LEFT JOIN eff_rows e ON e.hour_start_utc = b.hour_start_utc AND e.device_class = b.device_class
+),
+scored AS (
+    SELECT *,
+        least(dcr_raw, {DCR_MAX}) AS dcr,
+        0.6 * CASE WHEN total_gpus > 0 THEN least(coalesce(demand_gpus, 0) / total_gpus, 1.0)
+                   WHEN coalesce(demand_gpus, 0) > 0 THEN 1.0 ELSE 0.0 END
+          + 0.4 * least(coalesce(mean_wait_s, 0) / {WAIT_SCALE_S}, 1.0) AS qps
+    FROM base
+),
+scored2 AS (
+    SELECT *,
+        0.5 * least(coalesce(dcr, 0) / {DCR_SCALE}, 1.0)
+          + 0.3 * least(greatest(coalesce(efficiency_gap_pp, 0), 0) / {GAP_SCALE_PP}, 1.0)
+          + 0.2 * qps AS cis
+    FROM scored
+)
+SELECT
+    hour_start_utc, source, device_class, demand_gpus, pending_jobs, mean_wait_s,
+    idle_gpus, idle_open_gpus, busy_gpus, total_gpus,
+    CASE WHEN total_gpus > 0 THEN 100.0 * busy_gpus / total_gpus END AS allocation_pct,
+    coalesce(dcr, 0.0) AS dcr,
+    coalesce(dcr_raw > {DCR_MAX}, false) AS dcr_capped,
+    idle_gpus <= 0 AS zero_idle,
+    efficiency_gap_pp,
+    qps,
+    cis,
+    CASE
+        WHEN cis > 0.7 OR dcr > 2 THEN 'Critical'
+        WHEN cis > 0.5 OR dcr > 1 THEN 'Warning'
+        WHEN cis > 0.3 THEN 'Moderate'
+        ELSE 'Healthy'
+    END AS severity
+FROM scored2
+ORDER BY hour_start_utc, source, device_class = '{ALL_DEVICES}', device_class
+"""
+
+_TOP_SQL = f"""
+WITH
+params AS (SELECT CAST($top_n AS INTEGER) AS n),
+iv AS (
+    SELECT global_job_id, request_gpus * (epoch_us(end_utc) - epoch_us(start_utc)) / 3.6e9 AS gh,
+           device_class, owner, project, schedd
+    FROM idle_iv
+),
+long AS (
+    SELECT 'device_class' AS dimension, device_class AS key, gh, global_job_id FROM iv
+    UNION ALL SELECT 'owner', owner, gh, global_job_id FROM iv
+    UNION ALL SELECT 'project', project, gh, global_job_id FROM iv
+    UNION ALL SELECT 'schedd', schedd, gh, global_job_id FROM iv
+),
+agg AS (
+    SELECT dimension, coalesce(key, '{NO_KEY}') AS key,
+           sum(gh) AS demand_gpu_hours, count(DISTINCT global_job_id) AS jobs
+    FROM long GROUP BY ALL
+),
+total AS (SELECT sum(gh) AS t FROM iv),
+ranked AS (
+    SELECT a.*, a.demand_gpu_hours / nullif(t.t, 0) AS share,
+           row_number() OVER (PARTITION BY dimension ORDER BY demand_gpu_hours DESC, key) AS rank
+    FROM agg a, total t
+)
+SELECT CAST($day_start AS TIMESTAMPTZ) AS day_start_utc, 'htcondor' AS source, dimension, key,
+       demand_gpu_hours, coalesce(share, 0.0) AS share, jobs, CAST(rank AS INTEGER) AS rank
+FROM ranked, params
+WHERE rank <= params.n AND demand_gpu_hours > 0
+ORDER BY list_position(['device_class', 'owner', 'project', 'schedd'], dimension), rank
+"""
+
+_KUEUE_TOP_SQL = f"""
+WITH
+params AS (
+    SELECT epoch_us(CAST($start AS TIMESTAMPTZ)) AS s_us, epoch_us(CAST($end AS TIMESTAMPTZ)) AS e_us,
+           CAST($hour_us AS BIGINT) AS h_us, CAST($top_n AS INTEGER) AS n
+),
+cq AS (
+    SELECT *, p.s_us + ((epoch_us(sample_utc) - p.s_us) // p.h_us) * p.h_us AS h_start
+    FROM kueue_rows, params p
+    WHERE scope = 'cluster_queue' AND epoch_us(sample_utc) >= p.s_us AND epoch_us(sample_utc) < p.e_us
+),
+scrapes AS (SELECT h_start, count(DISTINCT sample_utc) AS n FROM cq GROUP BY h_start),
+k AS (
+    SELECT coalesce(cluster_queue, '{NO_KEY}') AS key, sample_utc, resource_pending, h_start
+    FROM cq
+    WHERE kind = 'resource' AND resource = '{KUEUE_GPU_RESOURCE}' AND resource_pending IS NOT NULL
+),
+hours AS (
+    SELECT generate_series AS h_start, least(generate_series + p.h_us, p.e_us) - generate_series AS h_len
+    FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)
+),
+per_hour AS (
+    -- mean pending GPUs of the queue over the hour's scrapes x the hour's length = its GPU-hours
+    SELECT k.key, k.h_start, sum(k.resource_pending) / any_value(sc.n) AS pending
+    FROM k JOIN scrapes sc ON sc.h_start = k.h_start GROUP BY k.key, k.h_start
+),
+agg AS (
+    SELECT ph.key, sum(ph.pending * h.h_len / 3.6e9) AS demand_gpu_hours
+    FROM per_hour ph JOIN hours h ON h.h_start = ph.h_start
+    GROUP BY ph.key
+),
+total AS (SELECT sum(demand_gpu_hours) AS t FROM agg),
+ranked AS (
+    SELECT a.*, a.demand_gpu_hours / nullif(t.t, 0) AS share,
+           row_number() OVER (ORDER BY demand_gpu_hours DESC, key) AS rank
+    FROM agg a, total t
+)
+SELECT CAST($day_start AS TIMESTAMPTZ) AS day_start_utc, 'kueue' AS source, 'cluster_queue' AS dimension,
+       key, demand_gpu_hours, coalesce(share, 0.0) AS share, CAST(NULL AS BIGINT) AS jobs,
+       CAST(rank AS INTEGER) AS rank
+FROM ranked, params
+WHERE rank <= params.n AND demand_gpu_hours > 0
+ORDER BY rank
+"""
+
+
+@dataclass
+class DemandResult:
+    capacity: pa.Table  #: ``metrics/demand_capacity`` rows
+    top: pa.Table  #: ``metrics/demand_top_contributors`` rows
+    intervals: pa.Table  #: the job idle intervals (:data:`IDLE_INTERVALS`) behind the demand
+
+
+def _us(delta: dt.timedelta) -> int:
+    return int(delta / dt.timedelta(microseconds=1))
+
+
+def _columns(con: duckdb.DuckDBPyConnection, from_sql: str, params: list) -> set[str]:
+    return {c.lower() for c in con.sql(f"SELECT * FROM {from_sql} LIMIT 0", params=params).columns}
+
+
+def job_idle_intervals(
+    con: duckdb.DuckDBPyConnection,
+    jobs_from_sql: str,
+    jobs_params: list,
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+) -> pa.Table:
+    """The idle (queued) intervals of GPU jobs inside ``[start_utc, end_utc)``, from clean job rows.
+
+    ``jobs_from_sql`` should cover the window's days and :data:`JOBS_LOOKBACK_DAYS` before them.
+    """
+    cols = _columns(con, jobs_from_sql, jobs_params)
+    device_expr = "CAST(device_class AS VARCHAR)" if "device_class" in cols else "CAST(NULL AS VARCHAR)"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE job_rows AS SELECT * FROM {jobs_from_sql}", jobs_params)
+    try:
+        table = con.sql(
+            _INTERVALS_SQL.format(device_expr=device_expr, any=ANY_DEVICE),
+            params={"start": start_utc, "end": end_utc},
+        ).to_arrow_table()
+    finally:
+        con.execute("DROP TABLE IF EXISTS job_rows")
+    return _cast(table, IDLE_INTERVALS)
+
+
+def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_arrays(
+        [table.column(f.name).cast(f.type) for f in schema], schema=schema
+    )
+
+
+def compute_demand_capacity(
+    con: duckdb.DuckDBPyConnection,
+    jobs_from_sql: str,
+    jobs_params: list,
+    states_from_sql: str,
+    states_params: list,
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+    *,
+    kueue_from_sql: str | None = None,
+    kueue_params: list | None = None,
+    kueue_gpus_per_workload: float | None = None,
+    efficiency_from_sql: str | None = None,
+    efficiency_params: list | None = None,
+    top_n: int = TOP_N,
+) -> DemandResult:
+    """Demand-capacity rows per hour of ``[start_utc, end_utc)`` and the window's top contributors.
+
+    FROM-clauses (with their parameter lists) as ``Store.relation_sql`` returns them:
+    ``jobs_from_sql`` -- clean jobs of the window's days and the :data:`JOBS_LOOKBACK_DAYS` before;
+    ``states_from_sql`` -- ``metrics/gpu_states`` of the window's days; optional ``kueue_from_sql``
+    -- ``clean/kueue_demand`` rows (adds ``source = 'kueue'`` rows); optional
+    ``efficiency_from_sql`` with ``hour_start_utc, device_class, efficiency_gap_pp``.
+    Hours are ``start_utc + k h``; the top contributors cover the whole window (call per day).
+    """
+    intervals = job_idle_intervals(con, jobs_from_sql, jobs_params, start_utc, end_utc)
+    hour_us = _us(HOUR)
+    con.register("idle_iv", intervals)
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE gpu_state_rows AS SELECT bucket_start_utc, device_name, state "
+        f"FROM {states_from_sql}",
+        states_params,
+    )
+    try:
+        base = con.sql(
+            _CAPACITY_SQL.format(unknown=UNKNOWN_DEVICE, all=ALL_DEVICES, any=ANY_DEVICE),
+            params={"start": start_utc, "end": end_utc, "hour_us": hour_us, "bucket_us": _us(BUCKET)},
+        ).to_arrow_table()
+        top = con.sql(_TOP_SQL, params={"top_n": top_n, "day_start": start_utc}).to_arrow_table()
+        parts, tops = [base], [top]
+        if kueue_from_sql is not None:
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE kueue_rows AS SELECT * FROM {kueue_from_sql}",
+                kueue_params or [],
+            )
+            kp = {"start": start_utc, "end": end_utc, "hour_us": hour_us}
+            parts.append(
+                con.sql(
+                    _KUEUE_SQL.format(gpu=KUEUE_GPU_RESOURCE, all=ALL_DEVICES),
+                    params={**kp, "gpus_per_workload": kueue_gpus_per_workload},
+                ).to_arrow_table()
+            )
+            tops.append(
+                con.sql(_KUEUE_TOP_SQL, params={**kp, "top_n": top_n, "day_start": start_utc}).to_arrow_table()
+            )
+        base_rows = pa.concat_tables([_cast(p, _BASE_SCHEMA) for p in parts])
+        con.register("base_rows", base_rows)
+        if efficiency_from_sql is not None:
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE eff_rows AS SELECT CAST(hour_start_utc AS TIMESTAMPTZ) "
+                f"AS hour_start_utc, CAST(device_class AS VARCHAR) AS device_class, "
+                f"CAST(efficiency_gap_pp AS DOUBLE) AS efficiency_gap_pp FROM {efficiency_from_sql}",
+                efficiency_params or [],
+            )
+        else:
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE eff_rows (hour_start_utc TIMESTAMPTZ, device_class VARCHAR, "
+                "efficiency_gap_pp DOUBLE)"
+            )
+        capacity = con.sql(_SCORE_SQL).to_arrow_table()
+    finally:
+        for name in ("idle_iv", "base_rows"):
+            con.unregister(name)
+        for name in ("gpu_state_rows", "kueue_rows", "eff_rows"):
+            con.execute(f"DROP TABLE IF EXISTS {name}")
+    top_table = pa.concat_tables([conform(t, DEMAND_TOP_CONTRIBUTORS) for t in tops])
+    return DemandResult(
+        capacity=conform(capacity, DEMAND_CAPACITY),
+        top=top_table,
+        intervals=intervals,
+    )
+
+
+_BASE_SCHEMA = pa.schema(
+    [
+        ("hour_start_utc", TS),
+        ("source", pa.string()),
+        ("device_class", pa.string()),
+        ("demand_gpus", pa.float64()),
+        ("pending_jobs", pa.float64()),
+        ("mean_wait_s", pa.float64()),
+        ("idle_gpus", pa.float64()),
+        ("idle_open_gpus", pa.float64()),
+        ("busy_gpus", pa.float64()),
+        ("total_gpus", pa.float64()),
+    ]
+)
+
+
+def efficiency_by_class_sql(from_sql: str) -> str:
+    """A FROM-clause for ``efficiency_from_sql`` built from a per-GPU hourly efficiency relation
+    (columns ``hour_start_utc``, ``device_name``, ``efficiency_gap_pp``; e.g. the per-GPU-hour
+    efficiency metric of DESIGN.md 5.5): the mean gap of the GPUs with a value, per hour and device
+    class, and over all devices as ``ALL`` (summed in sorted order: identical on every re-run)."""
+    return (
+        "(SELECT hour_start_utc, "
+        f"CASE WHEN grouping(dc) = 1 THEN '{ALL_DEVICES}' ELSE dc END AS device_class, "
+        "list_avg(list(efficiency_gap_pp ORDER BY efficiency_gap_pp) "
+        "FILTER (WHERE efficiency_gap_pp IS NOT NULL)) AS efficiency_gap_pp "
+        f"FROM (SELECT hour_start_utc, coalesce(device_name, '{UNKNOWN_DEVICE}') AS dc, "
+        f"CAST(efficiency_gap_pp AS DOUBLE) AS efficiency_gap_pp FROM {from_sql}) "
+        "GROUP BY GROUPING SETS ((hour_start_utc, dc), (hour_start_utc)))"
+    )
+
+
+def job_days(day: dt.date | str, lookback_days: int = JOBS_LOOKBACK_DAYS) -> list[str]:
+    """Partition days of ``clean/jobs`` to read for ``day``: the lookback days, then the day."""
+    d = dt.date.fromisoformat(day) if isinstance(day, str) else day
+    return [(d - dt.timedelta(days=k)).isoformat() for k in range(lookback_days, -1, -1)]
+
+
+def demand_for_day(store: Store, day: dt.date | str, start_utc: dt.datetime, end_utc: dt.datetime,
+                   **kwargs) -> DemandResult:
+    """One partition: clean jobs of ``day`` and its lookback days, the day's GPU states and, where the
+    store has them, the day's Kueue rows. ``kwargs`` go to :func:`compute_demand_capacity`."""
+    con = connect()
+    try:
+        jobs_sql, jobs_params = store.relation_sql(JOBS, job_days(day))
+        states_sql, states_params = store.relation_sql(GPU_STATES, [day])
+        kueue_sql, kueue_params = store.relation_sql(KUEUE_DEMAND, [day])
+        return compute_demand_capacity(
+            con, jobs_sql, jobs_params, states_sql, states_params, start_utc, end_utc,
+            kueue_from_sql=kueue_sql, kueue_params=kueue_params, **kwargs,
+        )
+    finally:
+        con.close()
+
+
+def demand_from_tables(
+    jobs: pa.Table,
+    states: pa.Table,
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+    kueue: pa.Table | None = None,
+    **kwargs,
+) -> DemandResult:
+    """Convenience for tests and small inputs: in-memory clean jobs, gpu_states (and Kueue) rows."""
+    con = connect()
+    try:
+        con.register("jobs_in", jobs)
+        con.register("states_in", states)
+        if kueue is not None:
+            con.register("kueue_in", kueue)
+            kwargs.setdefault("kueue_from_sql", "kueue_in")
+        return compute_demand_capacity(con, "jobs_in", [], "states_in", [], start_utc, end_utc, **kwargs)
+    finally:
+        con.close()

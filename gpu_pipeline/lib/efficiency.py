@@ -1,0 +1,892 @@
+"""Efficiency metrics (DESIGN.md 5.5): PIF, RFU and the efficiency gap per GPU-hour and per job run,
+fleet RFU, energy, and "held but idle" GPUs.
+
+Seed definitions (exact; users compare with them)
+    ``PIF = clip(power_w / max_power_w, 0, 1)``; ``realized_tflops = achievable_tflops(model) * PIF``;
+    ``rfu_pct = clip(100 * realized / achievable, 0, 100)``; ``efficiency_gap_pp = util_pct - rfu_pct``;
+    ``efficiency_class``: util < 10 Idle; util >= 70 and PIF >= 0.75 Efficient; util >= 70 and
+    PIF < 0.60 Bottlenecked; util >= 40 and PIF >= 0.50 Moderate; else Inefficient.
+    A null utilization gives a null class; a known utilization >= 10 with no power (absent or NaN) gives
+    a null PIF, RFU and class -- never a made-up 0. ``achievable_tflops`` comes from the spec table
+    (:mod:`gpu_pipeline.lib.gpu_specs`; unknown model: 400 W / 100 TFLOPS, ``spec_known = false``).
+
+``max_power_w``
+    The sampled power limit (``power_limit_w``: nvidia-smi ``power.limit``, NVML) when the samples
+    carry it (time-weighted mean over the hour / run), else the spec table's TDP, else the 400 W
+    default; ``max_power_source`` says which (``sampled_limit`` / ``spec`` / ``default``). PIF of a
+    GPU-hour (of a GPU in a job run) is the seed formula applied to its time-weighted mean power.
+
+Samples and time weighting
+    MIG instances are skipped (their power is the parent board's; counted in ``counters``). When one
+    GPU is reported by several sources, the source with the most samples in the loaded range is used
+    (no double counting). The cadence of a GPU is the median interval between its consecutive samples.
+    Two consecutive samples ``(t0, v0)``, ``(t1, v1)`` with ``t1 - t0 <= 3 x cadence`` form a
+    *segment* covering ``[t0, t1)`` with value ``(v0 + v1) / 2`` (trapezoid; if one end is null, the
+    other); a longer gap is a hole: nothing is extrapolated across it. Means (utilization, power,
+    power limit) are over the segments' time, split exactly at hour / run / window boundaries;
+    ``coverage_s`` is the segment time. An hour whose samples are all isolated (coverage 0) takes
+    the plain mean of its samples.
+
+Energy
+    Per segment: the energy counter delta (DCGM ``TOTAL_ENERGY_CONSUMPTION``, mJ) when both ends have
+    it, it did not go backwards (reset) and the implied power is at most 2x the max power; else the
+    trapezoid ``mean power x duration``. The counter is preferred because it integrates the board's
+    own power between samples; ``energy_source`` says which was used (``counter`` / ``power`` /
+    ``mixed``).
+
+Held but idle
+    A GPU whose 5-minute state (``metrics/gpu_states``; a sample takes the state of the bucket it falls
+    in, buckets being 5-minute aligned) is Claimed (``busy_*``) while its power stays
+    near idle -- every sample ``power_w <= 1.3 x idle_power_w(model)`` or ``PIF <= 0.2`` (against the
+    sampled limit, else TDP) -- for at least 30 continuous minutes (same job, no gap over 3x cadence;
+    samples with no power reading neither extend nor break a run). Each sample stands for one cadence
+    (up to the next sample), so the run ``[first, last + cadence)`` must last >= 1800 s. Utilization is
+    deliberately not used: a held GPU may show a little utilization from a process that only holds
+    memory. Samples up to one hour before the window are read (when the caller passes them) so a run
+    crossing midnight is judged on its full length and then clipped to the day (``clipped_*`` flags).
+
+Jobs
+    One row per job run overlapping the window, from ``clean/jobs``: the ``epoch`` row of
+    ``(global_job_id, run_index)`` when there is one, else its ``job`` row (latest ``record_utc``).
+    The run is clipped to the window (``clipped_start`` / ``clipped_end``; a run with no end yet is
+    clipped at the window end). Its GPUs are ``assigned_gpus`` (MIG ids counted in ``mig_devices``,
+    not measured). ``sample_coverage`` = covered GPU-time / (GPUs x clipped run time); a run without
+    telemetry has coverage 0 and null metrics. Means are time-weighted over its GPUs; ``rfu_pct`` is
+    capability-weighted (sum realized / sum achievable over its GPUs' covered time); ``held_idle_s``
+    is the GPU-time of held-idle runs whose state names this job.
+
+Fleet RFU
+    ``100 x sum(realized_tflops x coverage_s) / sum(achievable_tflops x coverage_s)`` over GPU-hours
+    with a PIF, per day and per device class (:func:`fleet_rfu`, ``metrics/efficiency_daily``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from gpu_pipeline.lib.gpu_specs import UNKNOWN, name_map
+from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
+
+# --------------------------------------------------------------------------------------------------
+# Constants
+# --------------------------------------------------------------------------------------------------
+
+IDLE_UTIL_PCT = 10.0
+HIGH_UTIL_PCT = 70.0
+MID_UTIL_PCT = 40.0
+EFFICIENT_PIF = 0.75
+BOTTLENECK_PIF = 0.60
+MODERATE_PIF = 0.50
+CLASSES: tuple[str, ...] = ("Idle", "Efficient", "Bottlenecked", "Moderate", "Inefficient")
+
+GAP_FACTOR = 3.0  #: a gap longer than this many cadences is a hole
+COUNTER_MAX_POWER_FACTOR = 2.0  #: counter deltas implying more than this x max power are rejected
+HELD_IDLE_MIN_S = 1800.0
+HELD_IDLE_POWER_FACTOR = 1.3
+HELD_IDLE_PIF_MAX = 0.2
+HELD_IDLE_HOUR_S = 1800.0  #: a GPU-hour is ``held_but_idle`` when this much of it is in held-idle runs
+LOOKAROUND = dt.timedelta(hours=1)  #: samples read beyond the window (for edge segments and runs)
+STATE_BUCKET = dt.timedelta(minutes=5)
+
+_HOUR_US = 3_600_000_000
+_US = 1_000_000
+
+# --------------------------------------------------------------------------------------------------
+# Table specs
+# --------------------------------------------------------------------------------------------------
+
+_CLASS_DOC = (
+    "Idle (util < 10), Efficient (util >= 70, PIF >= 0.75), Bottlenecked (util >= 70, PIF < 0.60), "
+    "Moderate (util >= 40, PIF >= 0.50), else Inefficient; null without utilization, or without power "
+    "when util >= 10"
+)
+
+GPU_HOURLY_EFFICIENCY = TableSpec(
+    layer="metrics",
+    name="gpu_hourly_efficiency",
+    description=(
+        "Per GPU x UTC hour (clipped to the day): time-weighted utilization and power, PIF, RFU, efficiency "
+        "gap and class (DESIGN.md 5.5), energy, and the share of the hour the GPU was claimed. MIG "
+        "instances are skipped."
+    ),
+    key=("gpu_id", "hour_start_utc"),
+    schema=pa.schema(
+        [
+            _f("gpu_id", pa.string(), "HTCondor short GPU id", nullable=False),
+            _f("host", pa.string(), "Host of the GPU (most frequent in its samples)"),
+            _f("device_name", pa.string(), "GPU model name as reported"),
+            _f("hour_start_utc", TS, "Start of the UTC hour bucket", nullable=False),
+            _f("samples", pa.int64(), "Samples of the GPU in the hour (one source)", nullable=False),
+            _f("coverage_s", pa.float64(), "Time covered by sample segments (gaps <= 3x cadence) (s)",
+               nullable=False),
+            _f("util_pct", pa.float64(), "Time-weighted mean GPU utilization (%)"),
+            _f("power_w", pa.float64(), "Time-weighted mean power draw (W)"),
+            _f("max_power_w", pa.float64(), "Denominator of PIF: sampled power limit, else spec TDP (W)",
+               nullable=False),
+            _f("max_power_source", pa.string(), "sampled_limit, spec or default", nullable=False),
+            _f("pif", pa.float64(), "Power intensity factor clip(power_w / max_power_w, 0, 1)"),
+            _f("achievable_tflops", pa.float64(), "Achievable TFLOPS of the model (spec table)",
+               nullable=False),
+            _f("realized_tflops", pa.float64(), "achievable_tflops x PIF"),
+            _f("rfu_pct", pa.float64(), "Realized FLOPs utilization clip(100 x realized / achievable, 0, 100)"),
+            _f("efficiency_gap_pp", pa.float64(), "util_pct - rfu_pct (percentage points)"),
+            _f("efficiency_class", pa.string(), _CLASS_DOC),
+            _f("energy_kwh", pa.float64(), "Energy in the hour: counter deltas, else trapezoid power (kWh)"),
+            _f("energy_source", pa.string(), "counter, power or mixed"),
+            _f("spec_known", pa.bool_(), "The model is in the spec table", nullable=False),
+            _f("state_busy_share", pa.float64(), "Share of the hour's 5-minute states that are busy_* "
+               "(null without gpu_states)"),
+            _f("held_idle_s", pa.float64(), "Time of the hour inside held-but-idle runs (s; null without "
+               "gpu_states)"),
+            _f("held_but_idle", pa.bool_(), "held_idle_s >= 1800 (null without gpu_states)"),
+        ]
+    ),
+)
+
+JOB_EFFICIENCY = TableSpec(
+    layer="metrics",
+    name="job_efficiency",
+    description=(
+        "Per job run (epoch row, else job row) overlapping the day, clipped to the day: sample coverage, "
+        "time-weighted utilization and power over its GPUs, PIF, capability-weighted RFU, energy and "
+        "efficiency class (DESIGN.md 5.5). A run without telemetry has sample_coverage 0 and null metrics."
+    ),
+    key=("global_job_id", "run_index"),
+    schema=pa.schema(
+        [
+            _f("global_job_id", pa.string(), "HTCondor GlobalJobId", nullable=False),
+            _f("run_index", pa.int32(), "0-based run (epoch) index", nullable=False),
+            _f("host", pa.string(), "Execute host"),
+            _f("device_name", pa.string(), "GPU model of the run's GPUs (from telemetry)"),
+            _f("gpus", pa.int32(), "Whole GPUs in assigned_gpus", nullable=False),
+            _f("mig_devices", pa.int32(), "MIG devices in assigned_gpus (not measured)", nullable=False),
+            _f("run_start_utc", TS, "Run start, clipped to the day", nullable=False),
+            _f("run_end_utc", TS, "Run end, clipped to the day (the day end while still running)",
+               nullable=False),
+            _f("clipped_start", pa.bool_(), "The run started before the day", nullable=False),
+            _f("clipped_end", pa.bool_(), "The run ended after the day or has not ended", nullable=False),
+            _f("duration_s", pa.float64(), "Clipped run duration (s)", nullable=False),
+            _f("samples", pa.int64(), "Samples of its GPUs inside the clipped run", nullable=False),
+            _f("sample_coverage", pa.float64(), "Covered GPU-time / (gpus x duration), 0-1", nullable=False),
+            _f("util_pct", pa.float64(), "Time-weighted mean utilization over its GPUs (%)"),
+            _f("power_w", pa.float64(), "Time-weighted mean power per GPU (W)"),
+            _f("max_power_w", pa.float64(), "Time-weighted mean PIF denominator per GPU (W)"),
+            _f("pif", pa.float64(), "Time-weighted mean PIF over its GPUs"),
+            _f("rfu_pct", pa.float64(), "100 x sum realized / sum achievable over its GPUs' covered time"),
+            _f("efficiency_gap_pp", pa.float64(), "util_pct - rfu_pct"),
+            _f("efficiency_class", pa.string(), _CLASS_DOC),
+            _f("energy_kwh", pa.float64(), "Energy of its GPUs during the clipped run (kWh)"),
+            _f("held_idle_s", pa.float64(), "GPU-time of its GPUs inside held-but-idle runs attributed to "
+               "this job (s; null without gpu_states)"),
+            _f("is_backfill", pa.bool_(), "Ran in a backfill slot"),
+        ]
+    ),
+)
+
+HELD_IDLE_INTERVALS = TableSpec(
+    layer="metrics",
+    name="held_idle_intervals",
+    description=(
+        "Held-but-idle runs: a claimed GPU (gpu_states busy_*) whose power stayed at idle level "
+        "(<= 1.3 x idle power or PIF <= 0.2) for >= 30 continuous minutes; clipped to the day."
+    ),
+    key=("gpu_id", "start_utc"),
+    schema=pa.schema(
+        [
+            _f("gpu_id", pa.string(), "HTCondor short GPU id", nullable=False),
+            _f("host", pa.string(), "Host of the GPU"),
+            _f("device_name", pa.string(), "GPU model name"),
+            _f("global_job_id", pa.string(), "Job holding the GPU (from gpu_states)"),
+            _f("start_utc", TS, "Start (clipped to the day)", nullable=False),
+            _f("end_utc", TS, "End (clipped to the day)", nullable=False),
+            _f("duration_s", pa.float64(), "end - start (s)", nullable=False),
+            _f("run_duration_s", pa.float64(), "Length of the whole run before clipping (s)", nullable=False),
+            _f("mean_power_w", pa.float64(), "Mean power of its samples in the day (W)"),
+            _f("samples", pa.int64(), "Samples in the run", nullable=False),
+            _f("clipped_start", pa.bool_(), "The run started before the day", nullable=False),
+            _f("clipped_end", pa.bool_(), "The run continued after the day (or the data ended)", nullable=False),
+        ]
+    ),
+)
+
+EFFICIENCY_DAILY = TableSpec(
+    layer="metrics",
+    name="efficiency_daily",
+    description=(
+        "Per device class and ALL: sampled GPU-hours, utilization, capability-weighted fleet RFU, energy "
+        "and held-but-idle GPU-hours for the day."
+    ),
+    key=("device_name",),
+    schema=pa.schema(
+        [
+            _f("day_start_utc", TS, "Start of the day window", nullable=False),
+            _f("device_name", pa.string(), "GPU model name, or ALL", nullable=False),
+            _f("gpus", pa.int64(), "GPUs with samples", nullable=False),
+            _f("gpu_hours_sampled", pa.float64(), "Sum of coverage_s / 3600", nullable=False),
+            _f("util_pct", pa.float64(), "Coverage-weighted mean utilization (%)"),
+            _f("rfu_pct_fleet", pa.float64(), "100 x sum(realized x coverage) / sum(achievable x coverage)"),
+            _f("energy_kwh", pa.float64(), "Energy (kWh)"),
+            _f("held_idle_gpu_hours", pa.float64(), "Held-but-idle GPU-hours (null without gpu_states)"),
+        ]
+    ),
+)
+
+EFFICIENCY_TABLES: tuple[TableSpec, ...] = (GPU_HOURLY_EFFICIENCY, JOB_EFFICIENCY, HELD_IDLE_INTERVALS, EFFICIENCY_DAILY)
+
+# --------------------------------------------------------------------------------------------------
+# The seed formulas, scalar (the SQL below implements the same expressions)
+# --------------------------------------------------------------------------------------------------
+
+
+def _num(x: float | None) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+def pif(power_w: float | None, max_power_w: float | None) -> float | None:
+    """``clip(power_w / max_power_w, 0, 1)``; None when either is missing/NaN or the limit is <= 0."""
+    p, m = _num(power_w), _num(max_power_w)
+    if p is None or m is None or m <= 0:
+        return None
+    return min(max(p / m, 0.0), 1.0)
+
+
+def realized_tflops(achievable: float, pif_value: float | None) -> float | None:
+    p = _num(pif_value)
+    return None if p is None else achievable * p
+
+
+def rfu_pct(realized: float | None, achievable: float) -> float | None:
+    r = _num(realized)
+    if r is None or not achievable:
+        return None
+    return min(max(100.0 * r / achievable, 0.0), 100.0)
+
+
+def efficiency_gap_pp(util_pct: float | None, rfu: float | None) -> float | None:
+    u, r = _num(util_pct), _num(rfu)
+    return None if u is None or r is None else u - r
+
+
+def efficiency_class(util_pct: float | None, pif_value: float | None) -> str | None:
+    """The seed classification (see the module docstring for the null cases)."""
+    u, p = _num(util_pct), _num(pif_value)
+    if u is None:
+        return None
+    if u < IDLE_UTIL_PCT:
+        return "Idle"
+    if p is None:
+        return None
+    if u >= HIGH_UTIL_PCT and p >= EFFICIENT_PIF:
+        return "Efficient"
+    if u >= HIGH_UTIL_PCT and p < BOTTLENECK_PIF:
+        return "Bottlenecked"
+    if u >= MID_UTIL_PCT and p >= MODERATE_PIF:
+        return "Moderate"
+    return "Inefficient"
+
+
+def pif_sql(power: str, max_power: str) -> str:
+    return f"CASE WHEN {max_power} <= 0 THEN NULL ELSE {clip_sql(f'{power} / {max_power}', 0.0, 1.0)} END"
+
+
+def clip_sql(expr: str, lo: float, hi: float) -> str:
+    """``clip(expr, lo, hi)`` keeping NULL (DuckDB's least/greatest skip NULL arguments)."""
+    return f"CASE WHEN ({expr}) IS NULL THEN NULL ELSE least(greatest({expr}, {lo}), {hi}) END"
+
+
+def class_sql(util: str, pif_expr: str) -> str:
+    return (
+        f"CASE WHEN {util} IS NULL THEN NULL WHEN {util} < {IDLE_UTIL_PCT} THEN 'Idle' "
+        f"WHEN {pif_expr} IS NULL THEN NULL "
+        f"WHEN {util} >= {HIGH_UTIL_PCT} AND {pif_expr} >= {EFFICIENT_PIF} THEN 'Efficient' "
+        f"WHEN {util} >= {HIGH_UTIL_PCT} AND {pif_expr} < {BOTTLENECK_PIF} THEN 'Bottlenecked' "
+        f"WHEN {util} >= {MID_UTIL_PCT} AND {pif_expr} >= {MODERATE_PIF} THEN 'Moderate' "
+        "ELSE 'Inefficient' END"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Computation
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EfficiencyResult:
+    hourly: pa.Table
+    jobs: pa.Table
+    held_idle: pa.Table
+    daily: pa.Table
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+def _ts(us_expr: str) -> str:
+    """SQL: microseconds since the epoch -> TIMESTAMPTZ (independent of the session time zone)."""
+    return f"(TIMESTAMPTZ '1970-01-01 00:00:00+00' + to_microseconds(CAST({us_expr} AS BIGINT)))"
+
+
+def _us(t: dt.datetime) -> int:
+    if t.tzinfo is None:
+        raise ValueError(f"naive datetime {t!r}: pass a timezone-aware (UTC) time")
+    delta = t.astimezone(dt.UTC) - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return (delta.days * 86400 + delta.seconds) * _US + delta.microseconds
+
+
+def _mean(value: str, weight: str) -> str:
+    return (f"sum({value} * {weight}) FILTER (WHERE {value} IS NOT NULL) / "
+            f"nullif(sum({weight}) FILTER (WHERE {value} IS NOT NULL), 0)")
+
+
+def _trap(col: str) -> str:
+    return f"CASE WHEN {col}0 IS NULL THEN {col}1 WHEN {col}1 IS NULL THEN {col}0 ELSE ({col}0 + {col}1) / 2 END"
+
+
+_NUM = "CASE WHEN isnan(CAST({c} AS DOUBLE)) OR {c} < 0 THEN NULL ELSE CAST({c} AS DOUBLE) END"
+_MIG = ("(mig_profile IS NOT NULL OR mig_instance_id IS NOT NULL OR gpu_id LIKE 'MIG-%' "
+        "OR gpu_id LIKE 'GPU-MIG-%' OR contains(gpu_id, '/'))")
+
+
+def compute_efficiency(
+    con: duckdb.DuckDBPyConnection,
+    samples_sql: str,
+    samples_params: Sequence,
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+    *,
+    states_sql: str | None = None,
+    states_params: Sequence = (),
+    jobs_sql: str | None = None,
+    jobs_params: Sequence = (),
+) -> EfficiencyResult:
+    """All efficiency tables for the window ``[start_utc, end_utc)``.
+
+    ``samples_sql`` / ``states_sql`` / ``jobs_sql`` are DuckDB FROM-clauses with their parameters
+    (``Store.relation_sql``) over ``clean/gpu_samples``, ``metrics/gpu_states`` and ``clean/jobs``.
+    Pass the previous day's partitions too (as ``compute_gpu_states`` does) so that segments and
+    held-idle runs crossing midnight are judged on their full length; only data within one hour of
+    the window is read. Without ``states_sql`` there is no held-idle detection (null columns);
+    without ``jobs_sql`` the job table is empty. Uses temporary tables ``_eff_*`` on ``con``.
+    """
+    s_us, e_us = _us(start_utc), _us(end_utc)
+    lo = start_utc - LOOKAROUND
+    hi = end_utc + LOOKAROUND
+    counters: dict[str, float] = {}
+    try:
+        _stage_samples(con, samples_sql, list(samples_params), lo, hi, s_us, e_us, states_sql,
+                       list(states_params), counters)
+        have_states = states_sql is not None
+        if have_states:
+            _stage_held(con, states_sql, list(states_params), s_us, e_us)
+        hourly = _hourly(con, s_us, e_us, states_sql, list(states_params))
+        held = _held_table(con) if have_states else HELD_IDLE_INTERVALS.empty()
+        if jobs_sql is not None:
+            jobs = _jobs(con, jobs_sql, list(jobs_params), s_us, e_us, have_states)
+        else:
+            jobs = JOB_EFFICIENCY.empty()
+        daily = efficiency_daily(hourly, held if have_states else None, start_utc)
+    finally:
+        for t in ("_eff_raw", "_eff_src", "_eff_samples", "_eff_gpu", "_eff_seg", "_eff_held", "_eff_jobruns",
+                  "_eff_jobgpu"):
+            con.execute(f"DROP TABLE IF EXISTS {t}")
+        for v in ("_eff_specmap",):
+            try:
+                con.unregister(v)
+            except (duckdb.Error, KeyError):
+                pass
+    counters["gpu_hours"] = float(sum(v or 0.0 for v in hourly["coverage_s"].to_pylist()) / 3600.0)
+    counters["held_idle_intervals"] = float(held.num_rows)
+    counters["job_runs"] = float(jobs.num_rows)
+    counters["job_runs_without_telemetry"] = float(
+        sum(1 for c in jobs["sample_coverage"].to_pylist() if not c)
+    )
+    return EfficiencyResult(hourly=hourly, jobs=jobs, held_idle=held, daily=daily, counters=counters)
+
+
+def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, states_params, counters):
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _eff_raw AS
+        SELECT epoch_us(sample_utc) AS t, source, host, gpu_id, device_name,
+               {_NUM.format(c="util_pct")} AS util,
+               {_NUM.format(c="power_w")} AS power,
+               CASE WHEN power_limit_w > 0 AND NOT isnan(power_limit_w) THEN power_limit_w END AS plimit,
+               {_NUM.format(c="energy_mj")} AS energy_mj,
+               {_MIG} AS is_mig
+        FROM {samples_sql}
+        WHERE sample_utc >= ? AND sample_utc < ? AND gpu_id IS NOT NULL
+        """,
+        [*params, lo, hi],
+    )
+    row = con.execute(
+        """
+        SELECT count(*) FILTER (WHERE t >= ? AND t < ?),
+               count(*) FILTER (WHERE is_mig AND t >= ? AND t < ?),
+               count(*) FILTER (WHERE NOT is_mig AND t >= ? AND t < ?)
+        FROM _eff_raw
+        """,
+        [s_us, e_us] * 3,
+    ).fetchall()[0]
+    counters["samples_in_window"] = float(row[0])
+    counters["mig_samples_skipped"] = float(row[1])
+    # One source per GPU: the one with most samples (ties: the greatest name); its most frequent host
+    # and device name.
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _eff_src AS
+        WITH c AS (
+            SELECT gpu_id, source, count(*) AS n, mode(host) AS host, mode(device_name) AS device_name
+            FROM _eff_raw WHERE NOT is_mig GROUP BY gpu_id, source
+        )
+        SELECT gpu_id, arg_max(source, struct_pack(n := n, s := source)) AS source,
+               arg_max(host, struct_pack(n := n, s := source)) AS host,
+               arg_max(device_name, struct_pack(n := n, s := source)) AS device_name,
+               count(*) AS n_sources
+        FROM c GROUP BY gpu_id
+        """
+    )
+    multi = con.execute("SELECT count(*) FROM _eff_src WHERE n_sources > 1").fetchall()[0][0]
+    only_picked = (
+        "AND EXISTS (SELECT 1 FROM _eff_src p WHERE p.gpu_id = r.gpu_id AND p.source = r.source)"
+        if multi
+        else ""
+    )
+    # The next sample's values in the same pass: the segment to the next sample. A repeated
+    # (GPU, time) gives a zero-length segment, which is dropped.
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _eff_samples AS
+        SELECT r.gpu_id, r.t, r.util, r.power, r.plimit, r.energy_mj,
+               lead(r.t) OVER w AS nt, lead(r.util) OVER w AS util1, lead(r.power) OVER w AS power1,
+               lead(r.plimit) OVER w AS plimit1, lead(r.energy_mj) OVER w AS energy1,
+               count(r.power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn
+        FROM _eff_raw r
+        WHERE NOT r.is_mig {only_picked}
+        WINDOW w AS (PARTITION BY r.gpu_id ORDER BY r.t, r.host)
+        """
+    )
+    kept = con.execute("SELECT count(*) FROM _eff_samples WHERE t >= ? AND t < ?", [s_us, e_us]).fetchall()[0][0]
+    counters["samples_dropped_other_source"] = float(row[2] - kept)
+    con.execute("DROP TABLE IF EXISTS _eff_raw")
+    # Per GPU: host, device (samples, else gpu_states), cadence, spec.
+    state_dev = ""
+    if states_sql is not None:
+        state_dev = (
+            f"LEFT JOIN (SELECT gpu_id, mode(device_name) AS st_device FROM {states_sql} "
+            "WHERE device_name IS NOT NULL GROUP BY gpu_id) sd USING (gpu_id)"
+        )
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _eff_gpu0 AS
+        WITH g AS (
+            SELECT gpu_id, median(nt - t) FILTER (WHERE nt > t) AS cadence_us FROM _eff_samples GROUP BY gpu_id
+        )
+        SELECT g.gpu_id, src.host, {"coalesce(src.device_name, sd.st_device)" if state_dev else "src.device_name"}
+               AS device_name, g.cadence_us
+        FROM g JOIN _eff_src src USING (gpu_id) {state_dev}
+        """,
+        list(states_params) if state_dev else [],
+    )
+    names = [r[0] for r in con.execute("SELECT DISTINCT device_name FROM _eff_gpu0").fetchall()]
+    con.register("_eff_specmap", name_map(names))
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _eff_gpu AS
+        SELECT g.gpu_id, g.host, g.device_name, g.cadence_us,
+               coalesce(m.tdp_w, {_default("tdp_w")}) AS tdp_w,
+               coalesce(m.idle_power_w, {_default("idle_power_w")}) AS idle_power_w,
+               coalesce(m.achievable_tflops, {_default("achievable_tflops")}) AS achievable_tflops,
+               coalesce(m.spec_known, false) AS spec_known
+        FROM _eff_gpu0 g LEFT JOIN _eff_specmap m USING (device_name)
+        """
+    )
+    con.execute("DROP TABLE IF EXISTS _eff_gpu0")
+    # Segments between consecutive samples no further apart than GAP_FACTOR x cadence.
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _eff_seg AS
+        WITH s AS (
+            SELECT o.gpu_id, t AS a, nt AS b, (nt - t) / {_US}.0 AS len_s,
+                   {_trap("util")} AS util, {_trap("power")} AS power, {_trap("plimit")} AS plimit,
+                   energy_mj AS e0, energy1 AS e1, g.tdp_w
+            FROM (SELECT * RENAME (util AS util0, power AS power0, plimit AS plimit0) FROM _eff_samples) o
+            JOIN _eff_gpu g USING (gpu_id)
+            WHERE nt IS NOT NULL AND nt > t AND (nt - t) <= {GAP_FACTOR} * g.cadence_us
+        )
+        SELECT gpu_id, a, b, len_s, util, power, plimit,
+               CASE WHEN e0 IS NOT NULL AND e1 IS NOT NULL AND e1 >= e0
+                         AND (e1 - e0) / 1000.0 / len_s <= {COUNTER_MAX_POWER_FACTOR} * coalesce(plimit, tdp_w)
+                    THEN (e1 - e0) / 1000.0 END AS energy_counter_j,
+               power * len_s AS energy_power_j
+        FROM s
+        """
+    )
+    seg = con.execute(
+        "SELECT count(*), count(energy_counter_j) FROM _eff_seg WHERE b > ? AND a < ?", [s_us, e_us]
+    ).fetchall()[0]
+    counters["segments"] = float(seg[0])
+    counters["segments_energy_from_counter"] = float(seg[1])
+    row = con.execute(
+        f"""
+        SELECT count(*) FILTER (WHERE s.nt - s.t > {GAP_FACTOR} * g.cadence_us AND s.nt > ? AND s.t < ?),
+               count(DISTINCT s.gpu_id) FILTER (WHERE s.t >= ? AND s.t < ?)
+        FROM _eff_samples s JOIN _eff_gpu g USING (gpu_id)
+        """,
+        [s_us, e_us, s_us, e_us],
+    ).fetchall()[0]
+    counters["gaps_over_3x_cadence"] = float(row[0])
+    counters["gpus"] = float(row[1])
+
+
+def _default(col: str) -> str:
+    return repr(float(getattr(UNKNOWN, col)))
+
+
+def _stage_held(con, states_sql, states_params, s_us, e_us):
+    bucket_us = int(STATE_BUCKET.total_seconds() * _US)
+    lo = s_us - int(LOOKAROUND.total_seconds() * _US) - bucket_us
+    hi = e_us + int(LOOKAROUND.total_seconds() * _US)
+    # Candidates: samples at idle power whose 5-minute state bucket is busy; a run is a sequence of
+    # candidates that are consecutive power readings (pn = running count of readings) of one job
+    # with no gap over GAP_FACTOR x cadence.
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _eff_held AS
+        WITH low AS (
+            SELECT s.gpu_id, s.t, s.nt, s.power, s.pn, g.cadence_us, (s.t // {bucket_us}) * {bucket_us} AS bt
+            FROM _eff_samples s JOIN _eff_gpu g USING (gpu_id)
+            WHERE s.power IS NOT NULL AND g.cadence_us IS NOT NULL
+              AND (s.power <= {HELD_IDLE_POWER_FACTOR} * g.idle_power_w
+                   OR s.power / coalesce(s.plimit, g.tdp_w) <= {HELD_IDLE_PIF_MAX})
+        ), st AS (
+            SELECT gpu_id, epoch_us(bucket_start_utc) AS bt, min(global_job_id) AS job
+            FROM {states_sql}
+            WHERE state LIKE 'busy%' AND epoch_us(bucket_start_utc) >= {lo} AND epoch_us(bucket_start_utc) < {hi}
+            GROUP BY ALL
+        ), c AS (
+            SELECT low.*, st.job FROM low JOIN st USING (gpu_id, bt)
+        ), y AS (
+            SELECT *, lag(pn) OVER w AS ppn, lag(t) OVER w AS pt, lag(job) OVER w AS pjob
+            FROM c WINDOW w AS (PARTITION BY gpu_id ORDER BY t)
+        ), z AS (
+            SELECT *,
+                   sum(CASE WHEN ppn = pn - 1 AND t - pt <= {GAP_FACTOR} * cadence_us
+                                 AND job IS NOT DISTINCT FROM pjob THEN 0 ELSE 1 END)
+                       OVER (PARTITION BY gpu_id ORDER BY t ROWS UNBOUNDED PRECEDING) AS grp,
+                   CAST(t + least(cadence_us, coalesce(nt - t, cadence_us)) AS BIGINT) AS t_end
+            FROM y
+        ), runs AS (
+            SELECT gpu_id, grp, any_value(job) AS job, min(t) AS t0, max(t_end) AS t1, count(*) AS n,
+                   avg(power) FILTER (WHERE t >= {s_us} AND t < {e_us}) AS p_day, avg(power) AS p_all
+            FROM z GROUP BY gpu_id, grp
+        )
+        SELECT r.gpu_id, g.host, g.device_name, r.job AS global_job_id,
+               greatest(r.t0, {s_us}) AS a, least(r.t1, {e_us}) AS b,
+               (r.t1 - r.t0) / {_US}.0 AS run_duration_s, coalesce(r.p_day, r.p_all) AS mean_power_w,
+               r.n AS samples, r.t0 < {s_us} AS clipped_start, r.t1 > {e_us} AS clipped_end
+        FROM runs r JOIN _eff_gpu g USING (gpu_id)
+        WHERE r.t1 - r.t0 >= {int(HELD_IDLE_MIN_S * _US)} AND r.t1 > {s_us} AND r.t0 < {e_us}
+        """,
+        list(states_params),
+    )
+
+
+def _held_table(con) -> pa.Table:
+    t = con.sql(
+        f"""
+        SELECT gpu_id, host, device_name, global_job_id, {_ts("a")} AS start_utc, {_ts("b")} AS end_utc,
+               (b - a) / {_US}.0 AS duration_s, run_duration_s, mean_power_w, samples,
+               clipped_start, clipped_end
+        FROM _eff_held ORDER BY gpu_id, a
+        """
+    ).to_arrow_table()
+    return conform(t, HELD_IDLE_INTERVALS)
+
+
+def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
+    have_states = states_sql is not None
+    busy = held = ""
+    params: list = []
+    if have_states:
+        busy = f"""
+        , st_h AS (
+            SELECT gpu_id, (epoch_us(bucket_start_utc) // {_HOUR_US}) * {_HOUR_US} AS h,
+                   avg(CASE WHEN state LIKE 'busy%' THEN 1.0 ELSE 0.0 END) AS state_busy_share
+            FROM {states_sql}
+            WHERE epoch_us(bucket_start_utc) >= {s_us} AND epoch_us(bucket_start_utc) < {e_us}
+            GROUP BY ALL
+        ), held_p AS (
+            SELECT gpu_id, a, b, unnest(generate_series((a // {_HOUR_US}) * {_HOUR_US},
+                                                        ((b - 1) // {_HOUR_US}) * {_HOUR_US}, {_HOUR_US})) AS h
+            FROM _eff_held
+        ), held_h AS (
+            SELECT gpu_id, h, sum(least(b, h + {_HOUR_US}) - greatest(a, h)) / {_US}.0 AS held_idle_s
+            FROM held_p GROUP BY ALL
+        )"""
+        held = """
+            LEFT JOIN st_h USING (gpu_id, h) LEFT JOIN held_h USING (gpu_id, h)"""
+        params = list(states_params)
+    cols_states = (
+        "st_h.state_busy_share, coalesce(held_h.held_idle_s, 0.0) AS held_idle_s, "
+        f"coalesce(held_h.held_idle_s, 0.0) >= {HELD_IDLE_HOUR_S} AS held_but_idle"
+        if have_states
+        else "CAST(NULL AS DOUBLE) AS state_busy_share, CAST(NULL AS DOUBLE) AS held_idle_s, "
+             "CAST(NULL AS BOOLEAN) AS held_but_idle"
+    )
+    sql = f"""
+        WITH inwin AS (
+            SELECT *, greatest(a, {s_us}) AS a1, least(b, {e_us}) AS b1 FROM _eff_seg WHERE b > {s_us} AND a < {e_us}
+        ), hours AS (  -- a segment inside one hour, or split at each hour boundary it crosses
+            SELECT *, (a1 // {_HOUR_US}) * {_HOUR_US} AS h FROM inwin
+            WHERE a1 // {_HOUR_US} = (b1 - 1) // {_HOUR_US}
+            UNION ALL
+            SELECT *, unnest(generate_series((a1 // {_HOUR_US}) * {_HOUR_US}, ((b1 - 1) // {_HOUR_US}) * {_HOUR_US},
+                                             {_HOUR_US})) AS h
+            FROM inwin WHERE a1 // {_HOUR_US} <> (b1 - 1) // {_HOUR_US}
+        ), pieces AS (
+            SELECT *, greatest(a1, h) AS ca, least(b1, h + {_HOUR_US}) AS cb FROM hours
+        ), pw AS (
+            SELECT *, (cb - ca) / {_US}.0 AS w FROM pieces WHERE cb > ca
+        ), seg_h AS (
+            SELECT gpu_id, h, sum(w) AS coverage_s,
+                   {_mean("util", "w")} AS util_tw, {_mean("power", "w")} AS power_tw,
+                   {_mean("plimit", "w")} AS plimit_tw,
+                   sum(coalesce(energy_counter_j, energy_power_j) * w / len_s) AS energy_j,
+                   count(energy_counter_j) AS n_counter,
+                   count(*) FILTER (WHERE energy_counter_j IS NULL AND energy_power_j IS NOT NULL) AS n_power
+            FROM pw GROUP BY gpu_id, h
+        ), smp_h AS (
+            SELECT gpu_id, (t // {_HOUR_US}) * {_HOUR_US} AS h, count(*) AS samples,
+                   avg(util) AS util_m, avg(power) AS power_m, avg(plimit) AS plimit_m
+            FROM _eff_samples WHERE t >= {s_us} AND t < {e_us} GROUP BY ALL
+        ){busy}, base AS (
+            SELECT gpu_id, h, coalesce(smp_h.samples, 0) AS samples, coalesce(seg_h.coverage_s, 0.0) AS coverage_s,
+                   coalesce(util_tw, util_m) AS util, coalesce(power_tw, power_m) AS power,
+                   coalesce(plimit_tw, plimit_m) AS plimit, energy_j, n_counter, n_power
+            FROM smp_h FULL OUTER JOIN seg_h USING (gpu_id, h)
+        ), m AS (
+            SELECT b.*, g.host, g.device_name, g.tdp_w, g.achievable_tflops, g.spec_known,
+                   coalesce(b.plimit, g.tdp_w) AS max_power_w,
+                   CASE WHEN b.plimit IS NOT NULL THEN 'sampled_limit' WHEN g.spec_known THEN 'spec'
+                        ELSE 'default' END AS max_power_source
+            FROM base b JOIN _eff_gpu g USING (gpu_id)
+        ), f AS (
+            SELECT *, {pif_sql("power", "max_power_w")} AS pif FROM m
+        ), r AS (
+            SELECT *, achievable_tflops * pif AS realized_tflops,
+                   {clip_sql("100.0 * (achievable_tflops * pif) / achievable_tflops", 0.0, 100.0)} AS rfu_pct
+            FROM f
+        )
+        SELECT r.gpu_id, r.host, r.device_name, {_ts("r.h")} AS hour_start_utc, r.samples, r.coverage_s,
+               r.util AS util_pct, r.power AS power_w, r.max_power_w, r.max_power_source, r.pif,
+               r.achievable_tflops, r.realized_tflops, r.rfu_pct, r.util - r.rfu_pct AS efficiency_gap_pp,
+               {class_sql("r.util", "r.pif")} AS efficiency_class,
+               r.energy_j / 3.6e6 AS energy_kwh,
+               CASE WHEN coalesce(r.n_counter, 0) > 0 AND coalesce(r.n_power, 0) > 0 THEN 'mixed'
+                    WHEN coalesce(r.n_counter, 0) > 0 THEN 'counter'
+                    WHEN coalesce(r.n_power, 0) > 0 THEN 'power' END AS energy_source,
+               r.spec_known, {cols_states}
+        FROM r{held}
+        ORDER BY r.gpu_id, r.h
+    """
+    return conform(con.sql(sql, params=params or None).to_arrow_table(), GPU_HOURLY_EFFICIENCY)
+
+
+def _jobs(con, jobs_sql, jobs_params, s_us, e_us, have_states) -> pa.Table:
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _eff_jobruns AS
+        WITH ranked AS (
+            SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot,
+                   epoch_us(run_start_utc) AS rs,
+                   CASE WHEN run_end_utc IS NOT NULL THEN epoch_us(run_end_utc) END AS re,
+                   row_number() OVER (PARTITION BY global_job_id, run_index
+                                      ORDER BY (doc_kind = 'epoch') DESC, record_utc DESC NULLS LAST,
+                                               run_end_utc DESC NULLS LAST) AS rn
+            FROM {jobs_sql}
+            WHERE run_start_utc IS NOT NULL
+        )
+        SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot AS is_backfill, rs, re,
+               greatest(rs, {s_us}) AS cs, least(coalesce(re, {e_us}), {e_us}) AS ce,
+               rs < {s_us} AS clipped_start, re IS NULL OR re > {e_us} AS clipped_end
+        FROM ranked
+        WHERE rn = 1 AND rs < {e_us} AND (re IS NULL OR (re > {s_us} AND re >= rs))
+        """,
+        list(jobs_params),
+    )
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _eff_jobgpu AS
+        SELECT DISTINCT global_job_id, run_index, gpu,
+               (gpu LIKE 'MIG-%' OR gpu LIKE 'GPU-MIG-%' OR contains(gpu, '/')) AS is_mig
+        FROM (
+            SELECT global_job_id, run_index, trim(unnest(string_split(assigned_gpus, ','))) AS gpu
+            FROM _eff_jobruns WHERE assigned_gpus IS NOT NULL
+        ) WHERE gpu <> ''
+        """
+    )
+    held_cte = held_join = ""
+    held_col = "CAST(NULL AS DOUBLE) AS held_idle_s"
+    if have_states:
+        held_cte = """
+        , jheld AS (
+            SELECT jg.global_job_id, jg.run_index,
+                   sum(least(h.b, j.ce) - greatest(h.a, j.cs)) / 1e6 AS held_idle_s
+            FROM _eff_jobgpu jg JOIN _eff_jobruns j USING (global_job_id, run_index)
+            JOIN _eff_held h ON h.gpu_id = jg.gpu AND h.global_job_id = jg.global_job_id
+                            AND h.a < j.ce AND h.b > j.cs
+            WHERE NOT jg.is_mig GROUP BY ALL
+        )"""
+        held_join = "LEFT JOIN jheld USING (global_job_id, run_index)"
+        held_col = "coalesce(jheld.held_idle_s, 0.0) AS held_idle_s"
+    sql = f"""
+        WITH jg AS (
+            SELECT jg.global_job_id, jg.run_index, jg.gpu, j.cs, j.ce
+            FROM _eff_jobgpu jg JOIN _eff_jobruns j USING (global_job_id, run_index)
+            WHERE NOT jg.is_mig
+        ), ov AS (
+            SELECT jg.global_job_id, jg.run_index, jg.gpu,
+                   (least(s.b, jg.ce) - greatest(s.a, jg.cs)) / {_US}.0 AS w, s.len_s,
+                   s.util, s.power, s.plimit, coalesce(s.energy_counter_j, s.energy_power_j) AS energy_j
+            FROM jg JOIN _eff_seg s ON s.gpu_id = jg.gpu AND s.a < jg.ce AND s.b > jg.cs
+        ), per_gpu AS (
+            SELECT global_job_id, run_index, gpu, sum(w) AS cov,
+                   {_mean("util", "w")} AS util, sum(w) FILTER (WHERE util IS NOT NULL) AS cov_u,
+                   {_mean("power", "w")} AS power, sum(w) FILTER (WHERE power IS NOT NULL) AS cov_p,
+                   {_mean("plimit", "w")} AS plimit,
+                   sum(energy_j * w / len_s) AS energy_j
+            FROM ov GROUP BY ALL
+        ), per_gpu2 AS (
+            SELECT p.*, g.device_name, g.achievable_tflops AS ach,
+                   coalesce(p.plimit, g.tdp_w) AS maxp,
+                   {pif_sql("p.power", "coalesce(p.plimit, g.tdp_w)")} AS pif
+            FROM per_gpu p JOIN _eff_gpu g ON g.gpu_id = p.gpu
+        ), agg AS (
+            SELECT global_job_id, run_index, sum(cov) AS cov, min(device_name) AS device_name,
+                   {_mean("util", "cov_u")} AS util,
+                   {_mean("power", "cov_p")} AS power,
+                   {_mean("maxp", "cov_p")} AS maxp,
+                   {_mean("pif", "cov_p")} AS pif,
+                   sum(ach * pif * cov_p) FILTER (WHERE pif IS NOT NULL)
+                     / nullif(sum(ach * cov_p) FILTER (WHERE pif IS NOT NULL), 0) AS rfu_frac,
+                   sum(energy_j) AS energy_j
+            FROM per_gpu2 GROUP BY ALL
+        ), smp AS (
+            SELECT jg.global_job_id, jg.run_index, count(*) AS samples
+            FROM jg JOIN _eff_samples s ON s.gpu_id = jg.gpu AND s.t >= jg.cs AND s.t < jg.ce
+            GROUP BY ALL
+        ), cnt AS (
+            SELECT global_job_id, run_index, count(*) FILTER (WHERE NOT is_mig) AS gpus,
+                   count(*) FILTER (WHERE is_mig) AS mig_devices
+            FROM _eff_jobgpu GROUP BY ALL
+        ){held_cte}, out AS (
+            SELECT j.global_job_id, j.run_index, j.host, agg.device_name,
+                   coalesce(cnt.gpus, 0) AS gpus, coalesce(cnt.mig_devices, 0) AS mig_devices,
+                   j.cs, j.ce, j.clipped_start, j.clipped_end, (j.ce - j.cs) / {_US}.0 AS duration_s,
+                   coalesce(smp.samples, 0) AS samples,
+                   CASE WHEN coalesce(cnt.gpus, 0) = 0 OR j.ce <= j.cs OR agg.cov IS NULL THEN 0.0
+                        ELSE least(agg.cov / (cnt.gpus * (j.ce - j.cs) / {_US}.0), 1.0) END AS sample_coverage,
+                   agg.util, agg.power, agg.maxp, agg.pif,
+                   {clip_sql("100.0 * agg.rfu_frac", 0.0, 100.0)} AS rfu_pct,
+                   agg.energy_j, j.is_backfill, {held_col}
+            FROM _eff_jobruns j
+            LEFT JOIN agg USING (global_job_id, run_index)
+            LEFT JOIN smp USING (global_job_id, run_index)
+            LEFT JOIN cnt USING (global_job_id, run_index)
+            {held_join}
+        )
+        SELECT global_job_id, run_index, host, device_name, gpus, mig_devices,
+               {_ts("cs")} AS run_start_utc, {_ts("ce")} AS run_end_utc, clipped_start, clipped_end,
+               duration_s, samples, sample_coverage,
+               util AS util_pct, power AS power_w, maxp AS max_power_w, pif, rfu_pct,
+               util - rfu_pct AS efficiency_gap_pp, {class_sql("util", "pif")} AS efficiency_class,
+               energy_j / 3.6e6 AS energy_kwh, held_idle_s, is_backfill
+        FROM out ORDER BY global_job_id, run_index
+    """
+    return conform(con.sql(sql).to_arrow_table(), JOB_EFFICIENCY)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fleet / daily roll-ups
+# --------------------------------------------------------------------------------------------------
+
+
+def efficiency_daily(hourly: pa.Table, held_idle: pa.Table | None, day_start_utc: dt.datetime) -> pa.Table:
+    """``metrics/efficiency_daily`` from one day's hourly table (and held-idle intervals, if detected)."""
+    con = duckdb.connect()
+    try:
+        con.register("hourly", hourly)
+        held_sql = "SELECT CAST(NULL AS VARCHAR) AS device_name, CAST(NULL AS DOUBLE) AS duration_s LIMIT 0"
+        if held_idle is not None:
+            con.register("held", held_idle)
+            held_sql = "SELECT device_name, duration_s FROM held"
+        have_held = "true" if held_idle is not None else "false"
+        t = con.sql(
+            f"""
+            WITH h AS (SELECT coalesce(device_name, 'unknown') AS device_name, * EXCLUDE (device_name) FROM hourly),
+            hi AS (SELECT coalesce(device_name, 'unknown') AS device_name, duration_s FROM ({held_sql})),
+            per AS (
+                SELECT GROUPING(device_name) AS is_all, device_name,
+                       count(DISTINCT gpu_id) AS gpus, sum(coverage_s) / 3600.0 AS gpu_hours_sampled,
+                       {_mean("util_pct", "coverage_s")} AS util_pct,
+                       100.0 * sum(realized_tflops * coverage_s) FILTER (WHERE pif IS NOT NULL)
+                         / nullif(sum(achievable_tflops * coverage_s) FILTER (WHERE pif IS NOT NULL), 0)
+                         AS rfu_pct_fleet,
+                       sum(energy_kwh) AS energy_kwh
+                FROM h GROUP BY GROUPING SETS ((device_name), ())
+            ), held_per AS (
+                SELECT GROUPING(device_name) AS is_all, device_name, sum(duration_s) / 3600.0 AS held_h
+                FROM hi GROUP BY GROUPING SETS ((device_name), ())
+            )
+            SELECT ? AS day_start_utc,
+                   CASE WHEN per.is_all = 1 THEN 'ALL' ELSE per.device_name END AS device_name,
+                   coalesce(per.gpus, 0) AS gpus, coalesce(per.gpu_hours_sampled, 0.0) AS gpu_hours_sampled,
+                   per.util_pct, per.rfu_pct_fleet, per.energy_kwh,
+                   CASE WHEN {have_held} THEN coalesce(held_per.held_h, 0.0) END AS held_idle_gpu_hours
+            FROM per LEFT JOIN held_per
+              ON per.is_all = held_per.is_all AND per.device_name IS NOT DISTINCT FROM held_per.device_name
+            ORDER BY per.is_all DESC, per.device_name
+            """,
+            params=[day_start_utc],
+        ).to_arrow_table()
+    finally:
+        con.close()
+    return conform(t, EFFICIENCY_DAILY)
+
+
+def fleet_rfu(hourly: pa.Table, tz: str = "UTC") -> dict[str, dict[str, float | None]]:
+    """Capability-weighted fleet RFU (%) per day (in ``tz``) and device class:
+    ``{"2025-08-05": {"ALL": 41.2, "NVIDIA A100-SXM4-80GB": 55.0, ...}}`` --
+    ``100 x sum(realized_tflops x coverage_s) / sum(achievable_tflops x coverage_s)`` over GPU-hours with
+    a PIF; None for a class without any."""
+    con = duckdb.connect()
+    try:
+        con.register("hourly", hourly)
+        rows = con.execute(
+            """
+            SELECT day, GROUPING(device_name) AS is_all, device_name,
+                   100.0 * sum(realized_tflops * coverage_s) FILTER (WHERE pif IS NOT NULL)
+                     / nullif(sum(achievable_tflops * coverage_s) FILTER (WHERE pif IS NOT NULL), 0)
+            FROM (SELECT CAST(timezone(?, hour_start_utc) AS DATE) AS day,
+                         coalesce(device_name, 'unknown') AS device_name, realized_tflops, achievable_tflops,
+                         coverage_s, pif FROM hourly)
+            GROUP BY GROUPING SETS ((day, device_name), (day))
+            ORDER BY day, is_all DESC, device_name
+            """,
+            [tz],
+        ).fetchall()
+    finally:
+        con.close()
+    out: dict[str, dict[str, float | None]] = {}
+    for day, is_all, device, value in rows:
+        out.setdefault(day.isoformat(), {})["ALL" if is_all else device] = (
+            None if value is None else float(value)
+        )
+    return out
