@@ -52,34 +52,43 @@ def run_days(
     context: dg.AssetExecutionContext,
     fn: Callable[[str], DayOutcome],
 ) -> list[DayOutcome]:
-    """Run ``fn`` for every day of the run's partition range.
+    """Run ``fn`` for every day of the run's partition range (one asset).
 
     A failing day does not stop the others: they are written, then the step fails naming every
     failed day and its error (so the operator re-runs only those days).
     """
-    outcomes = []
+    key = context.asset_key
+    per_key = run_days_multi(context, [key], lambda day: {key: fn(day)})
+    return per_key[key]
+
+
+def run_days_multi(
+    context: dg.AssetExecutionContext,
+    keys: list[dg.AssetKey],
+    fn: Callable[[str], dict[dg.AssetKey, DayOutcome]],
+) -> dict[dg.AssetKey, list[DayOutcome]]:
+    """``run_days`` for a multi-asset: ``fn`` returns one outcome per asset key for the day."""
+    outcomes: dict[dg.AssetKey, list[DayOutcome]] = {k: [] for k in keys}
+    failed: list[tuple[str, str]] = []
     for day in context.partition_keys:
         try:
-            outcome = fn(day)
+            by_key = fn(day)
         except Exception as exc:  # noqa: BLE001 - reported below with the day
-            context.log.error(f"{context.asset_key.to_user_string()} {day}: {exc}")
-            outcome = DayOutcome(day=day, error=f"{type(exc).__name__}: {exc}")
-        outcomes.append(outcome)
-        if outcome.error is None and len(context.partition_keys) > 1:
-            # Per-day figures for range runs (the materialization metadata is shared by the range).
-            context.log_event(
-                dg.AssetObservation(
-                    asset_key=context.asset_key,
-                    partition=day,
-                    metadata=_day_metadata(outcome),
-                )
-            )
-    failed = [o for o in outcomes if o.error]
+            names = ", ".join(k.to_user_string() for k in keys)
+            context.log.error(f"{names} {day}: {exc}")
+            failed.append((day, f"{type(exc).__name__}: {exc}"))
+            continue
+        for key in keys:
+            outcome = by_key[key]
+            outcomes[key].append(outcome)
+            if len(context.partition_keys) > 1:
+                # Per-day figures for range runs (the materialization metadata is shared by the range).
+                context.log_event(dg.AssetObservation(asset_key=key, partition=day, metadata=_day_metadata(outcome)))
     if failed:
-        lines = "; ".join(f"{o.day}: {o.error}" for o in failed)
+        lines = "; ".join(f"{d}: {e}" for d, e in failed)
         raise dg.Failure(
-            description=f"{len(failed)} of {len(outcomes)} day(s) failed: {lines}",
-            metadata={"failed_days": [o.day for o in failed]},
+            description=f"{len(failed)} of {len(context.partition_keys)} day(s) failed: {lines}",
+            metadata={"failed_days": [d for d, _ in failed]},
         )
     return outcomes
 
@@ -102,6 +111,7 @@ def materialize_result(
     outcomes: list[DayOutcome],
     check_results: list[dg.AssetCheckResult] | None = None,
     extra: Mapping[str, Any] | None = None,
+    asset_key: dg.AssetKey | None = None,
 ) -> dg.MaterializeResult:
     """One MaterializeResult for the run: a single day's figures, or totals over a range."""
     md: dict[str, Any]
@@ -125,7 +135,31 @@ def materialize_result(
         md["dagster/column_schema"] = column_schema(spec)
     if extra:
         md.update(extra)
-    return dg.MaterializeResult(metadata=md, check_results=check_results or [])
+    return dg.MaterializeResult(asset_key=asset_key, metadata=md, check_results=check_results or [])
+
+
+def table_key(spec: TableSpec) -> dg.AssetKey:
+    return dg.AssetKey([spec.layer, spec.name])
+
+
+def table_spec_asset(spec: TableSpec, deps: list[dg.AssetKey], kinds: set[str] | None = None) -> dg.AssetSpec:
+    """The AssetSpec of a daily table produced inside a multi-asset."""
+    from gpu_pipeline.defs.partitions import daily_partitions
+
+    return dg.AssetSpec(
+        key=table_key(spec),
+        group_name=spec.layer,
+        description=spec.description,
+        deps=deps,
+        partitions_def=daily_partitions,
+        kinds=kinds or {"duckdb", "parquet"},
+        owners=["team:gpu-ops"],
+        metadata=table_asset_metadata(spec),
+    )
+
+
+def outcome(day: str, result: WriteResult, table: pa.Table, **metrics: float) -> DayOutcome:
+    return DayOutcome(day=day, result=result, metrics={"rows": float(table.num_rows), **metrics})
 
 
 def json_safe(obj: Any) -> Any:

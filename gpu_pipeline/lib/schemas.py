@@ -320,10 +320,44 @@ TABLES: dict[str, TableSpec] = {
     )
 }
 
-# Versioned schema history: (table path, version, change).
-SCHEMA_CHANGES: list[tuple[str, int, str]] = [
-    (spec.path, 1, "initial schema") for spec in TABLES.values()
-]
+# Modules that define the specs of the tables they compute (metrics, reference, extra sources).
+# Their specs are part of the contract through ``all_tables()``; they are defined beside their SQL
+# so each table's columns and the code filling them are read together.
+SPEC_MODULES = (
+    "gpu_pipeline.lib.kueue",
+    "gpu_pipeline.lib.kueue_source",
+    "gpu_pipeline.lib.terapixel",
+    "gpu_pipeline.lib.coverage_table",
+    "gpu_pipeline.lib.allocation",
+    "gpu_pipeline.lib.availability",
+    "gpu_pipeline.lib.evictions",
+    "gpu_pipeline.lib.efficiency",
+    "gpu_pipeline.lib.demand",
+    "gpu_pipeline.lib.gpu_specs",
+)
+
+
+def all_tables() -> dict[str, TableSpec]:
+    """Every table of the storage contract, by ``<layer>/<name>``: the tables above plus the specs
+    defined in :data:`SPEC_MODULES` (imported here lazily: those modules import this one)."""
+    import importlib
+
+    tables = dict(TABLES)
+    for name in SPEC_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        for value in vars(module).values():
+            if isinstance(value, TableSpec):
+                tables.setdefault(value.path, value)
+    return dict(sorted(tables.items()))
+
+
+# Versioned schema history: (table path, version, change). Every table is at version 1.
+SCHEMA_CHANGES: list[tuple[str, int, str]] = [("*", 1, "initial schemas")]
 
 
 def conform(table: pa.Table, spec: TableSpec) -> pa.Table:

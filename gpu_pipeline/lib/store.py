@@ -31,7 +31,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpu_pipeline.lib.schemas import TABLES, TableSpec, conform
+from gpu_pipeline.lib.schemas import TableSpec, all_tables, conform
 
 PART_FILE = "part-0.parquet"
 ROW_GROUP_SIZE = 1_000_000
@@ -232,7 +232,7 @@ def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
     Returns the view names. A table with no partition yet gets an empty view with its schema.
     """
     names = []
-    for spec in TABLES.values():
+    for spec in all_tables().values():
         con.execute(f"CREATE SCHEMA IF NOT EXISTS {_q(spec.layer)}")
         view = f"{_q(spec.layer)}.{_q(spec.name)}"
         if store.partition_days(spec):

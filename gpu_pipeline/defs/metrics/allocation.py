@@ -1,0 +1,54 @@
+"""Metrics: allocation by tier and device per 5-minute bucket, and the daily report (DESIGN.md 5.2)."""
+
+import dagster as dg
+import pyarrow.compute as pc
+
+from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
+from gpu_pipeline.defs.common import (
+    materialize_result,
+    outcome,
+    run_days_multi,
+    table_key,
+    table_spec_asset,
+    window,
+)
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.resources import DataStoreResource
+from gpu_pipeline.lib.allocation import ALLOCATION_BUCKETS, ALLOCATION_DAILY, allocation_for_day
+
+BUCKETS_KEY, DAILY_KEY = table_key(ALLOCATION_BUCKETS), table_key(ALLOCATION_DAILY)
+PCT_RANGE = dg.AssetCheckSpec("allocation_pct_in_range", asset=DAILY_KEY,
+                              description="Every allocation_pct is within [0, 100] and claimed <= total.")
+
+
+@dg.multi_asset(
+    specs=[table_spec_asset(ALLOCATION_BUCKETS, [SLOTS_KEY]), table_spec_asset(ALLOCATION_DAILY, [SLOTS_KEY])],
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    check_specs=[PCT_RANGE],
+    name="allocation",
+)
+def allocation(context: dg.AssetExecutionContext, data_store: DataStoreResource):
+    store = data_store.store()
+    bad: dict[str, int] = {}
+
+    def one_day(day: str):
+        start, end = window(day)
+        buckets, daily = allocation_for_day(store, day, start, end)
+        pct = daily["allocation_pct"]
+        bad[day] = int(pc.sum(pc.or_(pc.less(pct, 0), pc.greater(pct, 100))).as_py() or 0) + int(
+            pc.sum(pc.greater(buckets["claimed_gpus"], buckets["total_gpus"])).as_py() or 0)
+        total = daily.filter(pc.and_(pc.equal(daily["tier"], "TOTAL"), pc.equal(daily["device_name"], "ALL")))
+        kpis = {f"{r['tier'].lower()}_allocation_pct": r["allocation_pct"] or 0.0
+                for r in daily.filter(pc.equal(daily["device_name"], "ALL")).to_pylist()}
+        kpis["avg_claimed_gpus"] = total["avg_claimed_gpus"][0].as_py() if total.num_rows else 0.0
+        return {
+            BUCKETS_KEY: outcome(day, store.write_partition(ALLOCATION_BUCKETS, day, buckets), buckets),
+            DAILY_KEY: outcome(day, store.write_partition(ALLOCATION_DAILY, day, daily), daily, **kpis),
+        }
+
+    out = run_days_multi(context, [BUCKETS_KEY, DAILY_KEY], one_day)
+    yield materialize_result(ALLOCATION_BUCKETS, out[BUCKETS_KEY], asset_key=BUCKETS_KEY)
+    yield materialize_result(ALLOCATION_DAILY, out[DAILY_KEY], asset_key=DAILY_KEY)
+    yield dg.AssetCheckResult(check_name=PCT_RANGE.name, asset_key=DAILY_KEY, passed=not any(bad.values()),
+                              metadata={"violations_by_day": dg.MetadataValue.json(bad)})

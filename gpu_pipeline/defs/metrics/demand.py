@@ -1,0 +1,64 @@
+"""Metrics: demand vs capacity per hour and device class, and top contributors (DESIGN.md 5.6)."""
+
+import dagster as dg
+import pyarrow.compute as pc
+
+from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
+from gpu_pipeline.defs.clean.kueue_demand import KEY as KUEUE_KEY
+from gpu_pipeline.defs.common import (
+    materialize_result,
+    outcome,
+    run_days_multi,
+    table_key,
+    table_spec_asset,
+    window,
+)
+from gpu_pipeline.defs.metrics.efficiency import KEYS as EFFICIENCY_KEYS
+from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.resources import DataStoreResource
+from gpu_pipeline.lib.demand import (
+    DEMAND_CAPACITY,
+    DEMAND_TOP_CONTRIBUTORS,
+    demand_for_day,
+    efficiency_by_class_sql,
+)
+from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
+
+CAP_KEY, TOP_KEY = table_key(DEMAND_CAPACITY), table_key(DEMAND_TOP_CONTRIBUTORS)
+DEPS = [JOBS_KEY, STATES_KEY, KUEUE_KEY, EFFICIENCY_KEYS[0]]
+FINITE = dg.AssetCheckSpec("dcr_finite_and_shares_in_range", asset=CAP_KEY,
+                           description="DCR is finite everywhere; contributor shares are within [0, 1].")
+
+
+@dg.multi_asset(
+    specs=[table_spec_asset(DEMAND_CAPACITY, DEPS), table_spec_asset(DEMAND_TOP_CONTRIBUTORS, DEPS)],
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    check_specs=[FINITE],
+    name="demand_capacity",
+)
+def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreResource):
+    store = data_store.store()
+    bad: dict[str, int] = {}
+
+    def one_day(day: str):
+        start, end = window(day)
+        eff_sql, eff_params = store.relation_sql(GPU_HOURLY_EFFICIENCY, [day])
+        res = demand_for_day(store, day, start, end, efficiency_from_sql=efficiency_by_class_sql(eff_sql),
+                             efficiency_params=eff_params)
+        dcr, share = res.capacity["dcr"], res.top["share"]
+        bad[day] = int(pc.sum(pc.invert(pc.is_finite(pc.fill_null(dcr, 0.0)))).as_py() or 0) + int(
+            pc.sum(pc.or_(pc.less(share, 0), pc.greater(share, 1))).as_py() or 0)
+        sev = res.capacity["severity"].to_pylist()
+        kpis = {f"hours_{s.lower()}": float(sev.count(s)) for s in ("Critical", "Warning", "Moderate", "Healthy")}
+        return {
+            CAP_KEY: outcome(day, store.write_partition(DEMAND_CAPACITY, day, res.capacity), res.capacity, **kpis),
+            TOP_KEY: outcome(day, store.write_partition(DEMAND_TOP_CONTRIBUTORS, day, res.top), res.top),
+        }
+
+    out = run_days_multi(context, [CAP_KEY, TOP_KEY], one_day)
+    yield materialize_result(DEMAND_CAPACITY, out[CAP_KEY], asset_key=CAP_KEY)
+    yield materialize_result(DEMAND_TOP_CONTRIBUTORS, out[TOP_KEY], asset_key=TOP_KEY)
+    yield dg.AssetCheckResult(check_name=FINITE.name, asset_key=CAP_KEY, passed=not any(bad.values()),
+                              metadata={"violations_by_day": dg.MetadataValue.json(bad)})

@@ -1,0 +1,78 @@
+"""Metrics: PIF / RFU / efficiency class per GPU-hour and per job run, energy, held-but-idle (5.5)."""
+
+import datetime as dt
+
+import dagster as dg
+
+from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
+from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
+from gpu_pipeline.defs.common import (
+    materialize_result,
+    outcome,
+    run_days_multi,
+    table_key,
+    table_spec_asset,
+    window,
+)
+from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.resources import DataStoreResource
+from gpu_pipeline.lib.efficiency import (
+    EFFICIENCY_DAILY,
+    GPU_HOURLY_EFFICIENCY,
+    HELD_IDLE_INTERVALS,
+    JOB_EFFICIENCY,
+    compute_efficiency,
+)
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_SAMPLES, GPU_STATES, JOBS
+from gpu_pipeline.lib.store import connect
+
+SPECS = (GPU_HOURLY_EFFICIENCY, JOB_EFFICIENCY, HELD_IDLE_INTERVALS, EFFICIENCY_DAILY)
+KEYS = [table_key(s) for s in SPECS]
+DEPS = [SAMPLES_KEY, STATES_KEY, JOBS_KEY]
+SUBSET = dg.AssetCheckSpec(
+    "gpus_subset_of_snapshots", asset=KEYS[0],
+    description="Every GPU with efficiency rows was seen in the day's slot snapshots.",
+)
+
+
+@dg.multi_asset(
+    specs=[table_spec_asset(s, DEPS) for s in SPECS],
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    check_specs=[SUBSET],
+    name="efficiency",
+)
+def efficiency(context: dg.AssetExecutionContext, data_store: DataStoreResource):
+    store = data_store.store()
+    strays: dict[str, list[str]] = {}
+
+    def one_day(day: str):
+        start, end = window(day)
+        days = [(dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat(), day]
+        con = connect()
+        try:
+            s_sql, s_params = store.relation_sql(GPU_SAMPLES, days)
+            st_sql, st_params = store.relation_sql(GPU_STATES, days)
+            j_sql, j_params = store.relation_sql(JOBS, [day])
+            res = compute_efficiency(con, s_sql, s_params, start, end, states_sql=st_sql, states_params=st_params,
+                                     jobs_sql=j_sql, jobs_params=j_params)
+            slots_sql, slots_params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [day])
+            con.register("hourly_rows", res.hourly.select(["gpu_id"]))
+            strays[day] = [r[0] for r in con.sql(
+                f"SELECT DISTINCT gpu_id FROM hourly_rows WHERE gpu_id NOT IN (SELECT gpu_id FROM {slots_sql}) "
+                "ORDER BY 1 LIMIT 20", params=slots_params or None).fetchall()]
+        finally:
+            con.close()
+        daily_all = [r for r in res.daily.to_pylist() if r["device_name"] == "ALL"]
+        kpis = {"rfu_pct_fleet": daily_all[0]["rfu_pct_fleet"] or 0.0, "util_pct": daily_all[0]["util_pct"] or 0.0,
+                "energy_kwh": daily_all[0]["energy_kwh"] or 0.0} if daily_all else {}
+        tables = (res.hourly, res.jobs, res.held_idle, res.daily)
+        return {key: outcome(day, store.write_partition(spec, day, t), t, **(kpis if spec is EFFICIENCY_DAILY else {}))
+                for key, spec, t in zip(KEYS, SPECS, tables, strict=True)}
+
+    out = run_days_multi(context, KEYS, one_day)
+    for key, spec in zip(KEYS, SPECS, strict=True):
+        yield materialize_result(spec, out[key], asset_key=key)
+    yield dg.AssetCheckResult(check_name=SUBSET.name, asset_key=KEYS[0], passed=not any(strays.values()),
+                              metadata={"gpus_not_in_snapshots": dg.MetadataValue.json(strays)})
