@@ -1,0 +1,616 @@
+"""Backfill evictions (DESIGN.md 5.4), in DuckDB SQL: two detectors, merged, and daily rates.
+
+A backfill job is *evicted* when its run on a backfill slot ends because the slot was reclaimed
+(owner job, draining, preemption), not because it completed.
+
+**(a) Job records** (``clean/jobs``; per run the ``epoch`` document is preferred, else the ``job``
+document, and for one key the latest record). A run is an eviction when it ran on a backfill slot
+(``is_backfill_slot``), ended (``run_end_utc``) without completing (no ``completion_utc`` at or
+after its start) and there is vacate evidence for it:
+
+* ``last_vacate_utc == run_end_utc`` -- the run ended in a vacate (``run_end_utc`` is
+  LastVacateTime whenever that is not before the run's start), or
+* a later run of the same job exists (a row with a higher ``run_index``, or ``num_job_starts`` >
+  ``run_index + 1``) and the job was not put on hold (``job_status`` 5), or
+* ``num_vacates > 0`` and the job went back to Idle (``job_status`` 1) when the run ended.
+
+``evicted_utc`` = run end, ``runtime_s`` = run end - run start (exact to the second),
+``reason`` / ``reason_code`` = ``VacateReason`` / ``VacateReasonCode``. One row per run; ``gpu_id``
+is the first of ``assigned_gpus`` and ``n_gpus`` their number (else RequestGPUs, else 1).
+
+*Lost GPU-hours (badput).* HTCondor's ``CommittedTime`` is cumulative over a job's runs: the wall
+time "not lost", i.e. excluding run attempts that were evicted (older manuals: evicted *without a
+checkpoint*; a checkpointed attempt commits the work saved by the checkpoint). So the work a run
+kept is the *increase* of CommittedTime over that run, and
+
+    badput_s = runtime_s - clamp(CommittedTime(after this run) - CommittedTime(after the previous
+               run), 0, runtime_s)
+
+with CommittedTime before the first run = 0 (``lost_basis = 'committed_time'``). When the
+previous run's record is not in the input, the increase is unknown; then the job's total loss so
+far, ``RemoteWallClockTime - CommittedTime``, capped at the runtime, is used (exact when earlier
+runs lost nothing, else an upper bound; ``'committed_time_bound'``). Without CommittedTime the
+whole run is lost (``'whole_run'``). ``lost_gpu_hours = badput_s x n_gpus / 3600``.
+
+**(b) Snapshots alone** (``metrics/gpu_states``). Per GPU, over the buckets where the GPU was
+observed (buckets with no snapshot or in which the GPU was absent are skipped, so a dropout does not
+hide an eviction): an observation ``busy_backfill`` with job J followed by ``busy_prioritized`` /
+``busy_shared`` (a primary slot claimed the GPU; the states show only the winning slot row, so J's
+absence is inferred from the primary claim winning -- pass the clean slot snapshots to check that
+no row of that snapshot still names J on the GPU).
+``evicted_utc`` is the snapshot where the primary claim is first seen (the true time lies within
+``resolution_s`` before it), ``evicted_by_job_id`` the primary job, ``started_utc`` the first
+observation of the uninterrupted run of J on the GPU, looking back into the previous day's states
+when they are in the input (``runtime_is_lower_bound`` when J was already running at the first
+observation read). Snapshot times come from ``snapshot_utc`` of the states. Lost GPU-hours: the
+whole observed run (no checkpoint information in snapshots).
+
+**Merge.** A snapshot detection and a job-record eviction of the same job are one eviction when the
+snapshot GPU is one of the run's GPUs and the record's eviction time lies in
+``[last snapshot J was seen - cadence, first snapshot of the primary claim + cadence]`` (about two
+cadences around the snapshot evidence). The merged row keeps the job record's exact times, run
+and badput and takes ``evicted_by_job_id`` from the snapshots; ``detected_by`` is
+``'job_records,snapshots'``. Unmatched detections keep their detector's name, except that a
+snapshot detection is dropped when the job records show that run of J *completed* in that window
+(the backfill job finished by itself and a primary job took the free GPU before the next snapshot --
+the one case snapshots cannot tell from an eviction).
+
+**Days.** A day's partition holds the evictions whose (merged) ``evicted_utc`` lies in the day.
+Pass the previous day's states, job records and clean snapshots too: then an eviction whose primary
+claim is first seen after midnight is found, its run start is looked up before midnight, and it is
+matched to its record and counted once -- on the day of the record's time. (An eviction a few
+seconds before midnight whose primary claim is first seen after it is a ``job_records`` row of the
+earlier day: that day cannot see the next day's snapshot.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import duckdb
+import pyarrow as pa
+
+from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, TS, TableSpec, _f, conform
+
+BUCKET = dt.timedelta(minutes=5)
+DETECTORS: tuple[str, ...] = ("job_records", "snapshots", "job_records,snapshots")
+LOST_BASES: tuple[str, ...] = ("committed_time", "committed_time_bound", "whole_run")
+SNAPSHOT_REASON = "primary slot claimed the GPU (snapshots)"
+ALL = "ALL"
+
+EVICTIONS = TableSpec(
+    layer="metrics",
+    name="evictions",
+    description=(
+        "Backfill evictions (DESIGN.md 5.4): backfill job runs that ended because the slot was reclaimed, "
+        "detected from job records (vacates, restarts) and/or slot snapshots (a primary claim replacing "
+        "the backfill job on a GPU), one row per eviction, in the day of evicted_utc."
+    ),
+    key=("global_job_id", "run_index", "gpu_id", "evicted_utc"),
+    schema=pa.schema(
+        [
+            _f("global_job_id", pa.string(), "GlobalJobId of the evicted backfill job", nullable=False),
+            _f("run_index", pa.int32(), "0-based run (epoch) index; null when seen only in snapshots"),
+            _f("gpu_id", pa.string(), "GPU of the run (the first of several; null when the record has none)"),
+            _f("n_gpus", pa.int32(), "GPUs the run held (AssignedGPUs, else RequestGPUs; 1 from snapshots)",
+               nullable=False),
+            _f("host", pa.string(), "Execute host"),
+            _f("device_name", pa.string(), "GPU model name (from the GPU states)"),
+            _f("tier_of_host", pa.string(), "priority or shared: tier of the host's primary slots"),
+            _f("started_utc", TS, "Start of the evicted run (first snapshot seen running when from snapshots)"),
+            _f("evicted_utc", TS, "End of the run (job record), else the first snapshot showing the primary "
+               "claim", nullable=False),
+            _f("runtime_s", pa.float64(), "evicted_utc - started_utc (s)"),
+            _f("runtime_is_lower_bound", pa.bool_(), "The run was already running at the first snapshot read "
+               "(snapshots only): runtime_s is a lower bound", nullable=False),
+            _f("lost_gpu_hours", pa.float64(), "Badput: GPU-hours of the run not kept (see lost_basis)"),
+            _f("lost_basis", pa.string(), "committed_time (runtime minus the CommittedTime gained in the run), "
+               "committed_time_bound (min(runtime, RemoteWallClockTime - CommittedTime)), or whole_run"),
+            _f("reason", pa.string(), "VacateReason, or how the eviction was inferred"),
+            _f("reason_code", pa.int32(), "VacateReasonCode"),
+            _f("evicted_by_job_id", pa.string(), "Primary job that claimed the GPU (from snapshots)"),
+            _f("resolution_s", pa.float64(), "Uncertainty of evicted_utc: 1 s for job records, the snapshot "
+               "interval before the primary claim was seen for snapshots", nullable=False),
+            _f("detected_by", pa.string(), "job_records, snapshots, or job_records,snapshots", nullable=False),
+        ]
+    ),
+)
+
+EVICTION_RATES = TableSpec(
+    layer="metrics",
+    name="eviction_rates",
+    description=(
+        "Backfill evictions per backfill GPU-hour per device_name x tier x local hour of day, with ALL rows "
+        "(device_name / tier 'ALL', hour_local null), lost GPU-hours, and the runtime-to-eviction "
+        "distribution on the all-hours rows."
+    ),
+    key=("device_name", "tier", "hour_local"),
+    schema=pa.schema(
+        [
+            _f("device_name", pa.string(), "GPU model name, or ALL"),
+            _f("tier", pa.string(), "Tier of the host (priority / shared), or ALL"),
+            _f("hour_local", pa.int32(), "Hour of day 0-23 in the partition time zone; null = all hours"),
+            _f("evictions", pa.int64(), "Evictions (rows of metrics/evictions)", nullable=False),
+            _f("backfill_gpu_hours", pa.float64(), "GPU-hours in state busy_backfill (5-minute buckets)",
+               nullable=False),
+            _f("evictions_per_backfill_gpu_hour", pa.float64(), "evictions / backfill_gpu_hours; null when "
+               "there were no backfill hours"),
+            _f("lost_gpu_hours", pa.float64(), "Sum of lost_gpu_hours of the evictions", nullable=False),
+            _f("runtime_p10_s", pa.float64(), "10th percentile of runtime before eviction (all-hours rows)"),
+            _f("runtime_p50_s", pa.float64(), "Median runtime before eviction (all-hours rows)"),
+            _f("runtime_p90_s", pa.float64(), "90th percentile of runtime before eviction (all-hours rows)"),
+        ]
+    ),
+)
+
+
+_JOB_EVICTIONS_SQL = """
+dedup AS (
+    SELECT * FROM _ev_jobs
+    QUALIFY row_number() OVER (PARTITION BY global_job_id, run_index, doc_kind
+                               ORDER BY record_utc DESC NULLS LAST, source) = 1
+),
+runs AS (
+    SELECT * FROM dedup
+    QUALIFY row_number() OVER (PARTITION BY global_job_id, run_index
+                               ORDER BY doc_kind = 'epoch' DESC, record_utc DESC NULLS LAST) = 1
+),
+job_last AS (
+    SELECT global_job_id, max(greatest(run_index, coalesce(num_job_starts, 0) - 1)) AS last_run
+    FROM dedup GROUP BY global_job_id
+),
+jr_base AS (
+    SELECT r.*,
+           string_split(r.assigned_gpus, ',') AS gpus,
+           epoch(r.run_end_utc) - epoch(r.run_start_utc) AS runtime_s,
+           p.committed_time_s AS prev_committed_s,
+           jl.last_run
+    FROM runs r
+    JOIN job_last jl USING (global_job_id)
+    LEFT JOIN runs p ON p.global_job_id = r.global_job_id AND p.run_index = r.run_index - 1
+    WHERE r.is_backfill_slot
+      AND r.run_start_utc IS NOT NULL AND r.run_end_utc IS NOT NULL
+      AND (r.completion_utc IS NULL OR r.completion_utc < r.run_start_utc)
+      AND (
+          r.last_vacate_utc = r.run_end_utc
+          OR (jl.last_run > r.run_index AND coalesce(r.job_status, 0) <> 5)
+          OR (coalesce(r.num_vacates, 0) > 0 AND r.job_status = 1)
+      )
+),
+jr_gain AS (
+    SELECT *,
+           CASE
+               WHEN committed_time_s IS NULL THEN NULL
+               WHEN run_index = 0 THEN committed_time_s
+               WHEN prev_committed_s IS NOT NULL THEN committed_time_s - prev_committed_s
+           END AS gained_s
+    FROM jr_base
+),
+jr AS (
+    SELECT global_job_id, run_index,
+           gpus,
+           gpus[1] AS gpu_id,
+           CAST(coalesce(len(gpus), ceil(request_gpus), 1) AS INTEGER) AS n_gpus,
+           host,
+           run_start_utc AS started_utc,
+           run_end_utc AS evicted_utc,
+           runtime_s,
+           CASE
+               WHEN gained_s IS NOT NULL THEN runtime_s - least(greatest(gained_s, 0), runtime_s)
+               WHEN committed_time_s IS NOT NULL AND remote_wall_clock_s IS NOT NULL
+                   THEN least(runtime_s, greatest(remote_wall_clock_s - committed_time_s, 0))
+               ELSE runtime_s
+           END AS badput_s,
+           CASE
+               WHEN gained_s IS NOT NULL THEN 'committed_time'
+               WHEN committed_time_s IS NOT NULL AND remote_wall_clock_s IS NOT NULL
+                   THEN 'committed_time_bound'
+               ELSE 'whole_run'
+           END AS lost_basis,
+           coalesce(vacate_reason,
+                    CASE WHEN last_vacate_utc = run_end_utc THEN 'vacated'
+                         WHEN last_run > run_index THEN 'ended without completion; the job ran again'
+                         ELSE 'vacated; the job went back to the queue' END) AS reason,
+           vacate_reason_code AS reason_code
+    FROM jr_gain
+)
+"""
+
+_SNAPSHOT_EVICTIONS_SQL = """
+bucket_first AS (
+    SELECT bucket_start_utc, min(snapshot_utc) AS first_snap FROM _ev_states GROUP BY 1
+),
+obs AS (
+    SELECT st.gpu_id, st.bucket_start_utc, st.state, st.global_job_id,
+           coalesce(st.snapshot_utc, bf.first_snap, st.bucket_start_utc) AS obs_utc,
+           st.state = 'na' AND coalesce(st.na_reason, 'dropout') IN ('dropout', 'no_snapshot') AS unseen,
+           CASE WHEN st.state = 'busy_backfill' THEN st.global_job_id END AS bf_job
+    FROM _ev_states st
+    LEFT JOIN bucket_first bf USING (bucket_start_utc)
+),
+-- run-length encoding on the 5-minute grid (self-join with the bucket before); the rest runs on
+-- the few rows where the GPU's state, or its backfill job, changes
+seg_starts AS (
+    SELECT o.*, p.obs_utc AS prev_obs, p.gpu_id IS NULL AS first_row
+    FROM obs o
+    LEFT JOIN (
+        SELECT gpu_id, bucket_start_utc + params.bucket AS next_bucket, state, unseen, bf_job, obs_utc
+        FROM obs, params
+    ) p ON p.gpu_id = o.gpu_id AND p.next_bucket = o.bucket_start_utc
+    WHERE p.gpu_id IS NULL OR o.state <> p.state OR o.unseen <> p.unseen
+       OR o.bf_job IS DISTINCT FROM p.bf_job
+),
+segs AS (
+    SELECT *, lead(prev_obs) OVER (PARTITION BY gpu_id ORDER BY bucket_start_utc) AS seg_last_obs
+    FROM seg_starts
+),
+-- the GPU's observations only: a bucket where it was not seen neither ends nor interrupts a run
+seen AS (
+    SELECT *,
+           lag(state) OVER w AS prev_state,
+           lag(bf_job) OVER w AS prev_bf_job,
+           lead(state) OVER w AS next_state,
+           lead(global_job_id) OVER w AS next_job,
+           lead(obs_utc) OVER w AS next_obs
+    FROM segs
+    WHERE NOT unseen
+    WINDOW w AS (PARTITION BY gpu_id ORDER BY bucket_start_utc)
+),
+runs_on_gpu AS (
+    SELECT *,
+           sum(CASE WHEN state = 'busy_backfill' AND prev_state IS NOT DISTINCT FROM 'busy_backfill'
+                         AND prev_bf_job IS NOT DISTINCT FROM bf_job
+                    THEN 0 ELSE 1 END)
+               OVER (PARTITION BY gpu_id ORDER BY bucket_start_utc ROWS UNBOUNDED PRECEDING) AS run_no
+    FROM seen
+),
+run_start AS (
+    SELECT gpu_id, run_no, min(obs_utc) AS started_utc, arg_min(first_row, bucket_start_utc) AS from_first_obs
+    FROM runs_on_gpu WHERE state = 'busy_backfill' GROUP BY gpu_id, run_no
+),
+sn AS (
+    SELECT r.bf_job AS global_job_id, r.gpu_id,
+           rs.started_utc, r.seg_last_obs AS last_seen_utc, r.next_obs AS evicted_utc,
+           rs.from_first_obs AS runtime_is_lower_bound,
+           r.next_job AS evicted_by_job_id,
+           epoch(r.next_obs) - epoch(r.seg_last_obs) AS resolution_s
+    FROM runs_on_gpu r
+    JOIN run_start rs USING (gpu_id, run_no)
+    WHERE r.state = 'busy_backfill' AND r.bf_job IS NOT NULL
+      AND r.next_state IN ('busy_prioritized', 'busy_shared')
+      -- with the clean slot snapshots: J must be gone from the GPU in that snapshot (not merely
+      -- out-ranked by the primary claim while it is still being vacated)
+      AND NOT EXISTS (
+          SELECT 1 FROM _ev_slots sl
+          WHERE sl.snapshot_utc = r.next_obs AND sl.gpu_id = r.gpu_id AND sl.global_job_id = r.bf_job
+      )
+)
+"""
+
+_MERGE_SQL = """
+WITH
+params AS (
+    SELECT CAST($start AS TIMESTAMPTZ) AS s, CAST($end AS TIMESTAMPTZ) AS e,
+           to_microseconds(CAST($bucket_s * 1000000 AS BIGINT)) AS bucket
+),
+snap_times AS (
+    SELECT DISTINCT snapshot_utc AS t FROM _ev_states, params
+    WHERE snapshot_utc >= params.s AND snapshot_utc < params.e
+),
+cadence AS (
+    SELECT coalesce(median(d), $bucket_s) AS cadence_s
+    FROM (SELECT epoch(t) - epoch(lag(t) OVER (ORDER BY t)) AS d FROM snap_times) WHERE d > 0
+),
+{jr_sql},
+{sn_sql},
+-- device and host tier: one cheap aggregate over the states (host and device are constant per
+-- GPU and day; a host is 'priority' when any of its primary slots had PrioritizedProjects)
+gpu_info AS (
+    SELECT gpu_id, arg_max(host, bucket_start_utc) AS host, max(device_name) AS device_name,
+           bool_or(tier = 'priority') AS any_priority, bool_or(tier = 'shared') AS any_shared
+    FROM _ev_states GROUP BY gpu_id
+),
+host_info AS (
+    SELECT host,
+           CASE WHEN bool_or(any_priority) THEN 'priority' WHEN bool_or(any_shared) THEN 'shared' END
+               AS tier_of_host,
+           max(device_name) AS device_name
+    FROM gpu_info GROUP BY host
+),
+pairs AS (
+    SELECT jr.global_job_id, jr.run_index, jr.evicted_utc AS jr_evicted, sn.gpu_id AS sn_gpu,
+           sn.evicted_utc AS sn_evicted, sn.evicted_by_job_id,
+           row_number() OVER (PARTITION BY sn.global_job_id, sn.gpu_id, sn.evicted_utc
+                              ORDER BY abs(epoch(sn.evicted_utc) - epoch(jr.evicted_utc)), jr.run_index)
+               AS pick
+    FROM jr
+    JOIN sn ON sn.global_job_id = jr.global_job_id
+           AND (list_contains(jr.gpus, sn.gpu_id) OR jr.gpus IS NULL)
+    CROSS JOIN cadence c
+    WHERE epoch(jr.evicted_utc) >= epoch(sn.last_seen_utc) - c.cadence_s
+      AND epoch(jr.evicted_utc) <= epoch(sn.evicted_utc) + c.cadence_s
+),
+matched AS (SELECT * FROM pairs WHERE pick = 1),
+completed_runs AS (
+    SELECT global_job_id, string_split(assigned_gpus, ',') AS gpus, completion_utc
+    FROM runs WHERE completion_utc IS NOT NULL AND completion_utc >= run_start_utc
+),
+jr_rows AS (
+    SELECT jr.global_job_id, jr.run_index,
+           coalesce(jr.gpu_id, m.sn_gpu) AS gpu_id, jr.n_gpus,
+           coalesce(jr.host, gi.host) AS host,
+           jr.started_utc, jr.evicted_utc, jr.runtime_s, false AS runtime_is_lower_bound,
+           jr.badput_s * jr.n_gpus / 3600.0 AS lost_gpu_hours, jr.lost_basis,
+           jr.reason, jr.reason_code,
+           m.evicted_by_job_id,
+           1.0 AS resolution_s,
+           CASE WHEN m.global_job_id IS NULL THEN 'job_records' ELSE 'job_records,snapshots' END
+               AS detected_by
+    FROM jr
+    LEFT JOIN (
+        SELECT global_job_id, run_index, arg_min(sn_gpu, sn_evicted) AS sn_gpu,
+               arg_min(evicted_by_job_id, sn_evicted) AS evicted_by_job_id
+        FROM matched GROUP BY global_job_id, run_index
+    ) m USING (global_job_id, run_index)
+    LEFT JOIN gpu_info gi ON gi.gpu_id = coalesce(jr.gpu_id, m.sn_gpu)
+),
+sn_rows AS (
+    SELECT sn.global_job_id, CAST(NULL AS INTEGER) AS run_index, sn.gpu_id, 1 AS n_gpus, gi.host,
+           sn.started_utc, sn.evicted_utc,
+           epoch(sn.evicted_utc) - epoch(sn.started_utc) AS runtime_s,
+           sn.runtime_is_lower_bound,
+           (epoch(sn.evicted_utc) - epoch(sn.started_utc)) / 3600.0 AS lost_gpu_hours,
+           'whole_run' AS lost_basis,
+           $snapshot_reason AS reason, CAST(NULL AS INTEGER) AS reason_code,
+           sn.evicted_by_job_id, sn.resolution_s, 'snapshots' AS detected_by
+    FROM sn
+    CROSS JOIN cadence c
+    LEFT JOIN gpu_info gi ON gi.gpu_id = sn.gpu_id
+    ANTI JOIN matched m
+      ON m.global_job_id = sn.global_job_id AND m.sn_gpu = sn.gpu_id AND m.sn_evicted = sn.evicted_utc
+    -- the job records show that run completed: the backfill job ended by itself, then the primary came
+    ANTI JOIN completed_runs cr
+      ON cr.global_job_id = sn.global_job_id
+     AND (list_contains(cr.gpus, sn.gpu_id) OR cr.gpus IS NULL)
+     AND epoch(cr.completion_utc) >= epoch(sn.last_seen_utc) - c.cadence_s
+     AND epoch(cr.completion_utc) <= epoch(sn.evicted_utc) + c.cadence_s
+),
+all_rows AS (SELECT * FROM jr_rows UNION ALL SELECT * FROM sn_rows)
+SELECT a.global_job_id, a.run_index, a.gpu_id, a.n_gpus, a.host,
+       coalesce(gi.device_name, hi.device_name) AS device_name,
+       hi.tier_of_host,
+       a.started_utc, a.evicted_utc, a.runtime_s, a.runtime_is_lower_bound,
+       a.lost_gpu_hours, a.lost_basis, a.reason, a.reason_code, a.evicted_by_job_id,
+       a.resolution_s, a.detected_by
+FROM all_rows a
+CROSS JOIN params
+LEFT JOIN gpu_info gi ON gi.gpu_id = a.gpu_id
+LEFT JOIN host_info hi ON hi.host = a.host
+WHERE a.evicted_utc >= params.s AND a.evicted_utc < params.e
+ORDER BY a.evicted_utc, a.global_job_id, a.run_index, a.gpu_id
+"""
+
+def compute_evictions(
+    con: duckdb.DuckDBPyConnection,
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+    states_from_sql: str | None = None,
+    states_params: list | None = None,
+    jobs_from_sql: str | None = None,
+    jobs_params: list | None = None,
+    snapshots_from_sql: str | None = None,
+    snapshots_params: list | None = None,
+    bucket: dt.timedelta = BUCKET,
+) -> pa.Table:
+    """Evictions of the day ``[start_utc, end_utc)`` from job records and/or GPU states.
+
+    ``states_from_sql`` / ``states_params``: FROM-clause over ``metrics/gpu_states`` (the day and
+    the previous day, e.g. ``Store.relation_sql(GPU_STATES, [prev, day])``); ``None`` disables the
+    snapshot detector. ``jobs_from_sql`` / ``jobs_params``: FROM-clause over ``clean/jobs`` (the day
+    and the previous day, so earlier runs' CommittedTime is known); ``None`` disables the job-record
+    detector. The GPU states also give device and host tier to job-record rows.
+    ``snapshots_from_sql`` / ``snapshots_params`` (optional): FROM-clause over
+    ``clean/slot_snapshots`` of the day; when given, a snapshot detection also requires that no slot
+    row of the primary-claim snapshot still names job J on the GPU (the states show only the
+    winning row, so without them J's absence is inferred from the primary claim winning).
+    """
+    lookback = dt.timedelta(days=1, hours=1)
+    if states_from_sql is not None:
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _ev_states AS SELECT * FROM {states_from_sql} "
+            "WHERE bucket_start_utc >= CAST(? AS TIMESTAMPTZ) AND bucket_start_utc < CAST(? AS TIMESTAMPTZ)",
+            [*(states_params or []), start_utc - lookback, end_utc],
+        )
+    else:
+        con.register("_ev_no_states", GPU_STATES.empty())
+        con.execute("CREATE OR REPLACE TEMP TABLE _ev_states AS SELECT * FROM _ev_no_states")
+        con.unregister("_ev_no_states")
+    if jobs_from_sql is not None:
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _ev_jobs AS SELECT * FROM {jobs_from_sql}", [*(jobs_params or [])]
+        )
+    else:
+        con.register("_ev_no_jobs", JOBS.empty())
+        con.execute("CREATE OR REPLACE TEMP TABLE _ev_jobs AS SELECT * FROM _ev_no_jobs")
+        con.unregister("_ev_no_jobs")
+    if snapshots_from_sql is not None:
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _ev_slots AS SELECT DISTINCT snapshot_utc, gpu_id, global_job_id "
+            f"FROM {snapshots_from_sql} WHERE global_job_id IS NOT NULL "
+            "AND snapshot_utc >= CAST(? AS TIMESTAMPTZ) AND snapshot_utc < CAST(? AS TIMESTAMPTZ)",
+            [*(snapshots_params or []), start_utc - lookback, end_utc],
+        )
+    else:
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _ev_slots (snapshot_utc TIMESTAMPTZ, gpu_id VARCHAR, global_job_id VARCHAR)"
+        )
+    try:
+        sql = _MERGE_SQL.format(jr_sql=_JOB_EVICTIONS_SQL.strip(), sn_sql=_SNAPSHOT_EVICTIONS_SQL.strip())
+        table = con.sql(
+            sql,
+            params={
+                "start": start_utc,
+                "end": end_utc,
+                "bucket_s": bucket.total_seconds(),
+                "snapshot_reason": SNAPSHOT_REASON,
+            },
+        ).to_arrow_table()
+    finally:
+        con.execute("DROP TABLE IF EXISTS _ev_states")
+        con.execute("DROP TABLE IF EXISTS _ev_jobs")
+        con.execute("DROP TABLE IF EXISTS _ev_slots")
+    return conform(table, EVICTIONS)
+
+
+def evictions_from_tables(
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+    states: pa.Table | None = None,
+    jobs: pa.Table | None = None,
+) -> pa.Table:
+    """Convenience for tests and small inputs: evictions from in-memory tables."""
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        if states is not None:
+            con.register("_states_in", states)
+        if jobs is not None:
+            con.register("_jobs_in", jobs)
+        return compute_evictions(
+            con,
+            start_utc,
+            end_utc,
+            "_states_in" if states is not None else None,
+            None,
+            "_jobs_in" if jobs is not None else None,
+            None,
+        )
+    finally:
+        con.close()
+
+
+_RATES_SQL = """
+WITH
+params AS (SELECT CAST($start AS TIMESTAMPTZ) AS s, CAST($end AS TIMESTAMPTZ) AS e),
+host_tier AS (
+    SELECT host, mode(tier) FILTER (WHERE tier IN ('priority', 'shared')) AS tier
+    FROM _rate_states GROUP BY host
+),
+bf AS (
+    SELECT st.device_name, ht.tier,
+           CAST(hour(timezone($tz, st.bucket_start_utc)) AS INTEGER) AS hour_local,
+           count(*) * $bucket_s / 3600.0 AS h
+    FROM _rate_states st
+    LEFT JOIN host_tier ht ON ht.host = st.host
+    CROSS JOIN params
+    WHERE st.state = 'busy_backfill' AND st.bucket_start_utc >= params.s AND st.bucket_start_utc < params.e
+    GROUP BY ALL
+),
+ev AS (
+    SELECT device_name, tier_of_host AS tier,
+           CAST(hour(timezone($tz, evicted_utc)) AS INTEGER) AS hour_local,
+           runtime_s, lost_gpu_hours
+    FROM _rate_evictions, params
+    WHERE evicted_utc >= params.s AND evicted_utc < params.e
+),
+ev_agg AS (
+    SELECT CASE WHEN grouping(device_name) = 1 THEN 'ALL' ELSE device_name END AS device_name,
+           CASE WHEN grouping(tier) = 1 THEN 'ALL' ELSE tier END AS tier,
+           hour_local, grouping(hour_local) = 1 AS all_hours,
+           count(*) AS evictions,
+           coalesce(sum(lost_gpu_hours), 0.0) AS lost_gpu_hours,
+           quantile_cont(runtime_s, 0.1) AS p10, quantile_cont(runtime_s, 0.5) AS p50,
+           quantile_cont(runtime_s, 0.9) AS p90
+    FROM ev
+    GROUP BY CUBE (device_name, tier, hour_local)
+),
+bf_agg AS (
+    SELECT CASE WHEN grouping(device_name) = 1 THEN 'ALL' ELSE device_name END AS device_name,
+           CASE WHEN grouping(tier) = 1 THEN 'ALL' ELSE tier END AS tier,
+           hour_local, grouping(hour_local) = 1 AS all_hours,
+           sum(h) AS backfill_gpu_hours
+    FROM bf
+    GROUP BY CUBE (device_name, tier, hour_local)
+),
+joined AS (
+    SELECT coalesce(e.device_name, b.device_name) AS device_name,
+           coalesce(e.tier, b.tier) AS tier,
+           CASE WHEN coalesce(e.all_hours, b.all_hours) THEN NULL
+                ELSE coalesce(e.hour_local, b.hour_local) END AS hour_local,
+           coalesce(e.all_hours, b.all_hours) AS all_hours,
+           coalesce(e.evictions, 0) AS evictions,
+           coalesce(b.backfill_gpu_hours, 0.0) AS backfill_gpu_hours,
+           coalesce(e.lost_gpu_hours, 0.0) AS lost_gpu_hours,
+           e.p10, e.p50, e.p90
+    FROM ev_agg e
+    FULL OUTER JOIN bf_agg b
+      ON b.device_name IS NOT DISTINCT FROM e.device_name AND b.tier IS NOT DISTINCT FROM e.tier
+     AND b.hour_local IS NOT DISTINCT FROM e.hour_local AND b.all_hours = e.all_hours
+)
+SELECT device_name, tier, hour_local, evictions, backfill_gpu_hours,
+       CASE WHEN backfill_gpu_hours > 0 THEN evictions / backfill_gpu_hours END
+           AS evictions_per_backfill_gpu_hour,
+       lost_gpu_hours,
+       CASE WHEN all_hours THEN p10 END AS runtime_p10_s,
+       CASE WHEN all_hours THEN p50 END AS runtime_p50_s,
+       CASE WHEN all_hours THEN p90 END AS runtime_p90_s
+FROM joined
+WHERE NOT (evictions = 0 AND backfill_gpu_hours = 0 AND NOT (device_name = 'ALL' AND tier = 'ALL' AND all_hours))
+ORDER BY device_name = 'ALL', device_name, tier = 'ALL', tier, hour_local NULLS LAST
+"""
+
+
+def compute_eviction_rates(
+    con: duckdb.DuckDBPyConnection,
+    evictions_from_sql: str,
+    evictions_params: list,
+    states_from_sql: str,
+    states_params: list,
+    start_utc: dt.datetime,
+    end_utc: dt.datetime,
+    tz: str = "UTC",
+    bucket: dt.timedelta = BUCKET,
+) -> pa.Table:
+    """Eviction rates of the day ``[start_utc, end_utc)`` per device x host tier x local hour.
+
+    ``evictions_from_sql``: FROM-clause over ``metrics/evictions`` (rows outside the day are
+    ignored); ``states_from_sql``: over ``metrics/gpu_states`` of the day (backfill GPU-hours =
+    buckets in ``busy_backfill`` x bucket length). ``hour_local`` is the hour of the eviction / the
+    bucket start in ``tz`` (on a 25-hour DST day the repeated hour is one group). Rows: every
+    combination of device_name / tier / hour with 'ALL' (hour null) for aggregates; combinations
+    without evictions and without backfill hours are left out, except the overall row, which is
+    always present (an empty day gives one all-zero row).
+    """
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE _rate_states AS SELECT * FROM {states_from_sql} "
+        "WHERE bucket_start_utc >= CAST(? AS TIMESTAMPTZ) AND bucket_start_utc < CAST(? AS TIMESTAMPTZ)",
+        [*states_params, start_utc, end_utc],
+    )
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE _rate_evictions AS SELECT * FROM {evictions_from_sql} "
+        "WHERE evicted_utc >= CAST(? AS TIMESTAMPTZ) AND evicted_utc < CAST(? AS TIMESTAMPTZ)",
+        [*evictions_params, start_utc, end_utc],
+    )
+    try:
+        table = con.sql(
+            _RATES_SQL,
+            params={"start": start_utc, "end": end_utc, "tz": tz, "bucket_s": bucket.total_seconds()},
+        ).to_arrow_table()
+    finally:
+        con.execute("DROP TABLE IF EXISTS _rate_states")
+        con.execute("DROP TABLE IF EXISTS _rate_evictions")
+    return conform(table, EVICTION_RATES)
+
+
+def eviction_rates_from_tables(
+    evictions: pa.Table, states: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime, tz: str = "UTC"
+) -> pa.Table:
+    """Convenience for tests and small inputs: rates from in-memory tables."""
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        con.register("_ev_in", evictions)
+        con.register("_st_in", states)
+        return compute_eviction_rates(con, "_ev_in", [], "_st_in", [], start_utc, end_utc, tz)
+    finally:
+        con.close()
