@@ -108,6 +108,7 @@ def demo_env(base: Path, start: dt.date) -> dict[str, str]:
         "GPU_PIPELINE_TELEMETRY_DIR": str(base / "sources" / "telemetry"),
         "GPU_PIPELINE_TELEMETRY_TZ": DEMO_TZ,
         "GPU_PIPELINE_KUEUE_DIR": str(base / "sources" / "kueue"),
+        "GPU_PIPELINE_TERAPIXEL_DIR": str(base / "sources" / "terapixel"),
     }
 
 
@@ -122,6 +123,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         SimConfig(start=start, end=end, gpus=args.gpus, seed=args.seed, timezone=DEMO_TZ,
                   telemetry_interval_s=DEMO_TELEMETRY_S, kueue_interval_s=DEMO_KUEUE_S),
     )
+    # A small Terapixel-style render farm on the last day (4 hosts, 2 s telemetry, task events):
+    # a second kind of cluster, outside the HTCondor pool, read by the same telemetry path.
+    from gpu_pipeline.lib.terapixel import write_terapixel_sample
+    from gpu_pipeline.lib.timeutil import day_window
+
+    write_terapixel_sample(base / "sources" / "terapixel", day_window(end, DEMO_TZ)[0], hosts=4, hours=24, seed=args.seed)
     env = demo_env(base, start)
     prepare_dagster_home(Path(env["DAGSTER_HOME"]))
     os.environ.update(env)

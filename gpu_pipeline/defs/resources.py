@@ -102,9 +102,11 @@ class TelemetryResource(dg.ConfigurableResource):
     prometheus_step_s: str = "30"
     prometheus_selector: str = ""
 
+    terapixel_dir: str = ""
+
     @property
     def enabled(self) -> bool:
-        return bool(self.telemetry_dir.strip()) or bool(self.prometheus_url.strip())
+        return any(v.strip() for v in (self.telemetry_dir, self.prometheus_url, self.terapixel_dir))
 
     @property
     def files_enabled(self) -> bool:
@@ -179,6 +181,7 @@ def resources() -> dg.Definitions:
                 prometheus_verify_tls=optional_env("GPU_PIPELINE_PROMETHEUS_VERIFY_TLS", "true"),
                 prometheus_step_s=optional_env("GPU_PIPELINE_PROMETHEUS_STEP_S", "30"),
                 prometheus_selector=optional_env("GPU_PIPELINE_PROMETHEUS_SELECTOR"),
+                terapixel_dir=optional_env("GPU_PIPELINE_TERAPIXEL_DIR"),
             ),
         }
     )

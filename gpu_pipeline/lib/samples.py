@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig, fetch_dcgm_range
 from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE_GPU_SAMPLES, RAW_GPU_TELEMETRY, conform
 from gpu_pipeline.lib.telemetry import read_telemetry_dir
+from gpu_pipeline.lib.terapixel import parse_gpu_csv
 
 # column -> (min, max) inclusive; None = unbounded
 RANGES: dict[str, tuple[float | None, float | None]] = {
@@ -73,6 +74,7 @@ def raw_samples(
     source_tz: str,
     margin_days: int = 0,
     prometheus: PrometheusConfig | None = None,
+    terapixel_dir: str | Path | None = None,
 ) -> RawSamples:
     """Samples of [start_utc, end_utc) from the telemetry files and/or Prometheus.
 
@@ -92,6 +94,16 @@ def raw_samples(
         files += list(parsed.files) + nvml_files
         quarantine = parsed.quarantine_table()
         counters.update(parsed.counters)
+    if terapixel_dir:
+        gpu_csv = Path(terapixel_dir) / "gpu.csv"
+        if not gpu_csv.is_file():
+            raise FileNotFoundError(f"{gpu_csv}: Terapixel gpu.csv not found")
+        tp = parse_gpu_csv(gpu_csv, start_utc=start_utc, end_utc=end_utc)
+        parts.append(conform(tp.table, RAW_GPU_TELEMETRY))
+        files.append(str(gpu_csv))
+        tq = tp.quarantine_table()
+        quarantine = tq if quarantine is None else pa.concat_tables([quarantine, tq])
+        counters.update({f"terapixel_{k}": v for k, v in tp.counters.items()})
     if prometheus is not None:
         fetched = fetch_dcgm_range(prometheus, start_utc, end_utc)
         parts.append(conform(fetched.table, RAW_GPU_TELEMETRY))

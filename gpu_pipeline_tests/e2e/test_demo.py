@@ -94,15 +94,18 @@ def test_cleaned_row_counts_match_the_simulator(demo):
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
 
-    def count(table: str) -> int:
+    def count(table: str, where: str = "true") -> int:
         files = list((demo / "data").glob(f"{table}/date=*/part-0.parquet"))
-        return con.sql("SELECT count(*) FROM read_parquet(?)", params=[[str(f) for f in files]]).fetchall()[0][0]
+        return con.sql(f"SELECT count(*) FROM read_parquet(?) WHERE {where}",
+                       params=[[str(f) for f in files]]).fetchall()[0][0]
 
     # every archive row of the week is one clean slot row: nothing excluded, quarantined or duplicated
     assert count("clean/slot_snapshots") == summary["slot_rows"]
     assert count("quarantine/slot_snapshots") == 0
-    # every telemetry sample the simulator wrote (nvidia-smi + DCGM) is one clean sample
-    assert count("clean/gpu_samples") == summary["telemetry_samples"]
+    # every telemetry sample the simulator wrote (nvidia-smi + DCGM) is one clean sample; the demo's
+    # Terapixel render farm (2 s samples of 4 GPUs for the last day) comes on top
+    assert count("clean/gpu_samples", "source IN ('nvidia-smi', 'dcgm')") == summary["telemetry_samples"]
+    assert count("clean/gpu_samples", "source = 'terapixel'") == 4 * 24 * 3600 // 2
     assert count("quarantine/gpu_samples") == 0 and count("quarantine/gpu_telemetry") == 0
     # per day, the epochs in clean/jobs are exactly the true runs that ended and whose run -- or, for a
     # first run, its queue wait -- overlaps the day
@@ -129,3 +132,24 @@ def test_cleaned_row_counts_match_the_simulator(demo):
     ).fetchall()
     result = dict(diff)
     assert result["missing"] == 0 and result["extra"] == 0 and result["matched"] > 1000, result
+
+
+def test_evictions_match_the_simulator_exactly(demo):
+    con = duckdb.connect()
+    got = set(con.sql("SELECT global_job_id, gpu_id FROM read_parquet(?)",
+                      params=[str(demo / "data" / "metrics" / "evictions" / "*" / "*.parquet")]).fetchall())
+    want = set(con.sql("SELECT global_job_id, gpu_id FROM read_parquet(?)",
+                       params=[str(demo / "sources" / "truth" / "evictions.parquet")]).fetchall())
+    assert len(want) > 100 and got == want
+
+
+def test_every_daily_table_has_seven_partitions(demo):
+    from gpu_pipeline.lib.schemas import all_tables
+
+    start, end = demo_days()
+    expected = [f"date={(start + dt.timedelta(days=i)).isoformat()}" for i in range(7)]
+    for path in all_tables():
+        if path.startswith("reference/"):
+            continue
+        found = sorted(p.name for p in (demo / "data" / path).glob("date=*") if (p / "part-0.parquet").is_file())
+        assert found == expected, path

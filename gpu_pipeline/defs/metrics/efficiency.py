@@ -32,7 +32,7 @@ KEYS = [table_key(s) for s in SPECS]
 DEPS = [SAMPLES_KEY, STATES_KEY, JOBS_KEY]
 SUBSET = dg.AssetCheckSpec(
     "gpus_subset_of_snapshots", asset=KEYS[0],
-    description="Every GPU with efficiency rows was seen in the day's slot snapshots.",
+    description="Every GPU of a pool host with efficiency rows was seen in the day's slot snapshots.",
 )
 
 
@@ -58,10 +58,14 @@ def efficiency(context: dg.AssetExecutionContext, data_store: DataStoreResource)
             res = compute_efficiency(con, s_sql, s_params, start, end, states_sql=st_sql, states_params=st_params,
                                      jobs_sql=j_sql, jobs_params=j_params)
             slots_sql, slots_params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [day])
-            con.register("hourly_rows", res.hourly.select(["gpu_id"]))
+            # GPUs of pool hosts must be in the snapshots; hosts outside the HTCondor pool (e.g. a
+            # Terapixel render farm) have telemetry only.
+            con.register("hourly_rows", res.hourly.select(["gpu_id", "host"]))
             strays[day] = [r[0] for r in con.sql(
-                f"SELECT DISTINCT gpu_id FROM hourly_rows WHERE gpu_id NOT IN (SELECT gpu_id FROM {slots_sql}) "
-                "ORDER BY 1 LIMIT 20", params=slots_params or None).fetchall()]
+                f"""WITH slots AS (SELECT DISTINCT host, gpu_id FROM {slots_sql})
+                    SELECT DISTINCT gpu_id FROM hourly_rows
+                    WHERE host IN (SELECT host FROM slots) AND gpu_id NOT IN (SELECT gpu_id FROM slots)
+                    ORDER BY 1 LIMIT 20""", params=slots_params or None).fetchall()]
         finally:
             con.close()
         daily_all = [r for r in res.daily.to_pylist() if r["device_name"] == "ALL"]

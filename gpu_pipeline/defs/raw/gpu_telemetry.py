@@ -49,6 +49,7 @@ def gpu_telemetry(
                 telemetry.source_timezone,
                 int(telemetry.file_margin_days),
                 prometheus=telemetry.prometheus_config(),
+                terapixel_dir=telemetry.terapixel_dir or None,
             )
         else:
             raw = RawSamples(table=SPEC.empty())

@@ -1,0 +1,86 @@
+"""Terapixel-style render task runs (clean) and their GPU means (metrics), per day."""
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
+from gpu_pipeline.defs.common import (
+    materialize_result,
+    outcome,
+    run_days_multi,
+    table_key,
+    table_spec_asset,
+    window,
+)
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
+from gpu_pipeline.lib.schemas import GPU_SAMPLES
+from gpu_pipeline.lib.terapixel import (
+    QUARANTINE_TASK_RUNS,
+    TASK_GPU_MEANS,
+    TASK_RUNS,
+    parse_task_runs,
+    task_gpu_means,
+)
+
+RUNS_KEY, MEANS_KEY = table_key(TASK_RUNS), table_key(TASK_GPU_MEANS)
+
+
+@dg.multi_asset(
+    specs=[table_spec_asset(TASK_RUNS, [], {"csv", "parquet"}), table_spec_asset(TASK_GPU_MEANS, [SAMPLES_KEY])],
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    name="task_runs",
+)
+def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, telemetry: TelemetryResource):
+    store = data_store.store()
+    base = telemetry.terapixel_dir.strip()
+    parsed = None
+    if base:
+        from pathlib import Path
+
+        d = Path(base)
+        xy = d / "task-x-y.csv"
+        parsed = parse_task_runs(d / "application-checkpoints.csv", xy if xy.is_file() else None)
+
+    first_run_day = None
+    if parsed is not None and parsed.table.num_rows:
+        from gpu_pipeline.defs.partitions import TIMEZONE
+        from gpu_pipeline.lib.timeutil import to_local_naive
+
+        first_run_day = to_local_naive(pc.min(parsed.table["start_utc"]).as_py(), TIMEZONE).date().isoformat()
+
+    def one_day(day: str):
+        start, end = window(day)
+        if parsed is None:
+            runs, quarantine = TASK_RUNS.empty(), QUARANTINE_TASK_RUNS.empty()
+        else:
+            t = parsed.table
+            s = pa.scalar(start, t["start_utc"].type)
+            e = pa.scalar(end, t["start_utc"].type)
+            runs = t.filter(pc.and_(pc.greater_equal(t["start_utc"], s), pc.less(t["start_utc"], e)))
+            # lines set aside are reported on the day their time falls in; lines without a readable
+            # time on the dataset's first day
+            q = parsed.quarantine_table()
+            when = q["record_utc"]
+            first_day = day == first_run_day
+            keep = pc.or_(
+                pc.and_(pc.greater_equal(when, pa.scalar(start, when.type)), pc.less(when, pa.scalar(end, when.type))),
+                pc.and_(pc.is_null(when), pa.scalar(first_day)),
+            )
+            quarantine = q.filter(pc.fill_null(keep, first_day))
+        samples = store.read_table(GPU_SAMPLES, day) if store.has_partition(GPU_SAMPLES, day) else GPU_SAMPLES.empty()
+        samples = samples.filter(pc.equal(samples["source"], "terapixel"))
+        means = task_gpu_means(runs, samples) if runs.num_rows else TASK_GPU_MEANS.empty()
+        store.write_partition(QUARANTINE_TASK_RUNS, day, quarantine)
+        counters = {k: float(v) for k, v in (parsed.counters.items() if parsed else [])
+                    if k in {"duplicate_events", "reexecuted_runs", "unmatched_start", "unmatched_stop"}}
+        return {
+            RUNS_KEY: outcome(day, store.write_partition(TASK_RUNS, day, runs), runs, **counters),
+            MEANS_KEY: outcome(day, store.write_partition(TASK_GPU_MEANS, day, means), means),
+        }
+
+    out = run_days_multi(context, [RUNS_KEY, MEANS_KEY], one_day)
+    yield materialize_result(TASK_RUNS, out[RUNS_KEY], asset_key=RUNS_KEY)
+    yield materialize_result(TASK_GPU_MEANS, out[MEANS_KEY], asset_key=MEANS_KEY)

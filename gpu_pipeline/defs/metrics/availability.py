@@ -1,0 +1,84 @@
+"""Metrics: backfill availability periods per GPU, and their summary by device and tier (5.3)."""
+
+import datetime as dt
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
+from gpu_pipeline.defs.common import (
+    materialize_result,
+    outcome,
+    run_days_multi,
+    table_key,
+    table_spec_asset,
+    window,
+)
+from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
+from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.resources import DataStoreResource
+from gpu_pipeline.lib.availability import (
+    AVAILABILITY_PERIODS,
+    AVAILABILITY_SUMMARY,
+    compute_availability_periods,
+    compute_availability_summary,
+)
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_STATES
+from gpu_pipeline.lib.store import connect
+
+PERIODS_KEY, SUMMARY_KEY = table_key(AVAILABILITY_PERIODS), table_key(AVAILABILITY_SUMMARY)
+LOOKBACK_DAYS = 7  # whole periods are summarized on the day they end, with up to a week of history
+VALID = dg.AssetCheckSpec("periods_valid", asset=PERIODS_KEY,
+                          description="Every period has end > start and lies inside its day.")
+
+
+def _days_back(day: str, n: int) -> list[str]:
+    d = dt.date.fromisoformat(day)
+    return [(d - dt.timedelta(days=i)).isoformat() for i in range(n, -1, -1)]
+
+
+@dg.multi_asset(
+    specs=[table_spec_asset(AVAILABILITY_PERIODS, [STATES_KEY, SLOTS_KEY]),
+           table_spec_asset(AVAILABILITY_SUMMARY, [STATES_KEY])],
+    partitions_def=daily_partitions,
+    backfill_policy=daily_backfill_policy,
+    check_specs=[VALID],
+    name="availability",
+)
+def availability(context: dg.AssetExecutionContext, data_store: DataStoreResource):
+    store = data_store.store()
+    bad: dict[str, int] = {}
+
+    def one_day(day: str):
+        start, end = window(day)
+        con = connect()
+        try:
+            st_sql, st_params = store.relation_sql(GPU_STATES, _days_back(day, 1))
+            sn_sql, sn_params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [day])
+            periods = compute_availability_periods(con, st_sql, st_params, start, end, sn_sql, sn_params)
+            result = store.write_partition(AVAILABILITY_PERIODS, day, periods)
+            # the day's periods are on disk now: summarize with the previous days' pieces
+            p_sql, p_params = store.relation_sql(AVAILABILITY_PERIODS, _days_back(day, LOOKBACK_DAYS))
+            summary = compute_availability_summary(con, p_sql, p_params, start, end)
+        finally:
+            con.close()
+        s, e = periods["start_utc"], periods["end_utc"]
+        bad[day] = int(pc.sum(pc.or_(pc.less_equal(e, s), pc.or_(
+            pc.less(s, pa.scalar(start, s.type)), pc.greater(e, pa.scalar(end, e.type))))).as_py() or 0)
+        all_row = [r for r in summary.to_pylist() if r["device_name"] == "ALL" and r["tier"] == "ALL"]
+        kpis = {"periods": float(periods.num_rows)}
+        if all_row:
+            kpis.update(median_period_s=all_row[0]["duration_median_s"] or 0.0,
+                        median_time_to_claim_s=all_row[0]["time_to_claim_median_s"] or 0.0,
+                        available_gpu_hours=all_row[0]["available_gpu_hours"] or 0.0)
+        return {
+            PERIODS_KEY: outcome(day, result, periods),
+            SUMMARY_KEY: outcome(day, store.write_partition(AVAILABILITY_SUMMARY, day, summary), summary, **kpis),
+        }
+
+    out = run_days_multi(context, [PERIODS_KEY, SUMMARY_KEY], one_day)
+    yield materialize_result(AVAILABILITY_PERIODS, out[PERIODS_KEY], asset_key=PERIODS_KEY)
+    yield materialize_result(AVAILABILITY_SUMMARY, out[SUMMARY_KEY], asset_key=SUMMARY_KEY)
+    yield dg.AssetCheckResult(check_name=VALID.name, asset_key=PERIODS_KEY, passed=not any(bad.values()),
+                              metadata={"violations_by_day": dg.MetadataValue.json(bad)})
