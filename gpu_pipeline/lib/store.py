@@ -235,7 +235,12 @@ def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
     for spec in all_tables().values():
         con.execute(f"CREATE SCHEMA IF NOT EXISTS {_q(spec.layer)}")
         view = f"{_q(spec.layer)}.{_q(spec.name)}"
-        if store.partition_days(spec):
+        if spec.path == "reference/gpu_specs":
+            from gpu_pipeline.lib.gpu_specs import spec_table
+
+            con.register("_gpu_specs_table", spec_table())
+            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM _gpu_specs_table")
+        elif store.partition_days(spec):
             pattern = str(store.table_dir(spec) / "date=*" / PART_FILE).replace("'", "''")
             # DDL cannot take parameters; the pattern comes from our own root path (quoted above).
             con.execute(
