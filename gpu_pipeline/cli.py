@@ -42,12 +42,26 @@ def _apply_env_defaults() -> None:
 
 
 def prepare_dagster_home(home: Path) -> Path:
-    """Create ``home`` with the instance template ``dagster.yaml`` unless one exists."""
+    """Create ``home`` with the instance template ``dagster.yaml`` unless one exists, and create the
+    instance's storage once, under a lock: two commands that are the first to use a fresh SQLite
+    instance would otherwise race creating its tables ("table alembic_version already exists")."""
+    import fcntl
+
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     target = home / "dagster.yaml"
     if not target.exists():
         shutil.copyfile(INSTANCE_TEMPLATE, target)
+    marker = home / ".gpu-pipeline-initialized"
+    if not marker.exists():
+        with open(home / ".gpu-pipeline-init.lock", "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            if not marker.exists():
+                import dagster as dg
+
+                with dg.DagsterInstance.from_config(str(home)) as instance:
+                    instance.get_run_records(limit=1)
+                marker.touch()
     return home
 
 
