@@ -110,7 +110,9 @@ def demo_days(today: dt.date | None = None, tz: str = DEMO_TZ) -> tuple[dt.date,
 
 
 def demo_env(base: Path, start: dt.date) -> dict[str, str]:
-    return {
+    """The demo's environment; a source directory that does not exist under ``base/sources`` is
+    left out (that source is off)."""
+    env = {
         "DAGSTER_HOME": str(base / "dagster_home"),
         "GPU_PIPELINE_DATA_ROOT": str(base / "data"),
         "GPU_PIPELINE_CONDOR_ARCHIVE": str(base / "sources" / "condor"),
@@ -124,6 +126,9 @@ def demo_env(base: Path, start: dt.date) -> dict[str, str]:
         "GPU_PIPELINE_KUEUE_DIR": str(base / "sources" / "kueue"),
         "GPU_PIPELINE_TERAPIXEL_DIR": str(base / "sources" / "terapixel"),
     }
+    optional = ("GPU_PIPELINE_JOBS_DIR", "GPU_PIPELINE_TELEMETRY_DIR", "GPU_PIPELINE_KUEUE_DIR",
+                "GPU_PIPELINE_TERAPIXEL_DIR")
+    return {k: v for k, v in env.items() if k not in optional or Path(v).is_dir()}
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -96,7 +96,8 @@ def run_days_multi(
 def _day_metadata(o: DayOutcome) -> dict[str, Any]:
     md: dict[str, Any] = {}
     if o.result is not None:
-        md["dagster/row_count"] = o.result.rows
+        if not o.result.path.endswith(".png"):
+            md["dagster/row_count"] = o.result.rows
         md["dagster/uri"] = o.result.uri
         md["bytes"] = o.result.bytes
     for k, v in o.metrics.items():
@@ -119,12 +120,13 @@ def materialize_result(
         md = _day_metadata(outcomes[0])
     else:
         md = {
-            "dagster/row_count": sum(o.result.rows for o in outcomes if o.result),
             "days": len(outcomes),
             "rows_by_day": dg.MetadataValue.json(
                 {o.day: (o.result.rows if o.result else None) for o in outcomes}
             ),
         }
+        if spec is not None:
+            md["dagster/row_count"] = sum(o.result.rows for o in outcomes if o.result)
         if spec is not None and outcomes and outcomes[0].result is not None:
             md["dagster/uri"] = outcomes[0].result.uri.rsplit("/date=", 1)[0]
         keys = sorted({k for o in outcomes for k in o.metrics})

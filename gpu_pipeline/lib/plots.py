@@ -64,7 +64,7 @@ def _png(fig: Figure, dpi: int) -> bytes:
     return buf.getvalue()
 
 
-def _preview(fig: Figure, width_px: int = 480) -> bytes:
+def _preview(fig: Figure, width_px: int = 900) -> bytes:
     w_in = fig.get_figwidth()
     return _png(fig, dpi=max(20, int(width_px / w_in)))
 
