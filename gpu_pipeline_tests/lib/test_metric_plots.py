@@ -1,0 +1,512 @@
+"""Metric plots: valid PNGs, hand-computed key figures, no-data figures, scale, no pyplot state."""
+
+import datetime as dt
+import io
+import time
+
+import matplotlib
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from gpu_pipeline.lib import metric_plots as M
+from gpu_pipeline.lib import plot_style as S
+from gpu_pipeline.lib.allocation import ALLOCATION_BUCKETS, ALLOCATION_DAILY
+from gpu_pipeline.lib.availability import AVAILABILITY_PERIODS
+from gpu_pipeline.lib.demand import DEMAND_CAPACITY, DEMAND_TOP_CONTRIBUTORS
+from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
+from gpu_pipeline.lib.evictions import EVICTION_RATES, EVICTIONS
+from gpu_pipeline.lib.schemas import GPU_STATES, conform
+
+DAY = dt.date(2026, 11, 17)
+TZ = "America/Chicago"
+T0 = dt.datetime(2026, 11, 17, 6, tzinfo=dt.UTC)  # local midnight of DAY in Chicago (CST, UTC-6)
+H100 = "NVIDIA H100 80GB HBM3"
+A10 = "NVIDIA A10"
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def image(png: bytes) -> np.ndarray:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=float) / 255.0
+
+
+def check(r: S.Rendered) -> np.ndarray:
+    """A valid PNG, a preview at most 480 px wide, finite float numbers."""
+    img = image(r.png)
+    assert img.shape[0] > 100 and img.shape[1] > 300
+    preview = image(r.preview_png)
+    assert preview.shape[1] <= S.PREVIEW_WIDTH_PX
+    assert all(isinstance(v, float) and np.isfinite(v) for v in r.numbers.values())
+    return img
+
+
+def is_no_data(r: S.Rendered) -> bool:
+    """The render_no_data figure: 10 x 3 in at 100 dpi, no key figure but coverage."""
+    return image(r.png).shape[:2] == (300, 1000) and set(r.numbers) <= {"coverage_pct"}
+
+
+def hexrgb(h: str) -> np.ndarray:
+    return np.array([int(h[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+
+
+def pixels_of(img: np.ndarray, color: str) -> int:
+    return int(np.isclose(img, hexrgb(color), atol=0.012).all(axis=-1).sum())
+
+
+def table(spec, rows: list[dict]) -> pa.Table:
+    return conform(pa.Table.from_pylist(rows), spec)
+
+
+def bucket(b: int) -> dt.datetime:
+    return T0 + dt.timedelta(minutes=5 * b)
+
+
+def full_day_buckets() -> pa.Table:
+    """288 buckets: priority claims b % 3 of 4 GPUs (0, 25, 50 %: mean 25, median 25), shared 2 of
+    2 (100 %), backfill 1 of 2 (50 %), TOTAL (b % 3) + 2 of 6 (mean 50 %); H100 rows as well."""
+    rows = []
+    for b in range(288):
+        k = b % 3
+        for device in ("ALL", H100):
+            for tier, c, t in (("priority", k, 4), ("shared", 2, 2), ("backfill", 1, 2), ("TOTAL", k + 2, 6)):
+                rows.append({"bucket_start_utc": bucket(b), "tier": tier, "device_name": device,
+                             "claimed_gpus": c, "total_gpus": t, "allocation_pct": 100.0 * c / t})
+    return table(ALLOCATION_BUCKETS, rows)
+
+
+def partial_buckets() -> pa.Table:
+    """Four buckets; priority: 0 of 1, 1 of 2, 0 of 0 (null %), 2 of 2 -> mean % over buckets with
+    capacity = (0 + 50 + 100) / 3 = 50; mean claimed 0.75, mean total 1.25 over the 4 buckets."""
+    rows = []
+    for b, (c, t) in enumerate(((0, 1), (1, 2), (0, 0), (2, 2))):
+        for tier in ("priority", "shared", "backfill", "TOTAL"):
+            rows.append({"bucket_start_utc": bucket(100 + b), "tier": tier, "device_name": "ALL",
+                         "claimed_gpus": c, "total_gpus": t, "allocation_pct": 100.0 * c / t if t else None})
+    return table(ALLOCATION_BUCKETS, rows)
+
+
+def daily_table(devices: list[str]) -> pa.Table:
+    rows = []
+    for i, device in enumerate(["ALL", *devices]):
+        for j, tier in enumerate(("priority", "shared", "backfill", "TOTAL")):
+            rows.append({"day_start_utc": T0, "tier": tier, "device_name": device,
+                         "allocation_pct": 10.0 * j + (5.0 if device == "ALL" else i),
+                         "avg_claimed_gpus": 1.0 + i, "avg_total_gpus": 4.0 + i, "buckets": 288,
+                         "buckets_with_capacity": 288, "buckets_expected": 288})
+    return table(ALLOCATION_DAILY, rows)
+
+
+def states_table() -> pa.Table:
+    """2 GPUs x 288 buckets: GPU 0 busy_prioritized, GPU 1 idle_shared half the day then na."""
+    rows = []
+    for b in range(288):
+        rows.append({"bucket_start_utc": bucket(b), "gpu_id": "GPU-00000000", "host": "h1",
+                     "state": "busy_prioritized", "n_slot_rows": 1})
+        rows.append({"bucket_start_utc": bucket(b), "gpu_id": "GPU-00000001", "host": "h1",
+                     "state": "idle_shared" if b < 144 else "na", "n_slot_rows": 1})
+    return table(GPU_STATES, rows)
+
+
+def period(minutes: float, reason: str, device: str = H100, **kw) -> dict:
+    start = T0 + dt.timedelta(hours=2)
+    return {"gpu_id": "GPU-00000001", "host": "h1", "device_name": device, "tier": "priority",
+            "start_utc": start, "end_utc": start + dt.timedelta(minutes=minutes), "duration_s": 60.0 * minutes,
+            "end_reason": reason, "resolution_s": 300.0, "continues_after_day": reason == "open", **kw}
+
+
+def periods_table() -> pa.Table:
+    # Ended: 5, 10, 15, 60 min (median 12.5); claimed by backfill: 10 and 60 min; one open.
+    return table(AVAILABILITY_PERIODS, [
+        period(5, "primary_claimed"), period(10, "backfill_claimed", A10), period(15, "dropout"),
+        period(60, "backfill_claimed"), period(30, "open"),
+    ])
+
+
+def eviction(local_hour: int, minute: int, runtime_s: float, lost: float, device: str = H100, lb: bool = False):
+    at = T0 + dt.timedelta(hours=local_hour, minutes=minute)
+    return {"global_job_id": f"s#{local_hour}.{minute}#1", "n_gpus": 1, "device_name": device,
+            "started_utc": at - dt.timedelta(seconds=runtime_s), "evicted_utc": at, "runtime_s": runtime_s,
+            "runtime_is_lower_bound": lb, "lost_gpu_hours": lost, "resolution_s": 1.0, "detected_by": "job_records"}
+
+
+def evictions_table() -> pa.Table:
+    return table(EVICTIONS, [eviction(3, 5, 600, 1.0), eviction(3, 40, 1200, 0.5, A10),
+                             eviction(15, 0, 3600, 2.0, lb=True)])
+
+
+def rates_table() -> pa.Table:
+    rows = [{"device_name": "ALL", "tier": "ALL", "hour_local": h, "evictions": 0, "backfill_gpu_hours": 1.25,
+             "evictions_per_backfill_gpu_hour": 0.0, "lost_gpu_hours": 0.0} for h in range(24)]
+    rows.append({"device_name": "ALL", "tier": "ALL", "hour_local": None, "evictions": 3, "backfill_gpu_hours": 30.0,
+                 "evictions_per_backfill_gpu_hour": 0.1, "lost_gpu_hours": 3.5})
+    return table(EVICTION_RATES, rows)
+
+
+def hourly_row(hour: int, util, pif, cls, coverage_s=3600.0, device=H100, realized=None, achievable=100.0):
+    return {"gpu_id": f"GPU-{hour:08x}", "device_name": device, "hour_start_utc": T0 + dt.timedelta(hours=hour),
+            "samples": 60, "coverage_s": coverage_s, "util_pct": util, "pif": pif, "max_power_w": 700.0,
+            "max_power_source": "spec", "achievable_tflops": achievable,
+            "realized_tflops": realized if realized is not None else (None if pif is None else achievable * pif),
+            "efficiency_class": cls, "spec_known": True}
+
+
+def hourly_table() -> pa.Table:
+    """Classified GPU-hours: Efficient 1 h, Idle 1 h, Moderate 0.5 h, Inefficient 0.5 h; one row
+    without power (no class, 1 h)."""
+    return table(GPU_HOURLY_EFFICIENCY, [
+        hourly_row(0, 95.0, 0.9, "Efficient"), hourly_row(1, 5.0, 0.1, "Idle", device=A10),
+        hourly_row(2, 50.0, 0.55, "Moderate", coverage_s=1800.0), hourly_row(3, 30.0, 0.3, "Inefficient", 1800.0),
+        hourly_row(4, 60.0, None, None),
+    ])
+
+
+def capacity_table() -> pa.Table:
+    """htcondor ALL: demand 10, idle 5 every hour; CIS 0.6 (Warning) the first 12 hours, 0.8
+    (Critical) after; one device class with demand 0; kueue ALL: demand 2, idle 8."""
+    rows = []
+    for h in range(24):
+        base = {"hour_start_utc": T0 + dt.timedelta(hours=h), "idle_open_gpus": 2.0, "busy_gpus": 15.0,
+                "total_gpus": 20.0, "allocation_pct": 75.0, "dcr_capped": False, "zero_idle": False, "qps": 0.3}
+        rows.append({**base, "source": "htcondor", "device_class": "ALL", "demand_gpus": 10.0, "idle_gpus": 5.0,
+                     "dcr": 2.0, "cis": 0.6 if h < 12 else 0.8, "severity": "Warning" if h < 12 else "Critical"})
+        rows.append({**base, "source": "htcondor", "device_class": H100, "demand_gpus": 0.0, "idle_gpus": 3.0,
+                     "dcr": 0.0, "cis": 0.1, "severity": "Healthy"})
+        rows.append({**base, "source": "kueue", "device_class": "ALL", "demand_gpus": 2.0, "idle_gpus": 8.0,
+                     "dcr": 0.25, "cis": 0.2, "severity": "Healthy"})
+    return table(DEMAND_CAPACITY, rows)
+
+
+def top_table() -> pa.Table:
+    rows = []
+    for rank, (owner, gh) in enumerate((("alice", 60.0), ("bob", 30.0), ("carol", 10.0)), start=1):
+        rows.append({"day_start_utc": T0, "source": "htcondor", "dimension": "owner", "key": owner,
+                     "demand_gpu_hours": gh, "share": gh / 100.0, "jobs": 3, "rank": rank})
+    rows.append({"day_start_utc": T0, "source": "htcondor", "dimension": "device_class", "key": "ANY",
+                 "demand_gpu_hours": 100.0, "share": 1.0, "jobs": 9, "rank": 1})
+    rows.append({"day_start_utc": T0, "source": "kueue", "dimension": "cluster_queue", "key": "cq-a",
+                 "demand_gpu_hours": 8.0, "share": 1.0, "jobs": None, "rank": 1})
+    return table(DEMAND_TOP_CONTRIBUTORS, rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Allocation
+# ---------------------------------------------------------------------------------------------
+
+
+def test_allocation_over_day_means_per_tier():
+    r = M.allocation_over_day(full_day_buckets(), DAY, TZ)
+    check(r)
+    assert r.numbers["allocation_pct_priority"] == pytest.approx(25.0)
+    assert r.numbers["allocation_pct_shared"] == pytest.approx(100.0)
+    assert r.numbers["allocation_pct_backfill"] == pytest.approx(50.0)
+    assert r.numbers["allocation_pct_TOTAL"] == pytest.approx(50.0)
+    assert r.numbers["gpus_total"] == pytest.approx(6.0)
+    assert r.numbers["coverage_pct"] == pytest.approx(100.0)
+
+
+def test_partial_day_skips_buckets_without_capacity_and_reports_coverage():
+    r = M.allocation_over_day(partial_buckets(), DAY, TZ)
+    check(r)
+    assert r.numbers["allocation_pct_priority"] == pytest.approx(50.0)  # the 0-of-0 bucket is left out
+    assert r.numbers["coverage_pct"] == pytest.approx(100.0 * 4 / 288)
+    c = M.allocation_counts(partial_buckets(), DAY, TZ)
+    assert c.numbers["avg_claimed_gpus_priority"] == pytest.approx(0.75)
+    assert c.numbers["avg_total_gpus_priority"] == pytest.approx(1.25)
+    # A caller can demand more coverage: then the day is a no-data figure.
+    r = M.allocation_over_day(partial_buckets(), DAY, TZ, min_coverage_pct=50)
+    assert is_no_data(r) and r.numbers == {"coverage_pct": pytest.approx(100.0 * 4 / 288)}
+
+
+def test_allocation_counts_draws_the_tier_colors():
+    r = M.allocation_counts(full_day_buckets(), DAY, TZ)
+    img = check(r)
+    assert r.numbers["avg_claimed_gpus_priority"] == pytest.approx(1.0)
+    assert r.numbers["avg_total_gpus_priority"] == pytest.approx(4.0)
+    assert r.numbers["avg_claimed_gpus_TOTAL"] == pytest.approx(3.0)
+    for tier, color in S.TIER_COLORS.items():
+        assert pixels_of(img, color) > 2000, f"{tier} color {color} not drawn"
+        if tier != "shared":  # shared is fully claimed: no unclaimed tint
+            assert pixels_of(img, S.TIER_LIGHT_COLORS[tier]) > 500, f"{tier} tint not drawn"
+
+
+def test_allocation_heatmap_reads_the_daily_table_and_folds_many_devices():
+    r = M.allocation_heatmap(daily_table([H100, A10]), DAY, TZ)
+    check(r)
+    assert r.numbers["allocation_pct_priority"] == pytest.approx(5.0)
+    assert r.numbers["allocation_pct_TOTAL"] == pytest.approx(35.0)
+    assert r.numbers["devices"] == 2
+    many = M.allocation_heatmap(daily_table([f"GPU model {i:02d}" for i in range(20)]), DAY, TZ)
+    img = check(many)
+    assert many.numbers["devices"] == 20
+    assert img.shape[0] < 1200  # 12 rows + other + ALL, not 21
+
+
+def test_allocation_distribution_medians():
+    r = M.allocation_distribution(full_day_buckets(), DAY, TZ)
+    check(r)
+    assert r.numbers["median_allocation_pct_priority"] == pytest.approx(25.0)
+    assert r.numbers["median_allocation_pct_shared"] == pytest.approx(100.0)
+    assert r.numbers["allocation_pct_backfill"] == pytest.approx(50.0)
+
+
+def test_daily_dashboard_is_an_a4_landscape_page_with_state_shares():
+    r = M.daily_dashboard(full_day_buckets(), daily_table([H100]), states_table(), DAY, TZ)
+    img = check(r)
+    h, w = img.shape[:2]
+    assert w / h == pytest.approx(297 / 210, rel=0.01) and w >= 1700
+    assert r.numbers["allocation_pct_priority"] == pytest.approx(25.0)
+    assert r.numbers["share_busy_prioritized"] == pytest.approx(0.5)
+    assert r.numbers["share_idle_shared"] == pytest.approx(0.25)
+    assert r.numbers["share_na"] == pytest.approx(0.25)
+    for state in ("busy_prioritized", "idle_shared", "na"):
+        assert pixels_of(img, S.STATE_COLORS[state]) > 1000, state
+    for tier in ("priority", "shared", "backfill"):
+        assert pixels_of(img, S.TIER_COLORS[tier]) > 500, tier
+    # Without state rows the page still renders.
+    assert "share_na" not in M.daily_dashboard(full_day_buckets(), daily_table([H100]), None, DAY, TZ).numbers
+
+
+def test_dst_day_has_25_hours_of_buckets():
+    day = dt.date(2026, 11, 1)  # CDT -> CST: 25 hours in America/Chicago
+    start = dt.datetime(2026, 11, 1, 5, tzinfo=dt.UTC)
+    rows = [{"bucket_start_utc": start + dt.timedelta(minutes=5 * b), "tier": tier, "device_name": "ALL",
+             "claimed_gpus": 1, "total_gpus": 2, "allocation_pct": 50.0}
+            for b in range(300) for tier in ("priority", "shared", "backfill", "TOTAL")]
+    r = M.allocation_over_day(table(ALLOCATION_BUCKETS, rows), day, TZ)
+    check(r)
+    assert r.numbers["coverage_pct"] == pytest.approx(100.0)
+    assert r.numbers["allocation_pct_TOTAL"] == pytest.approx(50.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Availability and evictions
+# ---------------------------------------------------------------------------------------------
+
+
+def test_availability_durations():
+    r = M.availability_durations(periods_table(), DAY, TZ)
+    check(r)
+    assert r.numbers["count"] == 4
+    assert r.numbers["median_min"] == pytest.approx(12.5)
+    assert r.numbers["mean_min"] == pytest.approx(22.5)
+    assert r.numbers["open_at_day_end"] == 1
+    assert r.numbers["available_gpu_hours"] == pytest.approx(120 / 60)
+
+
+def test_time_to_claim():
+    r = M.time_to_claim(periods_table(), DAY, TZ)
+    check(r)
+    assert r.numbers["count"] == 2
+    assert r.numbers["median_min"] == pytest.approx(35.0)
+    assert r.numbers["claimed_share"] == pytest.approx(0.5)
+
+
+def test_evictions_by_hour_uses_local_hours():
+    r = M.evictions_by_hour(evictions_table(), rates_table(), DAY, TZ)
+    check(r)
+    assert r.numbers["evictions"] == 3
+    assert r.numbers["lost_gpu_hours"] == pytest.approx(3.5)
+    assert r.numbers["peak_hour"] == 3  # 09:05 and 09:40 UTC are 03:xx in Chicago
+    assert r.numbers["evictions_per_backfill_gpu_hour"] == pytest.approx(0.1)
+    assert r.numbers["backfill_gpu_hours"] == pytest.approx(30.0)
+    # No eviction but backfill hours: a figure with zero bars, not an error.
+    r = M.evictions_by_hour(EVICTIONS.empty(), rates_table(), DAY, TZ)
+    check(r)
+    assert r.numbers["evictions"] == 0
+
+
+def test_runtime_to_eviction():
+    r = M.runtime_to_eviction(evictions_table(), DAY, TZ)
+    check(r)
+    assert r.numbers["count"] == 3
+    assert r.numbers["median_min"] == pytest.approx(20.0)
+    assert r.numbers["lower_bound_runtimes"] == 1
+
+
+def test_twenty_device_classes_fold_into_other():
+    rows = [eviction(h % 24, 0, 600 + 60 * h, 0.1, device=f"Model {h:02d}") for h in range(20)]
+    r = M.evictions_by_hour(table(EVICTIONS, rows), EVICTION_RATES.empty(), DAY, TZ)
+    check(r)
+    assert r.numbers["evictions"] == 20
+    check(M.runtime_to_eviction(table(EVICTIONS, rows), DAY, TZ))
+
+
+# ---------------------------------------------------------------------------------------------
+# Efficiency
+# ---------------------------------------------------------------------------------------------
+
+
+def test_efficiency_scatter_shares_by_class():
+    r = M.efficiency_scatter(hourly_table(), DAY, TZ)
+    check(r)
+    assert r.numbers["points"] == 4  # the row without power is not a point
+    assert r.numbers["density"] == 0
+    assert r.numbers["share_Efficient"] == pytest.approx(1 / 3)
+    assert r.numbers["share_Idle"] == pytest.approx(1 / 3)
+    assert r.numbers["share_Moderate"] == pytest.approx(1 / 6)
+    assert r.numbers["share_Inefficient"] == pytest.approx(1 / 6)
+    assert r.numbers["share_Bottlenecked"] == 0
+
+
+def test_efficiency_scatter_bins_two_million_points():
+    n = 2_000_000
+    rng = np.random.default_rng(7)
+    util = rng.uniform(0, 100, n)
+    pif = rng.uniform(0, 1, n)
+    codes = M._class_codes(util, pif)
+    t = pa.table({
+        "util_pct": util, "pif": pif, "coverage_s": np.full(n, 3600.0),
+        "efficiency_class": pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(S.CLASS_ORDER)),
+    })
+    t0 = time.perf_counter()
+    r = M.efficiency_scatter(t, DAY, TZ)
+    elapsed = time.perf_counter() - t0
+    check(r)
+    assert r.numbers["points"] == n and r.numbers["density"] == 1
+    assert sum(r.numbers[f"share_{c}"] for c in S.CLASS_ORDER) == pytest.approx(1.0)
+    assert r.numbers["share_Idle"] == pytest.approx(0.1, abs=0.01)
+    assert len(r.png) < 400_000  # bounded: a 2-D histogram, not two million markers
+    print(f"efficiency_scatter, 2,000,000 points: {elapsed:.2f} s")
+
+
+def test_efficiency_classes_gpu_hours():
+    r = M.efficiency_classes(hourly_table(), DAY, TZ)
+    check(r)
+    assert r.numbers["gpu_hours"] == pytest.approx(4.0)
+    assert r.numbers["gpu_hours_Efficient"] == pytest.approx(1.0)
+    assert r.numbers["gpu_hours_Moderate"] == pytest.approx(0.5)
+    assert r.numbers["gpu_hours_no_class"] == pytest.approx(1.0)
+    assert r.numbers["share_Idle"] == pytest.approx(0.25)
+
+
+def test_rfu_over_day_is_capability_weighted():
+    rows = [hourly_row(5, 80.0, 0.5, "Moderate", realized=50.0, achievable=100.0),
+            hourly_row(5, 20.0, 0.2, "Inefficient", coverage_s=1800.0, realized=10.0, achievable=50.0)]
+    r = M.rfu_over_day(table(GPU_HOURLY_EFFICIENCY, rows), DAY, TZ)
+    check(r)
+    assert r.numbers["util_pct"] == pytest.approx(60.0)  # (80 x 3600 + 20 x 1800) / 5400
+    assert r.numbers["rfu_pct_fleet"] == pytest.approx(44.0)  # 100 (50 x 3600 + 10 x 1800) / (100 x 3600 + 50 x 1800)
+    assert r.numbers["efficiency_gap_pp"] == pytest.approx(16.0)
+    assert r.numbers["hours"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Demand and capacity
+# ---------------------------------------------------------------------------------------------
+
+
+def test_demand_capacity_panels():
+    r = M.demand_capacity_panels(capacity_table(), DAY, TZ)
+    check(r)
+    assert r.numbers["demand_gpus_htcondor"] == pytest.approx(10.0)
+    assert r.numbers["idle_gpus_htcondor"] == pytest.approx(5.0)
+    assert r.numbers["dcr_htcondor"] == pytest.approx(2.0)
+    assert r.numbers["cis_max_htcondor"] == pytest.approx(0.8)
+    assert r.numbers["hours_warning_htcondor"] == 12
+    assert r.numbers["hours_critical_htcondor"] == 12
+    assert r.numbers["demand_gpus_kueue"] == pytest.approx(2.0)
+    assert r.numbers["coverage_pct"] == pytest.approx(100.0)
+
+
+def test_imbalance_heatmap():
+    r = M.imbalance_heatmap(capacity_table(), DAY, TZ)
+    check(r)
+    assert r.numbers["max_dcr"] == pytest.approx(2.0)
+    assert r.numbers["hours_dcr_above_1"] == 24
+    assert r.numbers["device_classes"] == 1
+    r = M.imbalance_heatmap(capacity_table(), DAY, TZ, metric="cis")
+    check(r)
+    assert r.numbers["max_cis"] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="metric"):
+        M.imbalance_heatmap(capacity_table(), DAY, TZ, metric="qps")
+
+
+def test_top_contributors():
+    r = M.top_contributors(top_table(), DAY, TZ)
+    check(r)
+    assert r.numbers["demand_gpu_hours_htcondor"] == pytest.approx(100.0)
+    assert r.numbers["top_share_owner"] == pytest.approx(0.6)
+    assert r.numbers["demand_gpu_hours_kueue"] == pytest.approx(8.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Empty days, determinism, no global state
+# ---------------------------------------------------------------------------------------------
+
+EMPTY_CALLS = {
+    "allocation_over_day": lambda: M.allocation_over_day(ALLOCATION_BUCKETS.empty(), DAY, TZ),
+    "allocation_counts": lambda: M.allocation_counts(ALLOCATION_BUCKETS.empty(), DAY, TZ),
+    "allocation_heatmap": lambda: M.allocation_heatmap(ALLOCATION_DAILY.empty(), DAY, TZ),
+    "allocation_distribution": lambda: M.allocation_distribution(ALLOCATION_BUCKETS.empty(), DAY, TZ),
+    "daily_dashboard": lambda: M.daily_dashboard(ALLOCATION_BUCKETS.empty(), ALLOCATION_DAILY.empty(),
+                                                 GPU_STATES.empty(), DAY, TZ),
+    "availability_durations": lambda: M.availability_durations(AVAILABILITY_PERIODS.empty(), DAY, TZ),
+    "time_to_claim": lambda: M.time_to_claim(AVAILABILITY_PERIODS.empty(), DAY, TZ),
+    "evictions_by_hour": lambda: M.evictions_by_hour(EVICTIONS.empty(), EVICTION_RATES.empty(), DAY, TZ),
+    "runtime_to_eviction": lambda: M.runtime_to_eviction(EVICTIONS.empty(), DAY, TZ),
+    "efficiency_scatter": lambda: M.efficiency_scatter(GPU_HOURLY_EFFICIENCY.empty(), DAY, TZ),
+    "efficiency_classes": lambda: M.efficiency_classes(GPU_HOURLY_EFFICIENCY.empty(), DAY, TZ),
+    "rfu_over_day": lambda: M.rfu_over_day(GPU_HOURLY_EFFICIENCY.empty(), DAY, TZ),
+    "demand_capacity_panels": lambda: M.demand_capacity_panels(DEMAND_CAPACITY.empty(), DAY, TZ),
+    "imbalance_heatmap": lambda: M.imbalance_heatmap(DEMAND_CAPACITY.empty(), DAY, TZ),
+    "top_contributors": lambda: M.top_contributors(DEMAND_TOP_CONTRIBUTORS.empty(), DAY, TZ),
+}
+
+
+def test_every_plot_is_covered_by_the_empty_day_test():
+    assert set(EMPTY_CALLS) == set(M.PLOTS) == set(M.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_CALLS))
+def test_empty_day_gives_the_no_data_figure(name):
+    r = EMPTY_CALLS[name]()
+    assert is_no_data(r), name
+    if "coverage_pct" in r.numbers:
+        assert r.numbers["coverage_pct"] == 0
+
+
+def test_rows_without_usable_values_give_the_no_data_figure():
+    only_open = table(AVAILABILITY_PERIODS, [period(30, "open")])
+    assert is_no_data(M.availability_durations(only_open, DAY, TZ))
+    assert is_no_data(M.time_to_claim(only_open, DAY, TZ))
+    no_power = table(GPU_HOURLY_EFFICIENCY, [hourly_row(0, 50.0, None, None)])
+    assert is_no_data(M.efficiency_scatter(no_power, DAY, TZ))
+    check(M.efficiency_classes(no_power, DAY, TZ))  # one "no class" GPU-hour is still a figure
+
+
+def test_same_input_gives_identical_bytes():
+    a = M.allocation_heatmap(daily_table([H100, A10]), DAY, TZ)
+    b = M.allocation_heatmap(daily_table([H100, A10]), DAY, TZ)
+    assert a.png == b.png and a.preview_png == b.preview_png
+
+
+def test_no_pyplot_figure_and_no_rcparams_change():
+    import matplotlib.pyplot as plt
+
+    before = dict(matplotlib.rcParams)
+    assert plt.get_fignums() == []
+    M.daily_dashboard(full_day_buckets(), daily_table([H100]), states_table(), DAY, TZ)
+    M.efficiency_scatter(hourly_table(), DAY, TZ)
+    M.imbalance_heatmap(capacity_table(), DAY, TZ)
+    M.top_contributors(top_table(), DAY, TZ)
+    assert plt.get_fignums() == []
+    assert dict(matplotlib.rcParams) == before
+
+
+def test_style_helpers():
+    assert S.title("Allocation by tier", DAY, TZ) == "Allocation by tier — 2026-11-17 (America/Chicago)"
+    assert S.unit_label("allocation", "%") == "allocation (%)"
+    assert S.short_device("NVIDIA GeForce RTX 2080 Ti") == "RTX 2080 Ti"
+    assert S.short_device("Tesla V100-SXM2-32GB") == "V100-SXM2-32GB"
+    shown, label = S.fold_top({f"m{i:02d}": float(i) for i in range(20)})
+    assert len(shown) == 13 and shown[-1] == "other" and label["m00"] == "other" and label["m19"] == "m19"
+    colors = S.device_colors([f"m{i:02d}" for i in range(12)])
+    assert len(set(colors.values())) == 12  # no two shown classes share a color
+    assert S.device_colors(["m01", "m02"])["m01"] == S.device_colors(["m02", "m01", "other"])["m01"]
+    assert S.STATE_COLORS["busy_backfill"] == "#4488ff"  # the DESIGN.md 5.1 palette, re-exported
