@@ -113,9 +113,11 @@ class Store:
     def partition_file(self, spec: TableSpec, day: dt.date | str) -> Path:
         return self.table_dir(spec) / f"date={_as_day(day)}" / PART_FILE
 
-    def plot_file(self, name: str, day: dt.date | str) -> Path:
+    def plot_file(self, name: str, day: dt.date | str, variant: str | None = None) -> Path:
+        """``plots/<name>/date=DAY/<name>.png``, or ``<name>__<variant>.png`` (e.g. one per device)."""
         safe = safe_name(name)
-        return self.root / "plots" / safe / f"date={_as_day(day)}" / f"{safe}.png"
+        stem = safe if variant is None else f"{safe}__{safe_name(variant)}"
+        return self.root / "plots" / safe / f"date={_as_day(day)}" / f"{stem}.png"
 
     # -- writing -------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -136,8 +138,8 @@ class Store:
             atomic_write_bytes(target, data)
         return WriteResult(path=str(target), rows=table.num_rows, bytes=len(data))
 
-    def write_plot(self, name: str, day: dt.date | str, png: bytes) -> WriteResult:
-        target = self.plot_file(name, day)
+    def write_plot(self, name: str, day: dt.date | str, png: bytes, variant: str | None = None) -> WriteResult:
+        target = self.plot_file(name, day, variant)
         with self._partition_lock(target.parent):
             atomic_write_bytes(target, png)
         return WriteResult(path=str(target), rows=0, bytes=len(png))

@@ -3,6 +3,7 @@
 import datetime as dt
 
 import dagster as dg
+import pyarrow.compute as pc
 
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
@@ -21,7 +22,8 @@ KEY = dg.AssetKey(["plots", NAME])
     description=(
         "Heatmap of every GPU's state per 5-minute bucket for the day (rows = GPUs grouped by host, "
         "colors = the six states of DESIGN.md 5.1 plus idle_backfill). PNG under "
-        "<data_root>/plots/gpu_timeline_heatmap/date=YYYY-MM-DD/."
+        "<data_root>/plots/gpu_timeline_heatmap/date=YYYY-MM-DD/, plus one image per device class "
+        "(gpu_timeline_heatmap__<device>.png)."
     ),
     deps=[STATES_KEY],
     partitions_def=daily_partitions,
@@ -37,12 +39,18 @@ def gpu_timeline_heatmap(context: dg.AssetExecutionContext, data_store: DataStor
         states = store.read_table(GPU_STATES, day)
         rendered = render(states, dt.date.fromisoformat(day), TIMEZONE)
         result = store.write_plot(NAME, day, rendered.png)
+        # one image per device class too (same file name with __<device>)
+        devices = sorted({d for d in states.column("device_name").to_pylist() if d}) if states.num_rows else []
+        for device in devices:
+            part = states.filter(pc.equal(states["device_name"], device))
+            store.write_plot(NAME, day, render(part, dt.date.fromisoformat(day), TIMEZONE,
+                                               title=f"GPU timeline: {device}").png, variant=device)
         previews[day] = rendered.preview_markdown(f"GPU timeline {day}")
         return DayOutcome(
             day=day,
             result=result,
             metrics=rendered.numbers,
-            details={"path": result.path},
+            details={"path": result.path, "device_images": len(devices)},
         )
 
     outcomes = run_days(context, one_day)
