@@ -67,7 +67,9 @@ def run_days_multi(
     keys: list[dg.AssetKey],
     fn: Callable[[str], dict[dg.AssetKey, DayOutcome]],
 ) -> dict[dg.AssetKey, list[DayOutcome]]:
-    """``run_days`` for a multi-asset: ``fn`` returns one outcome per asset key for the day."""
+    """``run_days`` for a multi-asset: ``fn`` returns one outcome per asset key for the day (keys
+    that the run did not select are ignored: multi-assets are subsettable)."""
+    selected = set(context.selected_asset_keys)
     outcomes: dict[dg.AssetKey, list[DayOutcome]] = {k: [] for k in keys}
     failed: list[tuple[str, str]] = []
     for day in context.partition_keys:
@@ -79,9 +81,11 @@ def run_days_multi(
             failed.append((day, f"{type(exc).__name__}: {exc}"))
             continue
         for key in keys:
-            outcome = by_key[key]
+            outcome = by_key.get(key)
+            if outcome is None:
+                continue
             outcomes[key].append(outcome)
-            if len(context.partition_keys) > 1:
+            if len(context.partition_keys) > 1 and key in selected:
                 # Per-day figures for range runs (the materialization metadata is shared by the range).
                 context.log_event(dg.AssetObservation(asset_key=key, partition=day, metadata=_day_metadata(outcome)))
     if failed:
@@ -170,3 +174,42 @@ def json_safe(obj: Any) -> Any:
 
 def empty_like(spec: TableSpec) -> pa.Table:
     return spec.empty()
+
+
+class SelectedStore:
+    """A store for a subsettable multi-asset: writes of the asset's tables (or plots) that the run
+    did not select are skipped; everything else (quarantine tables, reads) goes through."""
+
+    def __init__(self, store: Any, context: dg.AssetExecutionContext):
+        self._store = store
+        self._all = set(context.assets_def.node_keys_by_output_name.values())
+        self._selected = set(context.selected_asset_keys)
+
+    def _skip(self, key: dg.AssetKey) -> bool:
+        return key in self._all and key not in self._selected
+
+    def write_partition(self, spec: TableSpec, day: str, table: pa.Table) -> WriteResult | None:
+        if self._skip(table_key(spec)):
+            return None
+        return self._store.write_partition(spec, day, table)
+
+    def write_plot(self, name: str, day: str, png: bytes, variant: str | None = None) -> WriteResult | None:
+        if self._skip(dg.AssetKey(["plots", name])):
+            return None
+        return self._store.write_plot(name, day, png, variant)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def selected_results(context: dg.AssetExecutionContext, results: list) -> list:
+    """Only the materializations and check results of what the run selected."""
+    keys, checks = set(context.selected_asset_keys), set(context.selected_asset_check_keys)
+    out = []
+    for r in results:
+        if isinstance(r, dg.AssetCheckResult):
+            if dg.AssetCheckKey(r.asset_key, r.check_name) in checks:
+                out.append(r)
+        elif r.asset_key in keys:
+            out.append(r)
+    return out

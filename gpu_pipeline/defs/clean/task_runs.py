@@ -6,9 +6,11 @@ import pyarrow.compute as pc
 
 from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
 from gpu_pipeline.defs.common import (
+    SelectedStore,
     materialize_result,
     outcome,
     run_days_multi,
+    selected_results,
     table_key,
     table_spec_asset,
     window,
@@ -28,13 +30,14 @@ RUNS_KEY, MEANS_KEY = table_key(TASK_RUNS), table_key(TASK_GPU_MEANS)
 
 
 @dg.multi_asset(
+    can_subset=True,
     specs=[table_spec_asset(TASK_RUNS, [], {"csv", "parquet"}), table_spec_asset(TASK_GPU_MEANS, [SAMPLES_KEY])],
     partitions_def=daily_partitions,
     backfill_policy=daily_backfill_policy,
     name="task_runs",
 )
 def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, telemetry: TelemetryResource):
-    store = data_store.store()
+    store = SelectedStore(data_store.store(), context)
     base = telemetry.terapixel_dir.strip()
     parsed = None
     if base:
@@ -82,5 +85,7 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
         }
 
     out = run_days_multi(context, [RUNS_KEY, MEANS_KEY], one_day)
-    yield materialize_result(TASK_RUNS, out[RUNS_KEY], asset_key=RUNS_KEY)
-    yield materialize_result(TASK_GPU_MEANS, out[MEANS_KEY], asset_key=MEANS_KEY)
+    results: list = []
+    results.append(materialize_result(TASK_RUNS, out[RUNS_KEY], asset_key=RUNS_KEY))
+    results.append(materialize_result(TASK_GPU_MEANS, out[MEANS_KEY], asset_key=MEANS_KEY))
+    yield from selected_results(context, results)

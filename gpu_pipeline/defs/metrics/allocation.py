@@ -5,9 +5,11 @@ import pyarrow.compute as pc
 
 from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
 from gpu_pipeline.defs.common import (
+    SelectedStore,
     materialize_result,
     outcome,
     run_days_multi,
+    selected_results,
     table_key,
     table_spec_asset,
     window,
@@ -22,6 +24,7 @@ PCT_RANGE = dg.AssetCheckSpec("allocation_pct_in_range", asset=DAILY_KEY,
 
 
 @dg.multi_asset(
+    can_subset=True,
     specs=[table_spec_asset(ALLOCATION_BUCKETS, [SLOTS_KEY]), table_spec_asset(ALLOCATION_DAILY, [SLOTS_KEY])],
     partitions_def=daily_partitions,
     backfill_policy=daily_backfill_policy,
@@ -29,7 +32,7 @@ PCT_RANGE = dg.AssetCheckSpec("allocation_pct_in_range", asset=DAILY_KEY,
     name="allocation",
 )
 def allocation(context: dg.AssetExecutionContext, data_store: DataStoreResource):
-    store = data_store.store()
+    store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}
 
     def one_day(day: str):
@@ -48,7 +51,9 @@ def allocation(context: dg.AssetExecutionContext, data_store: DataStoreResource)
         }
 
     out = run_days_multi(context, [BUCKETS_KEY, DAILY_KEY], one_day)
-    yield materialize_result(ALLOCATION_BUCKETS, out[BUCKETS_KEY], asset_key=BUCKETS_KEY)
-    yield materialize_result(ALLOCATION_DAILY, out[DAILY_KEY], asset_key=DAILY_KEY)
-    yield dg.AssetCheckResult(check_name=PCT_RANGE.name, asset_key=DAILY_KEY, passed=not any(bad.values()),
-                              metadata={"violations_by_day": dg.MetadataValue.json(bad)})
+    results: list = []
+    results.append(materialize_result(ALLOCATION_BUCKETS, out[BUCKETS_KEY], asset_key=BUCKETS_KEY))
+    results.append(materialize_result(ALLOCATION_DAILY, out[DAILY_KEY], asset_key=DAILY_KEY))
+    results.append(dg.AssetCheckResult(check_name=PCT_RANGE.name, asset_key=DAILY_KEY, passed=not any(bad.values()),
+                              metadata={"violations_by_day": dg.MetadataValue.json(bad)}))
+    yield from selected_results(context, results)

@@ -8,9 +8,11 @@ import pyarrow.compute as pc
 
 from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
 from gpu_pipeline.defs.common import (
+    SelectedStore,
     materialize_result,
     outcome,
     run_days_multi,
+    selected_results,
     table_key,
     table_spec_asset,
     window,
@@ -39,6 +41,7 @@ def _days_back(day: str, n: int) -> list[str]:
 
 
 @dg.multi_asset(
+    can_subset=True,
     specs=[table_spec_asset(AVAILABILITY_PERIODS, [STATES_KEY, SLOTS_KEY]),
            table_spec_asset(AVAILABILITY_SUMMARY, [STATES_KEY])],
     partitions_def=daily_partitions,
@@ -47,7 +50,7 @@ def _days_back(day: str, n: int) -> list[str]:
     name="availability",
 )
 def availability(context: dg.AssetExecutionContext, data_store: DataStoreResource):
-    store = data_store.store()
+    store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}
 
     def one_day(day: str):
@@ -57,7 +60,9 @@ def availability(context: dg.AssetExecutionContext, data_store: DataStoreResourc
             st_sql, st_params = store.relation_sql(GPU_STATES, _days_back(day, 1))
             sn_sql, sn_params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [day])
             periods = compute_availability_periods(con, st_sql, st_params, start, end, sn_sql, sn_params)
-            result = store.write_partition(AVAILABILITY_PERIODS, day, periods)
+            # the summary reads the day's periods back from the store: write them whenever the
+            # summary is computed, even in a run that selected only the summary
+            result = data_store.store().write_partition(AVAILABILITY_PERIODS, day, periods)
             # the day's periods are on disk now: summarize with the previous days' pieces
             p_sql, p_params = store.relation_sql(AVAILABILITY_PERIODS, _days_back(day, LOOKBACK_DAYS))
             summary = compute_availability_summary(con, p_sql, p_params, start, end)
@@ -78,7 +83,9 @@ def availability(context: dg.AssetExecutionContext, data_store: DataStoreResourc
         }
 
     out = run_days_multi(context, [PERIODS_KEY, SUMMARY_KEY], one_day)
-    yield materialize_result(AVAILABILITY_PERIODS, out[PERIODS_KEY], asset_key=PERIODS_KEY)
-    yield materialize_result(AVAILABILITY_SUMMARY, out[SUMMARY_KEY], asset_key=SUMMARY_KEY)
-    yield dg.AssetCheckResult(check_name=VALID.name, asset_key=PERIODS_KEY, passed=not any(bad.values()),
-                              metadata={"violations_by_day": dg.MetadataValue.json(bad)})
+    results: list = []
+    results.append(materialize_result(AVAILABILITY_PERIODS, out[PERIODS_KEY], asset_key=PERIODS_KEY))
+    results.append(materialize_result(AVAILABILITY_SUMMARY, out[SUMMARY_KEY], asset_key=SUMMARY_KEY))
+    results.append(dg.AssetCheckResult(check_name=VALID.name, asset_key=PERIODS_KEY, passed=not any(bad.values()),
+                              metadata={"violations_by_day": dg.MetadataValue.json(bad)}))
+    yield from selected_results(context, results)

@@ -6,9 +6,11 @@ import pyarrow.compute as pc
 from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
 from gpu_pipeline.defs.clean.kueue_demand import KEY as KUEUE_KEY
 from gpu_pipeline.defs.common import (
+    SelectedStore,
     materialize_result,
     outcome,
     run_days_multi,
+    selected_results,
     table_key,
     table_spec_asset,
     window,
@@ -32,6 +34,7 @@ FINITE = dg.AssetCheckSpec("dcr_finite_and_shares_in_range", asset=CAP_KEY,
 
 
 @dg.multi_asset(
+    can_subset=True,
     specs=[table_spec_asset(DEMAND_CAPACITY, DEPS), table_spec_asset(DEMAND_TOP_CONTRIBUTORS, DEPS)],
     partitions_def=daily_partitions,
     backfill_policy=daily_backfill_policy,
@@ -39,7 +42,7 @@ FINITE = dg.AssetCheckSpec("dcr_finite_and_shares_in_range", asset=CAP_KEY,
     name="demand_capacity",
 )
 def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreResource):
-    store = data_store.store()
+    store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}
 
     def one_day(day: str):
@@ -58,7 +61,9 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
         }
 
     out = run_days_multi(context, [CAP_KEY, TOP_KEY], one_day)
-    yield materialize_result(DEMAND_CAPACITY, out[CAP_KEY], asset_key=CAP_KEY)
-    yield materialize_result(DEMAND_TOP_CONTRIBUTORS, out[TOP_KEY], asset_key=TOP_KEY)
-    yield dg.AssetCheckResult(check_name=FINITE.name, asset_key=CAP_KEY, passed=not any(bad.values()),
-                              metadata={"violations_by_day": dg.MetadataValue.json(bad)})
+    results: list = []
+    results.append(materialize_result(DEMAND_CAPACITY, out[CAP_KEY], asset_key=CAP_KEY))
+    results.append(materialize_result(DEMAND_TOP_CONTRIBUTORS, out[TOP_KEY], asset_key=TOP_KEY))
+    results.append(dg.AssetCheckResult(check_name=FINITE.name, asset_key=CAP_KEY, passed=not any(bad.values()),
+                              metadata={"violations_by_day": dg.MetadataValue.json(bad)}))
+    yield from selected_results(context, results)

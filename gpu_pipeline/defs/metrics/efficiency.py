@@ -7,9 +7,11 @@ import dagster as dg
 from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
 from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
 from gpu_pipeline.defs.common import (
+    SelectedStore,
     materialize_result,
     outcome,
     run_days_multi,
+    selected_results,
     table_key,
     table_spec_asset,
     window,
@@ -37,6 +39,7 @@ SUBSET = dg.AssetCheckSpec(
 
 
 @dg.multi_asset(
+    can_subset=True,
     specs=[table_spec_asset(s, DEPS) for s in SPECS],
     partitions_def=daily_partitions,
     backfill_policy=daily_backfill_policy,
@@ -44,7 +47,7 @@ SUBSET = dg.AssetCheckSpec(
     name="efficiency",
 )
 def efficiency(context: dg.AssetExecutionContext, data_store: DataStoreResource):
-    store = data_store.store()
+    store = SelectedStore(data_store.store(), context)
     strays: dict[str, list[str]] = {}
 
     def one_day(day: str):
@@ -76,7 +79,9 @@ def efficiency(context: dg.AssetExecutionContext, data_store: DataStoreResource)
                 for key, spec, t in zip(KEYS, SPECS, tables, strict=True)}
 
     out = run_days_multi(context, KEYS, one_day)
+    results: list = []
     for key, spec in zip(KEYS, SPECS, strict=True):
-        yield materialize_result(spec, out[key], asset_key=key)
-    yield dg.AssetCheckResult(check_name=SUBSET.name, asset_key=KEYS[0], passed=not any(strays.values()),
-                              metadata={"gpus_not_in_snapshots": dg.MetadataValue.json(strays)})
+        results.append(materialize_result(spec, out[key], asset_key=key))
+    results.append(dg.AssetCheckResult(check_name=SUBSET.name, asset_key=KEYS[0], passed=not any(strays.values()),
+                              metadata={"gpus_not_in_snapshots": dg.MetadataValue.json(strays)}))
+    yield from selected_results(context, results)

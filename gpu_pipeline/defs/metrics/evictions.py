@@ -8,9 +8,11 @@ import pyarrow.compute as pc
 from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
 from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
 from gpu_pipeline.defs.common import (
+    SelectedStore,
     materialize_result,
     outcome,
     run_days_multi,
+    selected_results,
     table_key,
     table_spec_asset,
     window,
@@ -29,6 +31,7 @@ RATES_OK = dg.AssetCheckSpec("rates_valid", asset=RATES_KEY,
 
 
 @dg.multi_asset(
+    can_subset=True,
     specs=[table_spec_asset(EVICTIONS, DEPS), table_spec_asset(EVICTION_RATES, DEPS)],
     partitions_def=daily_partitions,
     backfill_policy=daily_backfill_policy,
@@ -36,7 +39,7 @@ RATES_OK = dg.AssetCheckSpec("rates_valid", asset=RATES_KEY,
     name="evictions",
 )
 def evictions(context: dg.AssetExecutionContext, data_store: DataStoreResource):
-    store = data_store.store()
+    store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}
 
     def one_day(day: str):
@@ -71,7 +74,9 @@ def evictions(context: dg.AssetExecutionContext, data_store: DataStoreResource):
         }
 
     out = run_days_multi(context, [EVICTIONS_KEY, RATES_KEY], one_day)
-    yield materialize_result(EVICTIONS, out[EVICTIONS_KEY], asset_key=EVICTIONS_KEY)
-    yield materialize_result(EVICTION_RATES, out[RATES_KEY], asset_key=RATES_KEY)
-    yield dg.AssetCheckResult(check_name=RATES_OK.name, asset_key=RATES_KEY, passed=not any(bad.values()),
-                              metadata={"violations_by_day": dg.MetadataValue.json(bad)})
+    results: list = []
+    results.append(materialize_result(EVICTIONS, out[EVICTIONS_KEY], asset_key=EVICTIONS_KEY))
+    results.append(materialize_result(EVICTION_RATES, out[RATES_KEY], asset_key=RATES_KEY))
+    results.append(dg.AssetCheckResult(check_name=RATES_OK.name, asset_key=RATES_KEY, passed=not any(bad.values()),
+                              metadata={"violations_by_day": dg.MetadataValue.json(bad)}))
+    yield from selected_results(context, results)

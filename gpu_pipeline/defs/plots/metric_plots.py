@@ -4,7 +4,14 @@ import datetime as dt
 
 import dagster as dg
 
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days_multi, table_key
+from gpu_pipeline.defs.common import (
+    DayOutcome,
+    SelectedStore,
+    materialize_result,
+    run_days_multi,
+    selected_results,
+    table_key,
+)
 from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib import metric_plots as P
@@ -43,6 +50,7 @@ KEYS = {name: dg.AssetKey(["plots", name]) for name in PLOT_INPUTS}
 
 
 @dg.multi_asset(
+    can_subset=True,
     specs=[
         dg.AssetSpec(
             key=KEYS[name],
@@ -60,7 +68,7 @@ KEYS = {name: dg.AssetKey(["plots", name]) for name in PLOT_INPUTS}
     name="metric_plots",
 )
 def metric_plots(context: dg.AssetExecutionContext, data_store: DataStoreResource):
-    store = data_store.store()
+    store = SelectedStore(data_store.store(), context)
     previews: dict[str, str] = {}
 
     def read(spec, day):
@@ -74,15 +82,21 @@ def metric_plots(context: dg.AssetExecutionContext, data_store: DataStoreResourc
             tables = [cache.setdefault(s.path, read(s, day)) for s in inputs]
             rendered = fn(*tables, date, TIMEZONE)
             result = store.write_plot(name, day, rendered.png)
+            if result is None:  # not selected in this run
+                continue
             previews[f"{name}/{day}"] = rendered.preview_markdown(f"{name} {day}")
             out[KEYS[name]] = DayOutcome(day=day, result=result, metrics=rendered.numbers,
                                          details={"path": result.path})
         return out
 
     outcomes = run_days_multi(context, list(KEYS.values()), one_day)
+    results: list = []
     for name, key in KEYS.items():
+        if not outcomes[key]:
+            continue
         last = outcomes[key][-1]
-        yield materialize_result(None, outcomes[key], asset_key=key, extra={
+        results.append(materialize_result(None, outcomes[key], asset_key=key, extra={
             "path": dg.MetadataValue.path(last.result.path),
             "preview": dg.MetadataValue.md(previews[f"{name}/{last.day}"]),
-        })
+        }))
+    yield from selected_results(context, results)
