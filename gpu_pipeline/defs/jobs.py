@@ -21,3 +21,30 @@ nightly_schedule = dg.build_schedule_from_partitioned_job(
     minute_of_hour=15,
     default_status=dg.DefaultScheduleStatus.STOPPED,
 )
+
+
+LATE_RECORDS_DAYS = 3
+
+
+@dg.schedule(
+    cron_schedule="45 5 * * *",
+    job=daily_pipeline,
+    name="late_records_rerun",
+    description=(
+        f"Re-materializes the last {LATE_RECORDS_DAYS} complete days at 05:45 (partition time zone) as ONE "
+        "range run, so job records that reach Elasticsearch late (a job is recorded when it leaves the "
+        "queue) are picked up. Re-runs replace partitions; they never append."
+    ),
+    execution_timezone=daily_partitions.timezone,
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+)
+def late_records_rerun(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+    keys = daily_partitions.get_partition_keys(current_time=context.scheduled_execution_time)
+    last = keys[-LATE_RECORDS_DAYS:]
+    return dg.RunRequest(
+        run_key=f"late-{last[0]}-{last[-1]}",
+        tags={
+            "dagster/asset_partition_range_start": last[0],
+            "dagster/asset_partition_range_end": last[-1],
+        },
+    )

@@ -177,3 +177,16 @@ def test_multi_assets_are_subsettable_for_ui_backfills(defs, tmp_path, monkeypat
     assert store.has_partition(ALLOCATION_DAILY, days[0]) and not store.has_partition(ALLOCATION_BUCKETS, days[0])
     assert store.plot_file("allocation_heatmap", days[0]).is_file()
     assert not store.plot_file("allocation_over_day", days[0]).exists()
+
+
+def test_late_records_schedule_reruns_the_last_three_days_as_one_range(defs):
+    schedule = defs.resolve_schedule_def("late_records_rerun")
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    with dg.instance_for_test() as instance:
+        ctx = dg.build_schedule_context(
+            instance=instance, scheduled_execution_time=dt.datetime(2025, 8, 7, 5, 45, tzinfo=dt.UTC))
+        data = schedule.evaluate_tick(ctx)
+    assert len(data.run_requests) == 1
+    tags = data.run_requests[0].tags
+    assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
+        "2025-08-04", "2025-08-06")
