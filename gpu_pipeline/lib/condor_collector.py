@@ -89,6 +89,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import classad2
 
+from gpu_pipeline.lib import condor_archive
+
 log = logging.getLogger(__name__)
 
 TABLE = "gpu_state"
@@ -110,8 +112,8 @@ ARCHIVE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("timestamp", "TIMESTAMP"),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in ARCHIVE_COLUMNS)
-#: Columns without which a file is not a slot-state archive (as in condor_archive).
-REQUIRED_COLUMNS = ("Name", "AssignedGPUs", "State", "timestamp")
+#: Columns without which a file is not a slot-state archive (the reader's own list).
+REQUIRED_COLUMNS = condor_archive.REQUIRED_COLUMNS
 _INT_COLUMNS = {"GPUs_GlobalMemoryMb", "Disk"}
 _FLOAT_COLUMNS = {"GPUsAverageUsage"}
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
@@ -121,19 +123,7 @@ TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 #: device attributes. Nested ``GPUs_GPU_<id>`` ads have per-host names and cannot be listed here;
 #: :func:`query_collector` fetches them in a second, targeted query when a slot lacks device info.
 PROJECTION: list[str] = [
-    "Name",
-    "AssignedGPUs",
-    "AvailableGPUs",
-    "State",
-    "GPUs_DeviceName",
-    "GPUs_GlobalMemoryMb",
-    "PrioritizedProjects",
-    "GPUsAverageUsage",
-    "Machine",
-    "RemoteOwner",
-    "GlobalJobId",
-    "PreventJobsReason",
-    "Disk",
+    *condor_archive.SOURCE_COLUMNS,
     "GPUs",
     "TotalGPUs",
     "SlotType",

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import email.utils
 import logging
 import math
 import random
@@ -50,6 +49,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import elastic_transport
 from elasticsearch import ApiError, Elasticsearch, UnsupportedProductError
+
+from gpu_pipeline.lib.http_util import retry_after_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -315,20 +316,7 @@ def _retry_after_s(headers: Any) -> float | None:
         value = headers.get("retry-after") if headers is not None else None
     except Exception:
         return None
-    if not value:
-        return None
-    value = str(value).strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+    return retry_after_seconds(value)
 
 
 class _Retrier:

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import email.utils
 import gzip
 import http.client
 import json
@@ -69,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
+from gpu_pipeline.lib.http_util import retry_after_seconds
 from gpu_pipeline.lib.telemetry import (
     _DCGM_METRICS,
     ParseResult,
@@ -320,21 +320,7 @@ def _headers(cfg: PrometheusConfig) -> dict[str, str]:
 
 
 def _retry_after_s(headers: Any) -> float | None:
-    value = headers.get("Retry-After") if headers is not None else None
-    if not value:
-        return None
-    value = str(value).strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+    return retry_after_seconds(headers.get("Retry-After") if headers is not None else None)
 
 
 def _decode(body: bytes, headers: Any) -> bytes:
