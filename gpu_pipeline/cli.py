@@ -279,6 +279,12 @@ def cmd_collect_nvml(args: argparse.Namespace) -> int:
     return main_collect_nvml(Path(args.out), args.interval, args.iterations, flush_every=args.flush_every)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from gpu_pipeline.bench import main_bench
+
+    return main_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu-pipeline", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -332,6 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
     cn.add_argument("--iterations", type=int)
     cn.add_argument("--flush-every", type=int, default=10, help="rewrite the day file every N samples")
     cn.set_defaults(func=cmd_collect_nvml)
+
+    from gpu_pipeline.bench import add_arguments as bench_arguments
+
+    b = sub.add_parser("bench", help="benchmark the pipeline on simulated clusters of growing size")
+    bench_arguments(b)
+    b.set_defaults(func=cmd_bench)
 
     u = sub.add_parser("ui", help="start the Dagster UI (dagster dev) on the configured data")
     u.add_argument("--dir", help="use the .env of a demo directory")

@@ -1,0 +1,1245 @@
+"""``gpu-pipeline bench``: how fast the daily pipeline is, measured on simulated clusters.
+
+For each cluster size (``--gpus``, default 100 and 1,000 GPUs) and ``--days`` days (default 2):
+
+1. simulate the pool into a scratch directory (5-minute slot snapshots, adstash job documents,
+   GPU telemetry, Kueue scrapes), with the same generator as ``gpu-pipeline demo``;
+2. materialize every daily asset for the days as ONE range run through Dagster (``run_pipeline``,
+   the same job and tags as the nightly schedule and ``gpu-pipeline materialize``), in a child
+   process so that the peak RSS reported for a size is that size's own; per step (an asset, or a
+   multi-asset and all its tables), the wall seconds come from the run's event log
+   (STEP_START -> STEP_SUCCESS), rows out from each materialization's ``dagster/row_count``, rows in
+   from its ``rows_in`` metadata where the asset reports one, else from the row counts of its
+   upstream assets in the same run;
+3. on the last day of the range, on the same clean Parquet files: the state table and the
+   allocation report computed by the pipeline's library (what the assets call) vs
+   :mod:`gpu_pipeline.lib.baseline` (the original tool's pandas approach; its output is checked
+   equal to the pipeline's), and the pipeline's metric SQL vs a bare DuckDB scan + GROUP BY over the
+   same Parquet columns (the limit no pipeline can beat).
+
+Then, once per invocation: one day read out of a monthly SQLite archive of realistic size
+(``--sqlite-rows``, default 5 million rows, about 1 GB; built by the simulator) with the pipeline's
+``condor_archive.read_window``, and Elasticsearch extraction throughput (``es_source.fetch_jobs``,
+the real ``elasticsearch`` client, against the local stand-in server of the test suite).
+
+Results: a table on stdout and JSON (``--out``, default ``bench.json``); the figures, the targets
+of the benchmark issue with pass / fail, a linear fit of wall seconds against GPUs x days, and
+``notes`` for everything that departs from the issue's setup (e.g. a coarser telemetry cadence
+where 30-second telemetry for a size would not fit the disk or time budget).
+
+Timings are wall-clock on whatever else the machine is doing; the machine is described in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+__all__ = [
+    "DEFAULT_DAYS",
+    "DEFAULT_GPUS",
+    "BenchConfig",
+    "add_arguments",
+    "choose_telemetry_interval",
+    "compare_with_pipeline",
+    "config_from_args",
+    "format_report",
+    "linear_fit",
+    "main_bench",
+    "run_bench",
+]
+
+DEFAULT_GPUS: tuple[int, ...] = (100, 1000)
+DEFAULT_DAYS = 2
+#: First simulated day (a Monday); fixed so that every run of the benchmark simulates the same pool.
+START = dt.date(2025, 8, 4)
+SIM_TZ = "America/Chicago"  # the demo's zone: partitions are local days, as for an operator in it
+SEED = 7
+TELEMETRY_INTERVAL_S = 30
+#: Cadences tried, in order, when 30-second telemetry is too much for a size.
+TELEMETRY_STEPS_S = (30, 60, 120, 300, 600, 900, 1800, 3600)
+#: Samples per size above which the cadence is lowered (~60 s of the telemetry assets, ~0.5 GB).
+MAX_TELEMETRY_SAMPLES = 600_000
+#: Bytes of telemetry text per sample (measured on the simulator: DCGM text and nvidia-smi CSV).
+TELEMETRY_BYTES_PER_SAMPLE = 950
+KUEUE_INTERVAL_S = 900
+SQLITE_ROWS = 5_000_000
+#: Slot-snapshot rows per GPU-day the simulator writes (5-minute snapshots, primary + backfill rows).
+ROWS_PER_GPU_DAY = 551
+SQLITE_MONTH = (dt.date(2025, 8, 1), dt.date(2025, 8, 31))
+SQLITE_DAY = dt.date(2025, 8, 15)
+ES_DOCS = 50_000
+ES_PAGE_SIZE = 10_000
+ES_INDEX = "adstash-ospool-job-history"
+BASELINE_MAX_GPUS = 1000
+REPEATS = 3
+PLOT_PREFIX = "plots/"
+TELEMETRY_ASSETS = ("raw/gpu_telemetry", "clean/gpu_samples")
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    gpus: tuple[int, ...] = DEFAULT_GPUS
+    days: int = DEFAULT_DAYS
+    out: str = "bench.json"
+    work_dir: str | None = None  #: keep the scratch data here (and reuse simulations that match)
+    telemetry_interval_s: int = TELEMETRY_INTERVAL_S
+    max_telemetry_samples: int = MAX_TELEMETRY_SAMPLES
+    sqlite_rows: int = SQLITE_ROWS
+    es_docs: int = ES_DOCS
+    es_page_size: int = ES_PAGE_SIZE
+    baseline_max_gpus: int = BASELINE_MAX_GPUS
+    repeats: int = REPEATS
+    profile: bool = False  #: run each size's pipeline under pyinstrument (timings then include its cost)
+    seed: int = SEED
+    start: dt.date = START
+
+    def validate(self) -> None:
+        if not self.gpus or any(g < 1 for g in self.gpus):
+            raise ValueError(f"--gpus needs positive sizes, got {self.gpus}")
+        if self.days < 1:
+            raise ValueError(f"--days must be >= 1, got {self.days}")
+        if self.telemetry_interval_s < 0:
+            raise ValueError("--telemetry-interval must be >= 0")
+        if self.repeats < 1:
+            raise ValueError("--repeats must be >= 1")
+        if not 1 <= self.es_page_size <= 10_000:
+            raise ValueError("--es-page-size must be in 1..10000")
+
+
+def _gpus_list(value: str | Iterable[int]) -> tuple[int, ...]:
+    if isinstance(value, str):
+        try:
+            return tuple(int(v) for v in value.replace(" ", "").split(",") if v)
+        except ValueError as exc:
+            raise ValueError(f"--gpus takes a comma-separated list of integers, got {value!r}") from exc
+    return tuple(int(v) for v in value)
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """A :class:`BenchConfig` from parsed ``gpu-pipeline bench`` arguments (absent ones: defaults)."""
+    d = BenchConfig()
+    get = lambda name, default: default if getattr(args, name, None) is None else getattr(args, name)  # noqa: E731
+    return BenchConfig(
+        gpus=_gpus_list(get("gpus", d.gpus)),
+        days=int(get("days", d.days)),
+        out=str(get("out", d.out)),
+        work_dir=get("work_dir", d.work_dir),
+        telemetry_interval_s=int(get("telemetry_interval", d.telemetry_interval_s)),
+        max_telemetry_samples=int(get("max_telemetry_samples", d.max_telemetry_samples)),
+        sqlite_rows=int(get("sqlite_rows", d.sqlite_rows)),
+        es_docs=int(get("es_docs", d.es_docs)),
+        es_page_size=int(get("es_page_size", d.es_page_size)),
+        baseline_max_gpus=int(get("baseline_max_gpus", d.baseline_max_gpus)),
+        repeats=int(get("repeats", d.repeats)),
+        profile=bool(get("profile", d.profile)),
+        seed=int(get("seed", d.seed)),
+    )
+
+
+# -- small helpers -------------------------------------------------------------------------------
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - t0, value
+
+
+def _best_of(n: int, fn: Callable[[], Any]) -> tuple[float, list[float], Any]:
+    runs, value = [], None
+    for _ in range(n):
+        s, value = _timed(fn)
+        runs.append(s)
+    return min(runs), runs, value
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else round(float(x), nd)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+def _days(start: dt.date, n: int) -> list[dt.date]:
+    return [start + dt.timedelta(days=i) for i in range(n)]
+
+
+def _machine() -> dict[str, Any]:
+    import duckdb
+    import pandas as pd
+    import pyarrow as pa
+
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    except (ValueError, OSError, AttributeError):
+        mem = None
+    try:
+        from importlib.metadata import version
+
+        dagster_version = version("dagster")
+    except Exception:  # noqa: BLE001
+        dagster_version = None
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": _r(mem, 1),
+        "load_average_1m_at_start": _r(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "dagster": dagster_version,
+        "duckdb": duckdb.__version__,
+        "pandas": pd.__version__,
+        "pyarrow": pa.__version__,
+    }
+
+
+# -- simulation ----------------------------------------------------------------------------------
+
+
+def choose_telemetry_interval(
+    gpus: int, days: int, requested_s: int, max_samples: int, free_bytes: int | None = None
+) -> tuple[int, str | None]:
+    """The telemetry cadence for a size: ``requested_s`` unless its sample count exceeds
+    ``max_samples`` or its files would not fit in ``free_bytes`` (with 1 GiB to spare); then the
+    first coarser step of :data:`TELEMETRY_STEPS_S` that fits. Returns (seconds, reason or None)."""
+    if requested_s == 0:
+        return 0, None
+    candidates = [requested_s] + [s for s in TELEMETRY_STEPS_S if s > requested_s]
+    for step in candidates:
+        samples = gpus * days * 86400 // step
+        need = samples * TELEMETRY_BYTES_PER_SAMPLE * 1.2 + 1024**3
+        if samples <= max_samples and (free_bytes is None or need <= free_bytes):
+            if step == requested_s:
+                return step, None
+            full = gpus * days * 86400 // requested_s
+            return step, (
+                f"{gpus} GPUs x {days} day(s): telemetry every {step} s instead of {requested_s} s "
+                f"({full:,} samples, ~{full * TELEMETRY_BYTES_PER_SAMPLE / 1024**3:.1f} GiB of text at "
+                f"{requested_s} s exceed the benchmark's budget of {max_samples:,} samples per size"
+                + ("" if free_bytes is None else f" or the {free_bytes / 1024**3:.0f} GiB free")
+                + "); the telemetry steps' cost at "
+                f"{requested_s} s is extrapolated linearly in samples"
+            )
+    step = candidates[-1]
+    return step, f"{gpus} GPUs x {days} day(s): telemetry at the coarsest step tried ({step} s); still over budget"
+
+
+def _simulate(dest: Path, sim_cfg: Any, reuse: bool) -> tuple[dict, float, bool]:
+    """Run the simulator into ``dest`` (reusing an identical earlier run when ``reuse``)."""
+    from gpu_pipeline.lib.simulate import simulate
+
+    marker = dest / "bench-sim.json"
+    key = {k: (v.isoformat() if isinstance(v, dt.date) else v) for k, v in asdict(sim_cfg).items()}
+    if reuse and marker.is_file():
+        saved = json.loads(marker.read_text())
+        if saved.get("config") == key and (dest / "truth" / "summary.json").is_file():
+            return saved["summary"], saved["wall_s"], True
+    wall, summary = _timed(lambda: simulate(dest, sim_cfg))
+    summary = {k: v for k, v in summary.items() if k not in ("files", "telemetry_samples_by_file")}
+    marker.write_text(json.dumps({"config": key, "summary": summary, "wall_s": wall}, default=str))
+    return summary, wall, False
+
+
+# -- the Dagster run (child process) -------------------------------------------------------------
+
+
+def bench_env(base: Path, start: dt.date) -> dict[str, str]:
+    """The environment of the pipeline run: the demo's (``cli.demo_env``) on ``base``, without the
+    Terapixel render farm (not part of the simulated pool)."""
+    from gpu_pipeline.cli import demo_env
+
+    env = demo_env(base, start)
+    env.pop("GPU_PIPELINE_TERAPIXEL_DIR", None)
+    return env
+
+
+def _child_env(base: Path, start: dt.date) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_PIPELINE_", "DAGSTER_"))}
+    env.update(bench_env(base, start))
+    return env
+
+
+def _md_value(v: Any) -> Any:
+    return getattr(v, "value", v)
+
+
+def _run_summary(instance: Any, asset_graph: Any) -> dict[str, Any]:
+    """Per-step wall seconds and rows from the event log of the instance's (only) run."""
+    records = instance.get_run_records(limit=1)
+    if not records:
+        return {"runs_in_instance": 0, "steps": []}
+    run = records[0].dagster_run
+    starts: dict[str, float] = {}
+    ends: dict[str, tuple[float, str]] = {}
+    step_starts: dict[str, int] = {}
+    worker_starts: dict[str, float] = {}
+    assets_of: dict[str, dict[str, dict[str, Any]]] = {}
+    failed_checks: list[str] = []
+    run_start = run_end = None
+    for rec in instance.all_logs(run.run_id):
+        if not rec.is_dagster_event:
+            continue
+        ev = rec.dagster_event
+        et = ev.event_type_value
+        if et in ("RUN_START", "PIPELINE_START"):
+            run_start = rec.timestamp
+        elif et in ("RUN_SUCCESS", "RUN_FAILURE", "PIPELINE_SUCCESS", "PIPELINE_FAILURE"):
+            run_end = rec.timestamp
+        elif et == "STEP_WORKER_STARTING":
+            worker_starts.setdefault(rec.step_key, rec.timestamp)
+        elif et == "STEP_START":
+            starts.setdefault(rec.step_key, rec.timestamp)
+            step_starts[rec.step_key] = step_starts.get(rec.step_key, 0) + 1
+        elif et in ("STEP_SUCCESS", "STEP_FAILURE"):
+            ends[rec.step_key] = (rec.timestamp, "success" if et == "STEP_SUCCESS" else "failure")
+        elif et == "ASSET_MATERIALIZATION":
+            mat = ev.event_specific_data.materialization
+            key = mat.asset_key.to_user_string()
+            md = {k: _md_value(v) for k, v in mat.metadata.items()}
+            # One event per partition of the range, all with the range's totals: keep one.
+            assets_of.setdefault(rec.step_key, {})[key] = {
+                "rows_out": md.get("dagster/row_count"),
+                "rows_in": md.get("rows_in"),
+            }
+        elif et == "ASSET_CHECK_EVALUATION":
+            data = ev.event_specific_data
+            if not getattr(data, "passed", True):
+                failed_checks.append(f"{data.asset_key.to_user_string()}:{data.check_name}")
+
+    rows_out_by_asset = {k: v["rows_out"] for a in assets_of.values() for k, v in a.items()}
+    steps = []
+    for step_key, t0 in sorted(starts.items(), key=lambda kv: kv[1]):
+        t1, status = ends.get(step_key, (None, "unfinished"))
+        assets = assets_of.get(step_key, {})
+        counted = [int(v["rows_out"]) for v in assets.values() if v["rows_out"] is not None]
+        rows_out = sum(counted) if counted else None
+        reported_in = [v["rows_in"] for v in assets.values() if v["rows_in"] is not None]
+        if reported_in:
+            rows_in, rows_in_source = int(max(reported_in)), "metadata rows_in"
+        else:
+            parents: set[str] = set()
+            for key in assets:
+                node = asset_graph.get(_asset_key(key)) if asset_graph is not None else None
+                if node is not None:
+                    parents |= {p.to_user_string() for p in node.parent_keys}
+            parents -= set(assets)
+            known = [rows_out_by_asset[p] for p in parents if rows_out_by_asset.get(p) is not None]
+            if known:
+                rows_in, rows_in_source = int(sum(known)), "upstream rows (" + ", ".join(sorted(parents)) + ")"
+            else:
+                rows_in, rows_in_source = None, "source files" if not parents else None
+        steps.append(
+            {
+                "step": step_key,
+                "assets": {k: v["rows_out"] for k, v in sorted(assets.items())},
+                "status": status,
+                "started_at": t0,
+                "wall_s": None if t1 is None else t1 - t0,
+                "worker_start_s": (t0 - worker_starts[step_key]) if step_key in worker_starts else None,
+                "step_starts": step_starts.get(step_key, 0),
+                "rows_in": rows_in,
+                "rows_in_source": rows_in_source,
+                "rows_out": rows_out,
+            }
+        )
+    return {
+        "run_id": run.run_id,
+        "status": str(run.status.value),
+        "runs_in_instance": len(instance.get_run_records()),
+        "run_wall_s": (run_end - run_start) if run_start and run_end else None,
+        "steps": steps,
+        "failed_checks": sorted(set(failed_checks)),
+    }
+
+
+class _RssSampler:
+    """Samples this process's resident set size every ``interval`` s (Linux ``/proc``), so that the
+    peak can be attributed to the step that was running."""
+
+    def __init__(self, interval: float = 0.05):
+        import threading
+
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _rss(self) -> int | None:
+        try:
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[1]) * self._page
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = self._rss()
+            if rss is None:
+                return
+            self.samples.append((time.time(), rss))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> _RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def peak_between(self, t0: float, t1: float) -> int | None:
+        inside = [rss for t, rss in self.samples if t0 <= t <= t1]
+        return max(inside) if inside else None
+
+
+def _asset_key(user_string: str) -> Any:
+    import dagster as dg
+
+    return dg.AssetKey(user_string.split("/"))
+
+
+def _child_main(argv: list[str]) -> int:
+    """``python -m gpu_pipeline.bench _pipeline BASE START END OUT_JSON [--profile FILE]``: one range
+    run through Dagster with the environment already set; writes its figures to OUT_JSON."""
+    start, end, out = dt.date.fromisoformat(argv[1]), dt.date.fromisoformat(argv[2]), Path(argv[3])
+    profile_to = Path(argv[5]) if len(argv) > 5 and argv[4] == "--profile" else None
+    from gpu_pipeline.cli import prepare_dagster_home, run_pipeline
+
+    prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
+    profiler = None
+    if profile_to is not None:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.005)
+        profiler.start()
+    with _RssSampler() as sampler:
+        wall, ok = _timed(lambda: run_pipeline(start, end))
+    self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    children_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    if profiler is not None:
+        profiler.stop()
+        profile_to.write_text(profiler.output_text(unicode=False, color=False, show_all=False))
+
+    import dagster as dg
+
+    from gpu_pipeline.definitions import defs
+
+    try:
+        graph = defs().resolve_asset_graph()
+    except Exception:  # noqa: BLE001 - the figures matter more than the rows-in attribution
+        graph = None
+    with dg.DagsterInstance.get() as instance:
+        summary = _run_summary(instance, graph)
+    for step in summary["steps"]:
+        if step.get("wall_s") is not None:
+            peak = sampler.peak_between(step["started_at"], step["started_at"] + step["wall_s"])
+            step["peak_rss_mib"] = None if peak is None else peak / MIB
+    summary.update(
+        success=bool(ok),
+        call_wall_s=wall,
+        peak_rss_bytes={"self": self_rss, "children": children_rss},
+    )
+    out.write_text(json.dumps(summary, default=str))
+    return 0 if ok else 1
+
+
+def _run_pipeline_child(base: Path, start: dt.date, end: dt.date, profile_to: Path | None) -> dict[str, Any]:
+    out = base / "bench-run.json"
+    log = base / "bench-run.log"
+    out.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "gpu_pipeline.bench", "_pipeline", str(base), start.isoformat(), end.isoformat(),
+            str(out)]
+    if profile_to is not None:
+        argv += ["--profile", str(profile_to)]
+    with open(log, "wb") as fh:
+        wall, proc = _timed(lambda: subprocess.run(argv, env=_child_env(base, start), stdout=fh, stderr=subprocess.STDOUT,
+                                                   check=False))
+    if not out.is_file():
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"the pipeline run for {base} wrote no figures (exit {proc.returncode}):\n{tail}")
+    summary = json.loads(out.read_text())
+    summary["process_wall_s"] = wall
+    summary["log"] = str(log)
+    return summary
+
+
+# -- the same computation three ways: pipeline, baseline, bare scan --------------------------------
+
+
+def _bare_queries(files: list[str], start: dt.datetime, end: dt.datetime) -> dict[str, str]:
+    window = "snapshot_utc >= CAST($start AS TIMESTAMPTZ) AND snapshot_utc < CAST($end AS TIMESTAMPTZ)"
+    bucket = "(epoch_us(snapshot_utc) - epoch_us(CAST($start AS TIMESTAMPTZ))) // 300000000"
+    return {
+        # state: one winner per (bucket, GPU) by the rank of its rows, from the columns the state reads
+        "states": f"""
+            SELECT {bucket} AS b, gpu_id,
+                   arg_max(slot_state, (CASE WHEN slot_state = 'Claimed' THEN 4 WHEN slot_state = 'Unclaimed'
+                                             THEN 2 ELSE 0 END) + CAST(NOT is_backfill_slot AS INTEGER),
+                   ) AS slot_state,
+                   max(snapshot_utc) AS snapshot_utc, count(*) AS n
+            FROM read_parquet($files) WHERE {window} GROUP BY ALL""",
+        # allocation: unique claimed / capacity GPUs per (bucket, tier, device)
+        "allocation": f"""
+            SELECT {bucket} AS b, tier, device_name,
+                   count(DISTINCT gpu_id) FILTER (WHERE slot_state = 'Claimed') AS claimed,
+                   count(DISTINCT gpu_id) FILTER (WHERE slot_state IN ('Claimed', 'Unclaimed')) AS total
+            FROM read_parquet($files) WHERE {window} GROUP BY ALL""",
+    }
+
+
+def _bare_scan(files: list[str], start: dt.datetime, end: dt.datetime, repeats: int) -> dict[str, Any]:
+    from gpu_pipeline.lib.store import connect
+
+    out: dict[str, Any] = {}
+    for name, sql in _bare_queries(files, start, end).items():
+        def go(sql: str = sql) -> int:
+            con = connect()
+            try:
+                return con.sql(sql, params={"files": files, "start": start, "end": end}).to_arrow_table().num_rows
+            finally:
+                con.close()
+
+        best, runs, rows = _best_of(repeats, go)
+        out[name] = {"seconds": best, "runs_s": runs, "rows": rows}
+    out["seconds"] = out["states"]["seconds"] + out["allocation"]["seconds"]
+    return out
+
+
+def compare_with_pipeline(
+    pipe_states: Any, pipe_buckets: Any, pipe_daily: Any, base_states: Any, base_buckets: Any, base_daily: Any,
+    tol: float = 1e-9,
+) -> dict[str, Any]:
+    """Mismatch counts between the pipeline's tables (Arrow or pandas) and the baseline's (pandas):
+    per (bucket, GPU) state columns, per (bucket, tier, device) counts and pct, and the daily
+    report. ``equal`` is true when every count is 0."""
+    import numpy as np
+    import pandas as pd
+
+    def pdf(t: Any) -> pd.DataFrame:
+        return t.to_pandas() if hasattr(t, "to_pandas") and not isinstance(t, pd.DataFrame) else t
+
+    def obj(s: pd.Series) -> pd.Series:
+        return s.astype(object).where(s.notna(), None)
+
+    res: dict[str, Any] = {}
+    ps, bs = pdf(pipe_states), pdf(base_states)
+    key = ["bucket_start_utc", "gpu_id"]
+    m = ps.merge(bs, on=key, how="outer", suffixes=("_p", "_b"), indicator=True)
+    res["state_rows"] = {"pipeline": len(ps), "baseline": len(bs), "unmatched": int((m["_merge"] != "both").sum())}
+    both = m[m["_merge"] == "both"]
+    for col in ("host", "device_name", "state", "tier", "slot_name", "slot_state", "global_job_id", "remote_owner",
+                "na_reason", "n_slot_rows"):
+        a, b = obj(both[f"{col}_p"]), obj(both[f"{col}_b"])
+        same = (a == b) | (a.isna() & b.isna())
+        res[f"state_{col}_mismatches"] = int((~same).sum())
+
+    pb, bb = pdf(pipe_buckets), pdf(base_buckets)
+    key = ["bucket_start_utc", "tier", "device_name"]
+    m = pb.merge(bb, on=key, how="outer", suffixes=("_p", "_b"), indicator=True)
+    res["allocation_rows"] = {"pipeline": len(pb), "baseline": len(bb), "unmatched": int((m["_merge"] != "both").sum())}
+    both = m[m["_merge"] == "both"]
+    for col in ("claimed_gpus", "total_gpus"):
+        res[f"allocation_{col}_mismatches"] = int((both[f"{col}_p"].astype(int) != both[f"{col}_b"].astype(int)).sum())
+    a, b = both["allocation_pct_p"].astype(float).to_numpy(), both["allocation_pct_b"].astype(float).to_numpy()
+    res["allocation_pct_mismatches"] = int((~np.isclose(a, b, rtol=0, atol=tol, equal_nan=True)).sum())
+
+    pd_, bd = pdf(pipe_daily), pdf(base_daily)
+    m = pd_.merge(bd, on=["tier", "device_name"], how="outer", suffixes=("_p", "_b"), indicator=True)
+    res["daily_rows"] = {"pipeline": len(pd_), "baseline": len(bd), "unmatched": int((m["_merge"] != "both").sum())}
+    both = m[m["_merge"] == "both"]
+    bad = 0
+    for col in ("allocation_pct", "avg_claimed_gpus", "avg_total_gpus"):
+        a, b = both[f"{col}_p"].astype(float).to_numpy(), both[f"{col}_b"].astype(float).to_numpy()
+        bad += int((~np.isclose(a, b, rtol=0, atol=tol, equal_nan=True)).sum())
+    for col in ("buckets", "buckets_with_capacity", "buckets_expected"):
+        bad += int((both[f"{col}_p"].astype(int) != both[f"{col}_b"].astype(int)).sum())
+    res["daily_mismatches"] = bad
+    counts = [v for k, v in res.items() if k.endswith("_mismatches")]
+    counts += [v["unmatched"] + abs(v["pipeline"] - v["baseline"]) for k, v in res.items() if k.endswith("_rows")]
+    res["equal"] = not any(counts)
+    return res
+
+
+def _ratios(base: Path, day: dt.date, cfg: BenchConfig, gpus: int) -> dict[str, Any]:
+    from gpu_pipeline.lib import baseline
+    from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS
+    from gpu_pipeline.lib.store import Store
+    from gpu_pipeline.lib.timeutil import day_window
+
+    store = Store(base / "data")
+    d, prev = day.isoformat(), (day - dt.timedelta(days=1)).isoformat()
+    start, end = day_window(day, SIM_TZ)
+    files = store.files(CLEAN_SLOT_SNAPSHOTS, [prev, d])
+    input_rows = _parquet_rows(files)
+    out: dict[str, Any] = {"day": d, "clean_files": len(files), "input_rows": input_rows}
+
+    # The pipeline: exactly the library calls the gpu_states and allocation assets make.
+    def states_only() -> Any:
+        from gpu_pipeline.lib.states import compute_gpu_states
+        from gpu_pipeline.lib.store import connect
+
+        con = connect()
+        try:
+            sql, params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [prev, d])
+            return compute_gpu_states(con, sql, params, start, end)
+        finally:
+            con.close()
+
+    def allocation_only() -> Any:
+        from gpu_pipeline.lib.allocation import allocation_for_day
+
+        return allocation_for_day(store, d, start, end)
+
+    s_best, s_runs, states = _best_of(cfg.repeats, states_only)
+    a_best, a_runs, (buckets, daily) = _best_of(cfg.repeats, allocation_only)
+    pipeline = {"states_s": s_best, "allocation_s": a_best, "seconds": s_best + a_best,
+                "states_runs_s": s_runs, "allocation_runs_s": a_runs,
+                "rows_out": {"gpu_states": states.num_rows, "allocation_buckets": buckets.num_rows,
+                             "allocation_daily": daily.num_rows}}
+    out["pipeline"] = pipeline
+
+    # The limit: a bare scan + GROUP BY over the same Parquet columns.
+    bare = _bare_scan(files, start, end, cfg.repeats)
+    out["bare_scan"] = bare
+    out["pipeline_vs_bare_scan"] = {
+        "states": _ratio(s_best, bare["states"]["seconds"]),
+        "allocation": _ratio(a_best, bare["allocation"]["seconds"]),
+        "states_plus_allocation": _ratio(pipeline["seconds"], bare["seconds"]),
+    }
+
+    # The baseline: the original tool's pandas approach, on the same files.
+    if gpus > cfg.baseline_max_gpus:
+        out["baseline"] = {"skipped": f"{gpus} GPUs > --baseline-max-gpus {cfg.baseline_max_gpus}"}
+        return out
+    load_s, df = _timed(lambda: baseline.load_clean_parquet(files))
+    st_s, b_states = _timed(lambda: baseline.states_baseline(df, start, end))
+    al_s, (b_buckets, b_daily) = _timed(lambda: baseline.allocation_baseline(df, start, end))
+    total = load_s + st_s + al_s
+    out["baseline"] = {"load_s": load_s, "states_s": st_s, "allocation_s": al_s, "seconds": total,
+                       "rows_out": {"gpu_states": len(b_states), "allocation_buckets": len(b_buckets),
+                                    "allocation_daily": len(b_daily)}}
+    sqlite_dir = base / "sources" / "condor"
+    if sqlite_dir.is_dir():
+        sq_s, sq_df = _timed(lambda: baseline.load_sqlite_window(sqlite_dir, start - baseline.LOOKBACK, end, SIM_TZ))
+        out["baseline"]["sqlite_load_s"] = sq_s
+        out["baseline"]["sqlite_rows"] = len(sq_df)
+        del sq_df
+    out["baseline_vs_pipeline_speedup"] = _ratio(total, pipeline["seconds"])
+    out["equal_to_pipeline"] = compare_with_pipeline(states, buckets, daily, b_states, b_buckets, b_daily)
+    # The same, with the tool's literal loop nesting for the allocation (tier -> device -> bucket).
+    tool_s, (t_buckets, _) = _timed(lambda: baseline.allocation_baseline(df, start, end, loop_order="tool"))
+    tool_total = load_s + st_s + tool_s
+    out["baseline"]["allocation_tool_loop_order_s"] = tool_s
+    out["baseline"]["seconds_tool_loop_order"] = tool_total
+    out["baseline"]["tool_loop_order_equal"] = bool(
+        t_buckets[["tier", "device_name", "claimed_gpus", "total_gpus"]].equals(
+            b_buckets[["tier", "device_name", "claimed_gpus", "total_gpus"]]))
+    out["baseline_tool_loop_order_vs_pipeline_speedup"] = _ratio(tool_total, pipeline["seconds"])
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else a / b
+
+
+def _parquet_rows(files: list[str]) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+
+
+# -- one cluster size --------------------------------------------------------------------------------
+
+
+def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reuse: bool,
+               profile_dir: Path | None) -> dict[str, Any]:
+    from gpu_pipeline.lib.simulate import SimConfig
+
+    base = scratch / f"gpus-{gpus}-days-{cfg.days}"
+    base.mkdir(parents=True, exist_ok=True)
+    start = cfg.start
+    end = start + dt.timedelta(days=cfg.days - 1)
+    interval, why = choose_telemetry_interval(gpus, cfg.days, cfg.telemetry_interval_s, cfg.max_telemetry_samples,
+                                              shutil.disk_usage(base).free)
+    if why:
+        notes.append(why)
+    sim_cfg = SimConfig(start=start, end=end, gpus=gpus, seed=cfg.seed, timezone=SIM_TZ,
+                        telemetry_interval_s=interval, kueue_interval_s=KUEUE_INTERVAL_S)
+    _log(f"[{gpus} GPUs] simulating {start} .. {end} (telemetry every {interval} s)")
+    summary, sim_wall, reused = _simulate(base / "sources", sim_cfg, reuse)
+    for sub in ("data", "dagster_home"):
+        shutil.rmtree(base / sub, ignore_errors=True)
+
+    _log(f"[{gpus} GPUs] materializing {cfg.days} day(s) as one Dagster range run")
+    profile_to = (profile_dir / f"profile-gpus-{gpus}.txt") if profile_dir is not None else None
+    result: dict[str, Any] = {
+        "gpus": gpus,
+        "days": cfg.days,
+        "gpu_days": gpus * cfg.days,
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "partition_timezone": SIM_TZ,
+        "telemetry_interval_s": interval,
+        "kueue_interval_s": KUEUE_INTERVAL_S,
+        "simulation": {
+            "wall_s": sim_wall,
+            "reused": reused,
+            "hosts": summary.get("hosts"),
+            "gpus": summary.get("gpus"),
+            "slot_rows": summary.get("slot_rows"),
+            "snapshots": summary.get("snapshots"),
+            "job_documents": summary.get("job_documents"),
+            "epoch_documents": summary.get("epoch_documents"),
+            "telemetry_samples": summary.get("telemetry_samples"),
+            "bytes": {sub: _dir_bytes(base / "sources" / sub) for sub in ("condor", "jobs", "telemetry", "kueue")},
+        },
+    }
+    try:
+        run = _run_pipeline_child(base, start, end, profile_to)
+    except RuntimeError as exc:
+        notes.append(f"{gpus} GPUs: the pipeline run crashed before reporting; see pipeline.error")
+        result["pipeline"] = {"success": False, "error": str(exc), "steps": [], "log": str(base / "bench-run.log")}
+        return result
+    steps = run.get("steps", [])
+    for s in steps:
+        wall = s["wall_s"]
+        s["wall_per_day_s"] = None if wall is None else wall / cfg.days
+        rows = s["rows_in"] if s["rows_in"] else s["rows_out"]
+        s["rows_per_s"] = None if not wall or rows is None else rows / wall
+    run_wall = run.get("run_wall_s") or run["call_wall_s"]
+    plot_s = sum(s["wall_s"] or 0 for s in steps if any(k.startswith(PLOT_PREFIX) for k in s["assets"]))
+    tele_s = sum(s["wall_s"] or 0 for s in steps if any(k in TELEMETRY_ASSETS for k in s["assets"]))
+    steps_sum = sum(s["wall_s"] or 0 for s in steps)
+    pipeline = {
+        "success": run["success"],
+        "status": run.get("status"),
+        "call_wall_s": run["call_wall_s"],
+        "process_wall_s": run["process_wall_s"],
+        "run_wall_s": run_wall,
+        "steps_wall_sum_s": steps_sum,
+        "orchestration_overhead_s": run_wall - steps_sum,
+        "launch_overhead_s": run["call_wall_s"] - run_wall,
+        "runs_in_instance": run.get("runs_in_instance"),
+        "steps_count": len(steps),
+        "step_starts_total": sum(s["step_starts"] for s in steps),
+        "per_day_s": run_wall / cfg.days,
+        "per_day_excl_plots_s": (run_wall - plot_s) / cfg.days,
+        "telemetry_steps_per_day_s": tele_s / cfg.days,
+        "peak_rss_mib": {k: v / MIB for k, v in run["peak_rss_bytes"].items()},
+        "failed_checks": run.get("failed_checks", []),
+        "steps": steps,
+        "log": run["log"],
+    }
+    if interval and interval != cfg.telemetry_interval_s and cfg.telemetry_interval_s:
+        scale = interval / cfg.telemetry_interval_s
+        extra = tele_s * (scale - 1)
+        pipeline["at_requested_telemetry_estimate"] = {
+            "telemetry_interval_s": cfg.telemetry_interval_s,
+            "per_day_s": (run_wall + extra) / cfg.days,
+            "per_day_excl_plots_s": (run_wall - plot_s + extra) / cfg.days,
+            "method": f"telemetry steps x {scale:g} (samples scale with 1 / interval)",
+        }
+    if profile_to is not None:
+        pipeline["profile"] = str(profile_to)
+        notes.append(f"{gpus} GPUs: the run was profiled (pyinstrument); its timings include the profiler's cost")
+    if not run["success"]:
+        notes.append(f"{gpus} GPUs: the pipeline run FAILED; see {run['log']}")
+
+    result["pipeline"] = pipeline
+    if run["success"]:
+        _log(f"[{gpus} GPUs] state + allocation: pipeline vs baseline vs bare scan on {end}")
+        result["ratios"] = _ratios(base, end, cfg, gpus)
+    return result
+
+
+# -- raw ingestion: the SQLite archive and Elasticsearch ---------------------------------------------
+
+
+def bench_sqlite(cfg: BenchConfig, scratch: Path, reuse: bool) -> dict[str, Any]:
+    """One day out of a monthly archive of ``cfg.sqlite_rows`` rows, with the pipeline's reader."""
+    from gpu_pipeline.lib import baseline
+    from gpu_pipeline.lib.condor_archive import read_window
+    from gpu_pipeline.lib.simulate import SimConfig
+    from gpu_pipeline.lib.timeutil import day_window
+
+    first, last = SQLITE_MONTH
+    n_days = (last - first).days + 1
+    gpus = max(1, round(cfg.sqlite_rows / (n_days * ROWS_PER_GPU_DAY)))
+    dest = scratch / "sqlite-archive"
+    dest.mkdir(parents=True, exist_ok=True)
+    _log(f"[sqlite] building a monthly archive: {gpus} GPUs x {n_days} days, no telemetry")
+    summary, sim_wall, reused = _simulate(
+        dest, SimConfig(start=first, end=last, gpus=gpus, seed=cfg.seed + 1, timezone=SIM_TZ, telemetry_interval_s=0),
+        reuse,
+    )
+    archive = dest / "condor"
+    files = sorted(archive.glob("gpu_state_*.db"))
+    start, end = day_window(SQLITE_DAY, SIM_TZ)
+    runs, rows = [], 0
+    for _ in range(cfg.repeats):
+        s, read = _timed(lambda: read_window(archive, start, end, SIM_TZ))
+        runs.append(s)
+        rows = read.table.num_rows
+        del read
+    pandas_s, df = _timed(lambda: baseline.load_sqlite_window(archive, start, end, SIM_TZ))
+    pandas_rows = len(df)
+    del df
+    # The floor: SQLite itself scanning the whole table for the day's rows (no index), nothing returned.
+    lo = start.astimezone(ZoneInfo(SIM_TZ)).strftime("%Y-%m-%d %H:%M:%S")
+    hi = end.astimezone(ZoneInfo(SIM_TZ)).strftime("%Y-%m-%d %H:%M:%S")
+
+    def bare() -> int:
+        con = sqlite3.connect(f"file:{files[0]}?mode=ro", uri=True)
+        try:
+            return con.execute('SELECT count(*) FROM gpu_state WHERE "timestamp" >= ? AND "timestamp" < ?',
+                               (lo, hi)).fetchone()[0]
+        finally:
+            con.close()
+
+    bare_s, _, bare_rows = _best_of(cfg.repeats, bare)
+    median = statistics.median(runs)
+    return {
+        "archive_files": [f.name for f in files],
+        "archive_bytes": sum(f.stat().st_size for f in files),
+        "archive_rows": summary.get("slot_rows"),
+        "simulated_gpus": gpus,
+        "month_days": n_days,
+        "build_s": sim_wall,
+        "reused": reused,
+        "day": SQLITE_DAY.isoformat(),
+        "day_rows": rows,
+        "read_window_s": median,
+        "read_window_runs_s": runs,
+        "rows_per_s": rows / median if median else None,
+        "pandas_read_sql_s": pandas_s,
+        "pandas_rows": pandas_rows,
+        "bare_sqlite_count_s": bare_s,
+        "bare_sqlite_rows": bare_rows,
+        "vs_bare_sqlite_scan": _ratio(median, bare_s),
+        "note": ("the archive was reused from an earlier run: the first read may come from disk (cold)" if reused
+                 else "the archive was just written: it is likely in the page cache (warm reads)"),
+    }
+
+
+def _es_docs(jobs_dirs: list[Path], n: int) -> tuple[list[dict], int]:
+    """``n`` adstash job documents: the simulator's, repeated with unique GlobalJobIds if needed."""
+    source: list[dict] = []
+    for d in jobs_dirs:
+        for f in sorted(d.glob("jobs-*.ndjson")):
+            with open(f) as fh:
+                source.extend(json.loads(line) for line in fh if line.strip())
+        if len(source) >= n:
+            break
+    if not source:
+        return [], 0
+    docs: list[dict] = []
+    rep = 0
+    while len(docs) < n:
+        for doc in source:
+            if len(docs) >= n:
+                break
+            copy = dict(doc)
+            if rep:
+                copy["GlobalJobId"] = f"{doc.get('GlobalJobId')}~{rep}"
+            docs.append(copy)
+        rep += 1
+    return docs, len(source)
+
+
+def bench_elasticsearch(cfg: BenchConfig, jobs_dirs: list[Path], notes: list[str]) -> dict[str, Any]:
+    """Documents per second through ``es_source.fetch_jobs`` (the real client) against the stand-in."""
+    try:
+        from gpu_pipeline_tests.es_server import EsStandIn
+    except ImportError as exc:  # an install without the test package
+        return {"skipped": f"the local Elasticsearch stand-in (gpu_pipeline_tests.es_server) is not importable: {exc}"}
+    from gpu_pipeline.lib.es_source import EsConfig, fetch_jobs
+
+    docs, distinct = _es_docs(jobs_dirs, cfg.es_docs)
+    if not docs:
+        return {"skipped": "no simulated job documents to index"}
+    if distinct < len(docs):
+        notes.append(f"elasticsearch: {distinct:,} simulated job documents repeated (new GlobalJobIds) to {len(docs):,}")
+
+    class TimedStandIn(EsStandIn):
+        """The stand-in, counting the seconds it spends serving (it shares this process's GIL)."""
+
+        server_s = 0.0
+
+        def _handle(self, h: Any, method: str) -> None:
+            t0 = time.perf_counter()
+            try:
+                super()._handle(h, method)
+            finally:
+                self.server_s += time.perf_counter() - t0
+
+    times = [d["RecordTime"] for d in docs if isinstance(d.get("RecordTime"), int | float)]
+    start = dt.datetime.fromtimestamp(min(times), dt.UTC)
+    end = dt.datetime.fromtimestamp(max(times) + 1, dt.UTC)
+    with TimedStandIn({ES_INDEX: docs}) as es:
+        es_cfg = EsConfig(hosts=[es.url], index=ES_INDEX, page_size=cfg.es_page_size, request_timeout=300.0)
+        wall, res = _timed(lambda: fetch_jobs(es_cfg, start, end))
+        server_s = es.server_s
+    client_s = max(wall - server_s, 1e-9)
+    return {
+        "documents_indexed": len(docs),
+        "documents_fetched": len(res.docs),
+        "total_reported": res.total,
+        "pages": res.pages,
+        "page_size": cfg.es_page_size,
+        "retries": res.retries,
+        "wall_s": wall,
+        "docs_per_s": len(res.docs) / wall if wall else None,
+        "standin_server_s": server_s,
+        "client_side_s": client_s,
+        "client_side_docs_per_s": len(res.docs) / client_s,
+        "note": "the stand-in is pure Python: every page re-evaluates the query and re-sorts the whole point "
+                "in time, so docs_per_s is bounded by it; client_side_docs_per_s is the wall minus the "
+                "stand-in's serving time (the real client: HTTP, JSON decoding, paging)",
+    }
+
+
+# -- fit, targets, report ----------------------------------------------------------------------------
+
+
+def linear_fit(points: list[tuple[float, float]]) -> dict[str, Any]:
+    """Least squares ``y = intercept + slope * x`` with R^2 (needs 2 points; R^2 is 1 for 2)."""
+    if len(points) < 2:
+        return {"points": len(points), "fit": None}
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return {"points": n, "fit": None}
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    intercept = my - slope * mx
+    ss_tot = sum((y - my) ** 2 for _, y in points)
+    ss_res = sum((y - (intercept + slope * x)) ** 2 for x, y in points)
+    return {
+        "points": n,
+        "intercept_s": intercept,
+        "slope_s_per_gpu_day": slope,
+        "r2": 1.0 - ss_res / ss_tot if ss_tot else 1.0,
+        "residuals_s": [y - (intercept + slope * x) for x, y in points],
+    }
+
+
+def _fits(sizes: list[dict]) -> dict[str, Any]:
+    ok = [s for s in sizes if s["pipeline"]["success"]]
+    run = [(float(s["gpu_days"]), s["pipeline"]["run_wall_s"]) for s in ok]
+    no_tele = [
+        (float(s["gpu_days"]), sum(st["wall_s"] or 0 for st in s["pipeline"]["steps"]
+                                   if not any(k in TELEMETRY_ASSETS for k in st["assets"])))
+        for s in ok
+    ]
+    out = {
+        "x": "GPUs x days",
+        "run_wall_s": linear_fit(run),
+        "steps_excluding_telemetry_s": linear_fit(no_tele),
+        "note": "telemetry steps are fitted out separately because their cost follows the telemetry cadence, "
+                "which can differ between sizes (see notes)",
+    }
+    fit = out["run_wall_s"]
+    if "slope_s_per_gpu_day" in fit:
+        if len(run) == 2:
+            fit["note"] = "two sizes: the line passes through both points; add a third size to test linearity"
+    excl = out["steps_excluding_telemetry_s"]
+    if "slope_s_per_gpu_day" in excl and 10_000 not in {s["gpus"] for s in ok}:
+        # a one-day run of 10,000 GPUs: the fixed cost once, plus 10,000 GPU-days (telemetry left out:
+        # its cost follows the cadence, which differs between sizes)
+        out["extrapolated_10000_gpus_per_day_excl_telemetry_s"] = excl["intercept_s"] + excl["slope_s_per_gpu_day"] * 10_000
+    return out
+
+
+def _target(name: str, measured: float | None, limit: float, unit: str, better: str = "le", detail: str = "") -> dict:
+    if measured is None:
+        passed = None
+    else:
+        passed = measured <= limit if better == "le" else measured >= limit
+    return {"target": name, "measured": _r(measured, 3), "limit": limit, "unit": unit,
+            "passed": passed, "detail": detail}
+
+
+def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    by = {s["gpus"]: s for s in result["sizes"] if s["pipeline"]["success"]}
+    out = []
+    s1k = by.get(1000)
+    if s1k:
+        p = s1k["pipeline"]
+        days = s1k["days"]
+        out.append(_target("1,000 GPUs: every daily asset except plots, wall per day", p["per_day_excl_plots_s"], 5, "s",
+                           detail=f"{days}-day range run (the issue asks for 7 days); run wall incl. Dagster, "
+                                  f"telemetry every {s1k['telemetry_interval_s']} s"))
+        out.append(_target("1,000 GPUs: with plots, wall per day", p["per_day_s"], 8, "s"))
+        est = p.get("at_requested_telemetry_estimate")
+        if est:
+            out.append(_target("1,000 GPUs: with plots, wall per day at 30 s telemetry (estimate)", est["per_day_s"], 8,
+                               "s", detail=est["method"]))
+        out.append(_target("1,000 GPUs: peak RSS", max(p["peak_rss_mib"].values()), 1024, "MiB"))
+        r = s1k.get("ratios", {})
+        out.append(_target("1,000 GPUs: state + allocation, baseline / pipeline", r.get("baseline_vs_pipeline_speedup"),
+                           100, "x", better="ge",
+                           detail="baseline in its cheapest loop order; with the tool's own nesting: "
+                                  f"{_fmt(r.get('baseline_tool_loop_order_vs_pipeline_speedup'), 1)}x; the bare scan "
+                                  f"is {_fmt(_ratio((r.get('baseline') or {}).get('seconds'), (r.get('bare_scan') or {}).get('seconds')), 1)}x "
+                                  "faster than the baseline"))
+        ratio = (r.get("pipeline_vs_bare_scan") or {}).get("states_plus_allocation")
+        out.append(_target("1,000 GPUs: metric SQL / bare DuckDB scan", ratio, 3, "x"))
+    s10k = by.get(10_000)
+    fit = result.get("linear_fit", {})
+    if s10k:
+        p = s10k["pipeline"]
+        out.append(_target("10,000 GPUs: wall per day", p["per_day_s"], 60, "s"))
+        out.append(_target("10,000 GPUs: peak RSS", max(p["peak_rss_mib"].values()), 3072, "MiB"))
+    elif "extrapolated_10000_gpus_per_day_excl_telemetry_s" in fit:
+        out.append(_target("10,000 GPUs: wall per day without the telemetry steps (EXTRAPOLATED, not measured)",
+                           fit["extrapolated_10000_gpus_per_day_excl_telemetry_s"], 60, "s",
+                           detail="from the fit of the steps other than telemetry; run --gpus ...,10000 to measure"))
+    r2 = (fit.get("run_wall_s") or {}).get("r2")
+    if r2 is not None and (fit.get("run_wall_s") or {}).get("points", 0) >= 3:
+        out.append(_target("cost linear in GPUs x days (R^2 of the fit)", r2, 0.98, "", better="ge"))
+    sq = result.get("sqlite_archive") or {}
+    if "read_window_s" in sq:
+        out.append(_target(f"one day out of a {sq['archive_bytes'] / 1e9:.2f} GB monthly SQLite archive "
+                           f"({sq['archive_rows']:,} rows)", sq["read_window_s"], 5, "s",
+                           detail="median of " + ", ".join(f"{x:.2f}" for x in sq["read_window_runs_s"]) + " s; "
+                                  + sq["note"]))
+    for s in by.values():
+        p = s["pipeline"]
+        one_run = p.get("runs_in_instance") == 1 and p.get("step_starts_total") == p.get("steps_count")
+        out.append({"target": f"{s['gpus']} GPUs: a {s['days']}-day range run is one run (one start per step)",
+                    "measured": f"{p.get('runs_in_instance')} run(s), {p.get('step_starts_total')} step start(s) for "
+                                f"{p.get('steps_count')} steps; overhead outside steps "
+                                f"{p['orchestration_overhead_s']:.1f} s + launch {p['launch_overhead_s']:.1f} s",
+                    "limit": "1 run", "unit": "", "passed": bool(one_run), "detail": ""})
+    return out
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the whole benchmark; returns the JSON-serialisable result."""
+    cfg.validate()
+    notes: list[str] = []
+    keep = cfg.work_dir is not None
+    scratch = Path(cfg.work_dir).resolve() if keep else Path(tempfile.mkdtemp(prefix="gpu-pipeline-bench-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    profile_dir = Path(cfg.out).resolve().parent if cfg.profile else None
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {
+        "benchmark": "gpu-pipeline bench",
+        "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "config": {k: (list(v) if isinstance(v, tuple) else v.isoformat() if isinstance(v, dt.date) else v)
+                   for k, v in asdict(cfg).items()},
+        "scratch_dir": str(scratch) if keep else None,
+        "sizes": [],
+    }
+    try:
+        for gpus in cfg.gpus:
+            result["sizes"].append(bench_size(gpus, cfg, scratch, notes, reuse=keep, profile_dir=profile_dir))
+        result["sqlite_archive"] = bench_sqlite(cfg, scratch, reuse=keep)
+        _log("[elasticsearch] fetching job documents through the real client")
+        jobs_dirs = [scratch / f"gpus-{g}-days-{cfg.days}" / "sources" / "jobs" for g in sorted(cfg.gpus, reverse=True)]
+        result["elasticsearch"] = bench_elasticsearch(cfg, jobs_dirs, notes)
+    finally:
+        if not keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+            for s in result["sizes"]:
+                s["pipeline"].pop("log", None)
+    result["linear_fit"] = _fits(result["sizes"])
+    result["notes"] = notes + [
+        "wall seconds are measured on a shared machine; the load average at the start is under machine",
+        "per-step walls come from the Dagster event log (STEP_START -> STEP_SUCCESS); a multi-asset is one step "
+        "and its tables share that wall",
+        "ratios are on the last day of the range; pipeline and bare-scan times are the best of "
+        f"{cfg.repeats} runs, the baseline's is one run",
+        "the Terapixel render farm of the demo is left out (not part of the simulated pool); Kueue scrapes "
+        f"every {KUEUE_INTERVAL_S} s as in the demo",
+    ]
+    result["targets"] = _targets(result)
+    result["total_wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def _fmt(x: Any, nd: int = 2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return str(x)
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The human-readable table of a result."""
+    lines = []
+    m = result["machine"]
+    lines.append(f"gpu-pipeline bench -- {m['cpus']} CPUs, {m['memory_gib']} GiB, dagster {m['dagster']}, "
+                 f"duckdb {m['duckdb']}, pandas {m['pandas']}")
+    for s in result["sizes"]:
+        p = s["pipeline"]
+        sim = s["simulation"]
+        if "run_wall_s" not in p:
+            lines.append("")
+            lines.append(f"== {s['gpus']:,} GPUs x {s['days']} day(s): the pipeline run FAILED before reporting:")
+            lines.append("   " + p.get("error", "")[-1500:].replace("\n", "\n   "))
+            continue
+        lines.append("")
+        lines.append(f"== {s['gpus']:,} GPUs x {s['days']} day(s) ({s['start']} .. {s['end']}, {s['partition_timezone']}); "
+                     f"telemetry every {s['telemetry_interval_s']} s; {_fmt(sim['slot_rows'])} slot rows, "
+                     f"{_fmt(sim['job_documents'])} job docs, {_fmt(sim['telemetry_samples'])} samples "
+                     f"(simulated in {sim['wall_s']:.1f} s{', reused' if sim['reused'] else ''})")
+        lines.append(f"   run {'SUCCESS' if p['success'] else 'FAILURE'}: {p['run_wall_s']:.1f} s run wall "
+                     f"({p['per_day_s']:.1f} s/day, {p['per_day_excl_plots_s']:.1f} s/day without plots), "
+                     f"{p['steps_count']} steps, overhead outside steps {p['orchestration_overhead_s']:.1f} s, "
+                     f"launch {p['launch_overhead_s']:.1f} s, peak RSS {max(p['peak_rss_mib'].values()):,.0f} MiB")
+        est = p.get("at_requested_telemetry_estimate")
+        if est:
+            lines.append(f"   at {est['telemetry_interval_s']} s telemetry (estimate): {est['per_day_s']:.1f} s/day")
+        if p["failed_checks"]:
+            lines.append(f"   failed checks: {', '.join(p['failed_checks'])}")
+        lines.append(f"   {'step':32s} {'s/day':>8s} {'wall s':>8s} {'rows in':>12s} {'rows out':>12s} {'rows/s':>11s} "
+                     f"{'RSS MiB':>8s}")
+        for st in sorted(p["steps"], key=lambda x: -(x["wall_s"] or 0)):
+            lines.append(f"   {st['step'][:32]:32s} {_fmt(st['wall_per_day_s']):>8s} {_fmt(st['wall_s']):>8s} "
+                         f"{_fmt(st['rows_in']):>12s} {_fmt(st['rows_out']):>12s} {_fmt(st['rows_per_s'], 0):>11s} "
+                         f"{_fmt(st.get('peak_rss_mib'), 0):>8s}")
+        r = s.get("ratios")
+        if r:
+            pl, bare, bl = r["pipeline"], r["bare_scan"], r.get("baseline", {})
+            lines.append(f"   state + allocation on {r['day']} ({_fmt(r['input_rows'])} clean rows): pipeline "
+                         f"{pl['seconds']:.2f} s (states {pl['states_s']:.2f}, allocation {pl['allocation_s']:.2f}); "
+                         f"bare scan {bare['seconds']:.2f} s -> {_fmt(r['pipeline_vs_bare_scan']['states_plus_allocation'])}x "
+                         "the limit")
+            if "seconds" in bl:
+                eq = r["equal_to_pipeline"]["equal"]
+                lines.append(f"   baseline (pandas, the original tool's approach): {bl['seconds']:.2f} s "
+                             f"(load {bl['load_s']:.2f}, states {bl['states_s']:.2f}, allocation {bl['allocation_s']:.2f}) "
+                             f"-> pipeline is {_fmt(r['baseline_vs_pipeline_speedup'], 1)}x faster; "
+                             f"results {'EQUAL' if eq else 'DIFFER'}")
+                if "seconds_tool_loop_order" in bl:
+                    lines.append(f"   baseline with the tool's own loop nesting for the allocation: "
+                                 f"{bl['seconds_tool_loop_order']:.2f} s -> "
+                                 f"{_fmt(r['baseline_tool_loop_order_vs_pipeline_speedup'], 1)}x")
+            elif bl:
+                lines.append(f"   baseline: {bl.get('skipped')}")
+    sq = result.get("sqlite_archive")
+    if sq:
+        lines.append("")
+        lines.append(f"== SQLite archive: {sq['archive_bytes'] / 1e9:.2f} GB, {_fmt(sq['archive_rows'])} rows; one day "
+                     f"({_fmt(sq['day_rows'])} rows) with read_window: {sq['read_window_s']:.2f} s "
+                     f"({_fmt(sq['rows_per_s'], 0)} rows/s); pandas read_sql {sq['pandas_read_sql_s']:.2f} s; "
+                     f"bare SQLite scan {sq['bare_sqlite_count_s']:.2f} s")
+    es = result.get("elasticsearch")
+    if es:
+        lines.append("")
+        if "skipped" in es:
+            lines.append(f"== Elasticsearch: skipped ({es['skipped']})")
+        else:
+            lines.append(f"== Elasticsearch: {_fmt(es['documents_fetched'])} docs in {es['wall_s']:.2f} s "
+                         f"({_fmt(es['docs_per_s'], 0)} docs/s; {es['pages']} pages of {es['page_size']}); "
+                         f"client side {_fmt(es['client_side_docs_per_s'], 0)} docs/s")
+    fit = result.get("linear_fit", {}).get("run_wall_s", {})
+    if "slope_s_per_gpu_day" in fit:
+        lines.append("")
+        lines.append(f"== fit: run wall = {fit['intercept_s']:.1f} s + {fit['slope_s_per_gpu_day'] * 1000:.2f} s per "
+                     f"1,000 GPU-days (R^2 {fit['r2']:.4f}, {fit['points']} points)")
+        fx = result["linear_fit"]["steps_excluding_telemetry_s"]
+        if "slope_s_per_gpu_day" in fx:
+            lines.append(f"   steps without telemetry = {fx['intercept_s']:.1f} s + "
+                         f"{fx['slope_s_per_gpu_day'] * 1000:.2f} s per 1,000 GPU-days")
+        ex = result["linear_fit"].get("extrapolated_10000_gpus_per_day_excl_telemetry_s")
+        if ex is not None:
+            lines.append(f"   extrapolated 10,000 GPUs x 1 day without telemetry: {ex:.0f} s (not measured)")
+    lines.append("")
+    lines.append("== targets")
+    for t in result.get("targets", []):
+        mark = {True: "PASS", False: "FAIL", None: " -- "}[t["passed"]]
+        lines.append(f"   [{mark}] {t['target']}: {_fmt(t['measured'])} {t['unit']} (limit {t['limit']} {t['unit']})"
+                     + (f"\n          {t['detail']}" if t.get("detail") else ""))
+    if result.get("notes"):
+        lines.append("")
+        lines.append("== notes")
+        lines.extend(f"   - {n}" for n in result["notes"])
+    return "\n".join(lines)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def main_bench(args: argparse.Namespace) -> int:
+    """``gpu-pipeline bench``: run, print the table, write the JSON. 0 when every run succeeded."""
+    try:
+        cfg = config_from_args(args)
+        cfg.validate()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result = run_bench(cfg)
+    out = Path(cfg.out)
+    if out.parent and not out.parent.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_jsonable(result), indent=1, default=str) + "\n")
+    print(format_report(result))
+    print(f"\nwrote {out}")
+    return 0 if all(s["pipeline"]["success"] for s in result["sizes"]) else 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``bench`` arguments: ``gpu_pipeline.cli`` adds them to ``gpu-pipeline bench``, and
+    ``python -m gpu_pipeline.bench`` parses them too. Only --gpus, --days and --out are the issue's;
+    the others tune the run (the tests use them to stay small)."""
+    p.add_argument("--gpus", default=",".join(str(g) for g in DEFAULT_GPUS),
+                   help="comma-separated cluster sizes (e.g. 100,1000,10000)")
+    p.add_argument("--days", type=int, default=DEFAULT_DAYS, help="days per size, materialized as one range run")
+    p.add_argument("--out", default="bench.json", help="JSON results file")
+    p.add_argument("--work-dir", help="keep the scratch data here and reuse simulations that match")
+    p.add_argument("--telemetry-interval", type=int, default=TELEMETRY_INTERVAL_S,
+                   help="telemetry seconds (coarsened per size when over --max-telemetry-samples)")
+    p.add_argument("--max-telemetry-samples", type=int, default=MAX_TELEMETRY_SAMPLES)
+    p.add_argument("--sqlite-rows", type=int, default=SQLITE_ROWS, help="rows of the monthly SQLite archive")
+    p.add_argument("--es-docs", type=int, default=ES_DOCS, help="documents in the Elasticsearch stand-in")
+    p.add_argument("--es-page-size", type=int, default=ES_PAGE_SIZE)
+    p.add_argument("--baseline-max-gpus", type=int, default=BASELINE_MAX_GPUS,
+                   help="skip the (slow) pandas baseline above this size")
+    p.add_argument("--repeats", type=int, default=REPEATS)
+    p.add_argument("--profile", action="store_true", help="profile each run with pyinstrument (next to --out)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_pipeline":
+        raise SystemExit(_child_main(sys.argv[2:]))
+    parser = argparse.ArgumentParser(prog="python -m gpu_pipeline.bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    raise SystemExit(main_bench(parser.parse_args()))

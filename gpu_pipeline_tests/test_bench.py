@@ -1,0 +1,219 @@
+"""The benchmark: its pandas baseline computes what the pipeline computes, and ``bench`` runs end to
+end on a tiny cluster and writes its JSON. No timing is asserted anywhere here."""
+
+import argparse
+import datetime as dt
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from gpu_pipeline.bench import compare_with_pipeline, main_bench
+from gpu_pipeline.lib import baseline
+from gpu_pipeline.lib.allocation import allocation_for_day, allocation_from_table
+from gpu_pipeline.lib.condor_archive import read_window
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, conform
+from gpu_pipeline.lib.simulate import SimConfig, simulate
+from gpu_pipeline.lib.slots import clean_slot_rows
+from gpu_pipeline.lib.states import compute_gpu_states
+from gpu_pipeline.lib.store import Store, connect
+from gpu_pipeline.lib.timeutil import day_window
+
+TZ = "America/Chicago"
+DAYS = ["2025-08-04", "2025-08-05"]
+DAY, PREV = DAYS[1], DAYS[0]
+
+
+# -- the baseline equals the pipeline --------------------------------------------------------------
+
+
+def _knock_out(table: pa.Table) -> pa.Table:
+    """Collector misses and a dropout the simulator may not produce on its own: one lost snapshot
+    (its bucket carries the previous one), four in a row (buckets with no snapshot at all) and one
+    GPU absent from a few snapshots."""
+    snaps = sorted(set(table.column("snapshot_utc").to_pylist()))
+    lost = {snaps[10], *snaps[100:104]}
+    keep = pc.invert(pc.is_in(table.column("snapshot_utc"), pa.array(sorted(lost), table.schema.field("snapshot_utc").type)))
+    gpu = table.column("gpu_id")[0].as_py()
+    gone = pa.array(snaps[200:203], table.schema.field("snapshot_utc").type)
+    dropout = pc.and_(pc.equal(table.column("gpu_id"), gpu), pc.is_in(table.column("snapshot_utc"), gone))
+    return table.filter(pc.and_(keep, pc.invert(dropout)))
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    base = tmp_path_factory.mktemp("bench-pool")
+    simulate(base / "sources", SimConfig(start=dt.date.fromisoformat(DAYS[0]), end=dt.date.fromisoformat(DAYS[1]),
+                                         gpus=24, seed=5, timezone=TZ, telemetry_interval_s=0))
+    store = Store(base / "data")
+    for day in DAYS:
+        s, e = day_window(day, TZ)
+        cleaned = clean_slot_rows(read_window(base / "sources" / "condor", s, e, TZ).table).table
+        if day == DAY:
+            cleaned = _knock_out(cleaned)
+        store.write_partition(CLEAN_SLOT_SNAPSHOTS, day, cleaned)
+    start, end = day_window(DAY, TZ)
+    con = connect()
+    try:
+        sql, params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [PREV, DAY])
+        states = compute_gpu_states(con, sql, params, start, end).to_pandas()
+    finally:
+        con.close()
+    buckets, daily = allocation_for_day(store, DAY, start, end)
+    rows = baseline.load_clean_parquet(store.files(CLEAN_SLOT_SNAPSHOTS, [PREV, DAY]))
+    b_states = baseline.states_baseline(rows, start, end)
+    b_buckets, b_daily = baseline.allocation_baseline(rows, start, end)
+    return dict(base=base, start=start, end=end, states=states, buckets=buckets.to_pandas(), daily=daily.to_pandas(),
+                b_states=b_states, b_buckets=b_buckets, b_daily=b_daily)
+
+
+def _nullable(s: pd.Series) -> list:
+    return [None if pd.isna(v) else v for v in s.astype(object)]
+
+
+def test_the_day_exercises_every_path(pool):
+    st = pool["states"]
+    assert {"busy_prioritized", "busy_shared", "busy_backfill", "idle_prioritized", "idle_shared", "na"} <= set(st["state"])
+    assert {"no_snapshot", "dropout"} <= set(st["na_reason"].dropna())
+    # carried buckets: covered with a snapshot taken before the bucket started
+    assert (st["snapshot_utc"] < st["bucket_start_utc"]).any()
+    assert {"priority", "shared", "backfill", "TOTAL"} <= set(pool["buckets"]["tier"])
+    assert pool["buckets"]["device_name"].nunique() >= 3
+
+
+def test_baseline_states_equal_the_pipeline(pool):
+    p, b = pool["states"], pool["b_states"]
+    assert len(p) == len(b) == p["gpu_id"].nunique() * 288
+    # the same order too: host, GPU, bucket
+    assert list(zip(p["gpu_id"], p["bucket_start_utc"], strict=True)) == list(zip(b["gpu_id"], b["bucket_start_utc"], strict=True))
+    for col in ("host", "device_name", "state", "tier", "slot_name", "slot_state", "global_job_id", "remote_owner",
+                "snapshot_utc", "na_reason"):
+        assert _nullable(p[col]) == _nullable(b[col]), col
+    assert p["n_slot_rows"].tolist() == b["n_slot_rows"].tolist()
+    assert np.allclose(p["gpu_usage_pct"].astype(float), b["gpu_usage_pct"].astype(float), equal_nan=True)
+
+
+def test_baseline_allocation_equals_the_pipeline(pool):
+    p, b = pool["buckets"], pool["b_buckets"]
+    assert len(p) == len(b) > 0
+    for col in ("bucket_start_utc", "tier", "device_name", "claimed_gpus", "total_gpus"):
+        assert p[col].tolist() == b[col].tolist(), col
+    assert np.allclose(p["allocation_pct"].astype(float), b["allocation_pct"].astype(float), rtol=0, atol=1e-9,
+                       equal_nan=True)
+    pd_, bd = pool["daily"], pool["b_daily"]
+    assert pd_["tier"].tolist() == bd["tier"].tolist() and pd_["device_name"].tolist() == bd["device_name"].tolist()
+    for col in ("allocation_pct", "avg_claimed_gpus", "avg_total_gpus"):
+        assert np.allclose(pd_[col].astype(float), bd[col].astype(float), rtol=0, atol=1e-9, equal_nan=True), col
+    for col in ("buckets", "buckets_with_capacity", "buckets_expected"):
+        assert pd_[col].tolist() == bd[col].tolist(), col
+    assert compare_with_pipeline(pool["states"], p, pd_, pool["b_states"], b, bd)["equal"]
+
+
+def test_the_tools_loop_nesting_gives_the_same_allocation(pool):
+    store = Store(pool["base"] / "data")
+    rows = baseline.load_clean_parquet(store.files(CLEAN_SLOT_SNAPSHOTS, [PREV, DAY]))
+    buckets, daily = baseline.allocation_baseline(rows, pool["start"], pool["end"], loop_order="tool")
+    pd.testing.assert_frame_equal(buckets, pool["b_buckets"])
+    pd.testing.assert_frame_equal(daily, pool["b_daily"])
+
+
+def test_baseline_from_the_sqlite_archive_gives_the_same_states(pool):
+    """The tool read the monthly SQLite file with pandas; on the untouched first day that path
+    gives the same table as the pipeline's raw -> clean -> states."""
+    store = Store(pool["base"] / "data")
+    start, end = day_window(PREV, TZ)
+    con = connect()
+    try:
+        sql, params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [PREV])
+        p = compute_gpu_states(con, sql, params, start, end).to_pandas()
+    finally:
+        con.close()
+    rows = baseline.load_sqlite_window(pool["base"] / "sources" / "condor", start - baseline.LOOKBACK, end, TZ)
+    b = baseline.states_baseline(rows, start, end)
+    assert len(p) == len(b) > 0
+    for col in ("gpu_id", "bucket_start_utc", "state", "tier", "slot_name", "na_reason"):
+        assert _nullable(p[col]) == _nullable(b[col]), col
+
+
+def test_baseline_reproduces_the_original_tools_reference_figures():
+    """DESIGN.md 5.2: on the tool's 8-row fixture, Priority 25.0 % (0.5 / 1.5), Shared 75.0 % (1.0 / 1.5);
+    GPU-p1 (primary Unclaimed, backfill Claimed) stays in the priority total."""
+    day0 = dt.datetime(2025, 8, 6, tzinfo=dt.UTC)
+
+    def row(minute, slot, gpu, state, host, projects=""):
+        return dict(snapshot_utc=day0 + dt.timedelta(minutes=minute, seconds=7), host=host, slot_name=f"{slot}@{host}",
+                    gpu_id=gpu, tier="backfill" if "backfill" in slot else ("priority" if projects else "shared"),
+                    is_backfill_slot="backfill" in slot, slot_state=state, device_name="NVIDIA A100-SXM4-80GB",
+                    prioritized_projects=projects, global_job_id="j#1.0#1" if state == "Claimed" else None)
+
+    rows = [
+        row(0, "slot1", "GPU-p1", "Unclaimed", "hp", "ProjA"),
+        row(0, "backfill2", "GPU-p1", "Unclaimed", "hp", "ProjA"),
+        row(0, "slot1_1", "GPU-s1", "Claimed", "hs"),
+        row(5, "slot1", "GPU-p1", "Unclaimed", "hp", "ProjA"),
+        row(5, "backfill2_1", "GPU-p1", "Claimed", "hp", "ProjA"),
+        row(5, "slot1_1", "GPU-p2", "Claimed", "hp", "ProjA"),
+        row(5, "slot1_1", "GPU-s1", "Claimed", "hs"),
+        row(5, "slot1", "GPU-s2", "Unclaimed", "hs"),
+    ]
+    end = day0 + dt.timedelta(minutes=10)
+    table = conform(pa.Table.from_pylist(rows), CLEAN_SLOT_SNAPSHOTS)
+    _, b_daily = baseline.allocation_baseline(baseline.from_clean(table.to_pandas()), day0, end)
+    d = {(r["tier"], r["device_name"]): r for r in b_daily.to_dict("records")}
+    assert (d[("priority", "ALL")]["allocation_pct"], d[("priority", "ALL")]["avg_claimed_gpus"],
+            d[("priority", "ALL")]["avg_total_gpus"]) == (25.0, 0.5, 1.5)
+    assert (d[("shared", "ALL")]["allocation_pct"], d[("shared", "ALL")]["avg_claimed_gpus"],
+            d[("shared", "ALL")]["avg_total_gpus"]) == (75.0, 1.0, 1.5)
+    assert d[("TOTAL", "ALL")]["allocation_pct"] == 62.5
+    p_buckets, p_daily = allocation_from_table(table, day0, end)
+    assert p_daily.to_pandas()["allocation_pct"].tolist() == b_daily["allocation_pct"].tolist()
+    states = baseline.states_baseline(baseline.from_clean(table.to_pandas()), day0, end)
+    second = states[states["bucket_start_utc"] == pd.Timestamp(day0 + dt.timedelta(minutes=5))]
+    assert dict(zip(second["gpu_id"], second["state"], strict=True)) == {
+        "GPU-p1": "busy_backfill", "GPU-p2": "busy_prioritized", "GPU-s1": "busy_shared", "GPU-s2": "idle_shared"}
+
+
+# -- the command runs and writes its JSON ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_smoke_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    args = argparse.Namespace(gpus="20", days=1, out=str(out), work_dir=None, telemetry_interval=600,
+                              max_telemetry_samples=None, sqlite_rows=20_000, es_docs=300, es_page_size=100,
+                              baseline_max_gpus=0, repeats=1, profile=False)
+    assert main_bench(args) == 0
+    printed = capsys.readouterr().out
+    assert "== targets" in printed and str(out) in printed
+    result = json.loads(out.read_text())
+    assert {"machine", "config", "sizes", "sqlite_archive", "elasticsearch", "linear_fit", "targets", "notes"} <= set(result)
+    (size,) = result["sizes"]
+    assert (size["gpus"], size["days"], size["telemetry_interval_s"]) == (20, 1, 600)
+    p = size["pipeline"]
+    assert p["success"] is True and p["runs_in_instance"] == 1 and p["step_starts_total"] == p["steps_count"]
+    assert p["peak_rss_mib"]["self"] > 0 and p["run_wall_s"] > 0 and p["per_day_s"] > 0
+    steps = {s["step"]: s for s in p["steps"]}
+    assets = {k: v for s in p["steps"] for k, v in s["assets"].items()}
+    for key in ("raw/condor_slot_snapshots", "clean/slot_snapshots", "metrics/gpu_states", "metrics/allocation_buckets",
+                "metrics/allocation_daily", "raw/gpu_telemetry", "plots/gpu_timeline_heatmap"):
+        assert key in assets, key
+    assert assets["metrics/gpu_states"] == 20 * 288
+    assert assets["clean/slot_snapshots"] == size["simulation"]["slot_rows"]
+    for s in steps.values():
+        assert s["status"] == "success" and s["wall_s"] >= 0 and s["step_starts"] == 1
+        assert {"wall_per_day_s", "rows_in", "rows_out", "rows_per_s"} <= set(s)
+    assert steps["metrics__gpu_states"]["rows_in"] == size["simulation"]["slot_rows"]
+    r = size["ratios"]
+    assert r["pipeline"]["seconds"] > 0 and r["bare_scan"]["seconds"] > 0 and r["pipeline_vs_bare_scan"]["states"] > 0
+    assert "skipped" in r["baseline"]  # --baseline-max-gpus 0: the equality tests above cover the baseline
+    assert all(s.get("peak_rss_mib") for s in steps.values())
+    sq = result["sqlite_archive"]
+    assert sq["archive_rows"] > 0 and sq["day_rows"] > 0 and sq["read_window_s"] > 0 and sq["archive_bytes"] > 0
+    es = result["elasticsearch"]
+    assert es["documents_fetched"] == es["documents_indexed"] == es["total_reported"] == 300 and es["pages"] >= 3
+    assert es["docs_per_s"] > 0
+    assert any(t["target"].startswith("one day out of") for t in result["targets"])
+    assert result["scratch_dir"] is None  # the scratch data is removed without --work-dir
