@@ -52,7 +52,7 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
                              efficiency_params=eff_params)
         dcr, share = res.capacity["dcr"], res.top["share"]
         bad[day] = int(pc.sum(pc.invert(pc.is_finite(pc.fill_null(dcr, 0.0)))).as_py() or 0) + int(
-            pc.sum(pc.or_(pc.less(share, 0), pc.greater(share, 1))).as_py() or 0)
+            pc.sum(pc.or_(pc.less(share, -1e-9), pc.greater(share, 1 + 1e-9))).as_py() or 0)
         sev = res.capacity["severity"].to_pylist()
         kpis = {f"hours_{s.lower()}": float(sev.count(s)) for s in ("Critical", "Warning", "Moderate", "Healthy")}
         return {
