@@ -60,3 +60,19 @@ def data_root(tmp_path: Path) -> Path:
     root = tmp_path / "data"
     root.mkdir()
     return root
+
+
+_DEFS = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def loaded_defs():
+    """The project's Definitions, loaded once before any test creates a Dagster instance (loading
+    definitions after a test instance was closed trips over Dagster's definitions-state storage,
+    which keeps a weak reference to that instance)."""
+    global _DEFS
+    if _DEFS is None:
+        from gpu_pipeline.definitions import defs
+
+        _DEFS = defs()
+    return _DEFS

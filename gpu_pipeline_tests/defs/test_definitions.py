@@ -6,7 +6,6 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from gpu_pipeline.definitions import defs as load_defs
 from gpu_pipeline.defs.partitions import daily_partitions
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_STATES, RAW_CONDOR_SLOT_SNAPSHOTS
 from gpu_pipeline.lib.store import Store
@@ -21,8 +20,8 @@ DAILY_ASSETS = {
 
 
 @pytest.fixture(scope="module")
-def defs() -> dg.Definitions:
-    return load_defs()
+def defs(loaded_defs) -> dg.Definitions:
+    return loaded_defs
 
 
 def test_definitions_load_with_every_layer(defs):

@@ -152,7 +152,8 @@ def _assert_tables_written(data_root: Path, days: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_a_range_run_stores_its_run_events_and_materializations_in_postgres(postgres, tmp_path, monkeypatch):
+def test_a_range_run_stores_its_run_events_and_materializations_in_postgres(postgres, tmp_path, monkeypatch,
+                                                                           loaded_defs):
     days = _days(5, 6)
     _hand_archive(tmp_path / "archive", days)
     home = _home(tmp_path / "dagster_home", PG_TEMPLATE)
@@ -171,9 +172,7 @@ def test_a_range_run_stores_its_run_events_and_materializations_in_postgres(post
     assert not (home / "history").exists() and not (home / "schedules").exists()
 
     # Through Dagster: the instance from DAGSTER_HOME is PostgreSQL-backed and holds the run.
-    from gpu_pipeline.definitions import defs as load_defs
-
-    all_keys = set(load_defs().resolve_asset_graph().get_all_asset_keys())
+    all_keys = set(loaded_defs.resolve_asset_graph().get_all_asset_keys())
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     for key, value in pg_env.items():
         monkeypatch.setenv(key, value)

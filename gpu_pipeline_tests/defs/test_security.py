@@ -24,20 +24,21 @@ def _doc(i: int) -> dict:
 
 
 def _run_job_documents(monkeypatch, tmp_path, es_url: str):
-    from gpu_pipeline.definitions import defs as load_defs
+    from gpu_pipeline.defs.clean.jobs import jobs
+    from gpu_pipeline.defs.raw.job_documents import job_documents
+    from gpu_pipeline.defs.resources import DataStoreResource, JobRecordsResource
 
-    monkeypatch.setenv("GPU_PIPELINE_DATA_ROOT", str(tmp_path / "data"))
-    monkeypatch.setenv("GPU_PIPELINE_CONDOR_ARCHIVE", str(tmp_path))
     monkeypatch.setenv("GPU_PIPELINE_ES_HOSTS", es_url)
-    monkeypatch.setenv("GPU_PIPELINE_ES_INDEX", "jobs-idx")
     monkeypatch.setenv("GPU_PIPELINE_ES_API_KEY", SECRET)
-    monkeypatch.setenv("GPU_PIPELINE_ES_TIMEOUT_S", "2")
-    defs = load_defs()
-    job = dg.define_asset_job("docs_only", selection=["raw/job_documents", "clean/jobs"]).resolve(
-        asset_graph=defs.resolve_asset_graph())
+    # bound exactly like gpu_pipeline/defs/resources.py does: the secret only through dg.EnvVar
+    resources = {
+        "data_store": DataStoreResource(data_root=str(tmp_path / "data")),
+        "job_records": JobRecordsResource(es_hosts=dg.EnvVar("GPU_PIPELINE_ES_HOSTS"), es_index="jobs-idx",
+                                          es_api_key=dg.EnvVar("GPU_PIPELINE_ES_API_KEY"), es_timeout_s="2"),
+    }
     instance = dg.DagsterInstance.ephemeral()
-    result = job.execute_in_process(instance=instance, resources=defs.resources, partition_key=DAY,
-                                    raise_on_error=False)
+    result = dg.materialize([job_documents, jobs], resources=resources, partition_key=DAY, instance=instance,
+                            raise_on_error=False)
     logs = instance.all_logs(result.run_id)
     dump = "\n".join(json.dumps(e.to_dict() if hasattr(e, "to_dict") else str(e), default=str) for e in logs)
     dump += "\n".join(str(e) for e in logs)

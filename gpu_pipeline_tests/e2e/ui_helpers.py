@@ -301,6 +301,17 @@ class DagsterDev:
             deadline = time.monotonic() + KILL_TIMEOUT_S
             while time.monotonic() < deadline and any(_proc_stat(p) for p in before):
                 time.sleep(0.2)
+        # dagster dev may restart its code server while it shuts down (a new process that missed the
+        # signals above): kill whatever of the tree is still there, a few rounds.
+        for _ in range(5):
+            stragglers = processes_of(pid)
+            stragglers.update({p: c for p, c in before.items() if _proc_stat(p)})
+            if not stragglers:
+                break
+            for p in stragglers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+            time.sleep(1.0)
         self._log.close()
         after = processes_of(pid)
         after.update({p: cmd for p, cmd in before.items() if _proc_stat(p)})
