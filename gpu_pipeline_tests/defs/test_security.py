@@ -36,14 +36,14 @@ def _run_job_documents(monkeypatch, tmp_path, es_url: str):
         "job_records": JobRecordsResource(es_hosts=dg.EnvVar("GPU_PIPELINE_ES_HOSTS"), es_index="jobs-idx",
                                           es_api_key=dg.EnvVar("GPU_PIPELINE_ES_API_KEY"), es_timeout_s="2"),
     }
-    instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize([job_documents, jobs], resources=resources, partition_key=DAY, instance=instance,
-                            raise_on_error=False)
-    logs = instance.all_logs(result.run_id)
-    dump = "\n".join(json.dumps(e.to_dict() if hasattr(e, "to_dict") else str(e), default=str) for e in logs)
-    dump += "\n".join(str(e) for e in logs)
-    run = instance.get_run_by_id(result.run_id)
-    dump += json.dumps(run.run_config, default=str) + json.dumps(run.tags, default=str)
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([job_documents, jobs], resources=resources, partition_key=DAY, instance=instance,
+                                raise_on_error=False)
+        logs = instance.all_logs(result.run_id)
+        dump = "\n".join(json.dumps(e.to_dict() if hasattr(e, "to_dict") else str(e), default=str) for e in logs)
+        dump += "\n".join(str(e) for e in logs)
+        run = instance.get_run_by_id(result.run_id)
+        dump += json.dumps(run.run_config, default=str) + json.dumps(run.tags, default=str)
     return result, dump
 
 
