@@ -112,6 +112,18 @@ class QuarantinedLine(NamedTuple):
     source_file: str | None = None
 
 
+def quarantine_lines_table(lines: Sequence[QuarantinedLine], source_table: str) -> pa.Table:
+    """Quarantined text lines as rows of the project's quarantine table schema."""
+    arrays = {
+        "source_table": pa.array([source_table] * len(lines), type=pa.string()),
+        "reason": pa.array([q.reason for q in lines], type=pa.string()),
+        "source_file": pa.array([q.source_file for q in lines], type=pa.string()),
+        "source_row": pa.array([q.line_number for q in lines], type=pa.int64()),
+        "row_json": pa.array([json.dumps({"line": q.raw_line}) for q in lines], type=pa.string()),
+    }
+    return conform(pa.table(arrays), QUARANTINE)
+
+
 @dataclass
 class ParseResult:
     """Rows conformed to :data:`GPU_SAMPLES`, quarantined lines and counters."""
@@ -127,15 +139,7 @@ class ParseResult:
 
     def quarantine_table(self) -> pa.Table:
         """The quarantined lines as rows of the project's quarantine table schema."""
-        n = len(self.quarantine)
-        arrays = {
-            "source_table": pa.array([GPU_SAMPLES.path] * n, type=pa.string()),
-            "reason": pa.array([q.reason for q in self.quarantine], type=pa.string()),
-            "source_file": pa.array([q.source_file for q in self.quarantine], type=pa.string()),
-            "source_row": pa.array([q.line_number for q in self.quarantine], type=pa.int64()),
-            "row_json": pa.array([json.dumps({"line": q.raw_line}) for q in self.quarantine], type=pa.string()),
-        }
-        return conform(pa.table(arrays), QUARANTINE)
+        return quarantine_lines_table(self.quarantine, GPU_SAMPLES.path)
 
 
 _FILE_SUFFIXES = (".csv", ".prom", ".txt", ".log")

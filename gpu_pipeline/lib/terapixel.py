@@ -84,7 +84,6 @@ import csv
 import datetime as dt
 import heapq
 import io
-import json
 import random
 import re
 import uuid as uuidlib
@@ -99,8 +98,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE, TS, TableSpec, _f, conform, quarantine_spec
-from gpu_pipeline.lib.telemetry import ParseResult, QuarantinedLine, short_gpu_id
+from gpu_pipeline.lib.schemas import GPU_SAMPLES, TS, TableSpec, _f, conform, quarantine_spec
+from gpu_pipeline.lib.telemetry import ParseResult, QuarantinedLine, quarantine_lines_table, short_gpu_id
 
 UTC = dt.UTC
 
@@ -557,15 +556,7 @@ class TaskRunsResult:
 
     def quarantine_table(self) -> pa.Table:
         """The quarantined lines as rows of the project's quarantine table schema."""
-        n = len(self.quarantine)
-        arrays = {
-            "source_table": pa.array([TASK_RUNS.path] * n, type=pa.string()),
-            "reason": pa.array([q.reason for q in self.quarantine], type=pa.string()),
-            "source_file": pa.array([q.source_file for q in self.quarantine], type=pa.string()),
-            "source_row": pa.array([q.line_number for q in self.quarantine], type=pa.int64()),
-            "row_json": pa.array([json.dumps({"line": q.raw_line}) for q in self.quarantine], type=pa.string()),
-        }
-        return conform(pa.table(arrays), QUARANTINE)
+        return quarantine_lines_table(self.quarantine, TASK_RUNS.path)
 
 
 def _codes(arr: pa.ChunkedArray | pa.Array, fn: Callable[[str], str] | None = None) -> tuple[np.ndarray, pa.Array]:
