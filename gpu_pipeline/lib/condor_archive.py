@@ -9,6 +9,11 @@ table ``gpu_state`` written by pandas ``to_sql``; no declared schema, no index) 
 schema drift (missing optional columns become null, unknown columns are dropped and reported),
 missing months (reported) and the repeated hour at the end of daylight saving time (resolved from the
 order in which snapshots were appended to the file).
+
+Rows are fetched from SQLite in chunks and built into Arrow columns in one call per column; the rare
+file whose values do not fit their column's type (text in a numeric column, non-UTF-8 text) is read
+row by row with per-value rules instead, giving the same table. Timestamps are localized once per
+distinct snapshot, not per row.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from zoneinfo import ZoneInfo
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpu_pipeline.lib.schemas import QUARANTINE_CONDOR_RAW, RAW_CONDOR_SLOT_SNAPSHOTS
 from gpu_pipeline.lib.timeutil import UTC
@@ -48,6 +54,7 @@ _NUMERIC = {"GPUs_GlobalMemoryMb", "GPUsAverageUsage", "Disk"}
 _FILE_RE = re.compile(r"^gpu_state_(\d{4})-(\d{2})\.(db|sqlite|parquet)$")
 # Reading margin around the local window: covers the DST shift and sub-second rounding.
 _MARGIN = dt.timedelta(hours=2)
+TS_UTC = pa.timestamp("us", tz="UTC")
 
 
 class ArchiveError(RuntimeError):
@@ -121,7 +128,7 @@ def _roll_back_hot_journal(path: Path, lock_timeout_s: float) -> None:
         con.close()
 
 
-def _read_sqlite(path: Path, lo: str, hi: str, lock_timeout_s: float = 30.0) -> tuple[dict[str, list], list[str]]:
+def _read_sqlite(path: Path, lo: str, hi: str, lock_timeout_s: float = 30.0) -> tuple[pa.Table, list[str]]:
     try:
         return _read_sqlite_once(path, lo, hi, lock_timeout_s)
     except ArchiveError as exc:
@@ -131,26 +138,28 @@ def _read_sqlite(path: Path, lo: str, hi: str, lock_timeout_s: float = 30.0) -> 
         return _read_sqlite_once(path, lo, hi, lock_timeout_s)
 
 
-def _read_sqlite_once(path: Path, lo: str, hi: str, lock_timeout_s: float) -> tuple[dict[str, list], list[str]]:
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+# Rows fetched and converted to Arrow at a time by the columnar read.
+_CHUNK_ROWS = 50_000
+
+
+def _read_sqlite_once(path: Path, lo: str, hi: str, lock_timeout_s: float) -> tuple[pa.Table, list[str]]:
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=lock_timeout_s)
     except sqlite3.Error as exc:
         raise ArchiveError(f"{path}: cannot open SQLite archive: {exc}") from exc
-    con.text_factory = _decode
     try:
         cols = _sqlite_columns(con, path)
         missing_req = [c for c in REQUIRED_COLUMNS if c not in cols]
         if missing_req:
             raise ArchiveError(f"{path}: table '{TABLE}' lacks required columns {missing_req}")
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
-        select = ", ".join(f'"{c}"' for c in wanted)
-        # Text comparison is exact for the fixed-width timestamp format.
-        cur = con.execute(
-            f'SELECT rowid, "timestamp", {select} FROM {TABLE} '
-            f'WHERE "timestamp" >= ? AND "timestamp" < ? ORDER BY rowid',
-            (lo, hi),
-        )
-        rows = cur.fetchall()
+        table = _sqlite_columnar(con, wanted, lo, hi)
+        if table is None:
+            table = _sqlite_rows(con, wanted, lo, hi)
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc).lower():
             raise ArchiveError(
@@ -162,12 +171,77 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, lock_timeout_s: float) -> tu
         raise ArchiveError(f"{path}: unreadable SQLite archive: {exc}") from exc
     finally:
         con.close()
+    return table, cols
+
+
+def _sqlite_columnar(con: sqlite3.Connection, wanted: list[str], lo: str, hi: str) -> pa.Table | None:
+    """The window's rows, converted to Arrow a chunk of rows at a time (each column built from the
+    fetched tuples in one call, no per-value Python work). ``None`` when a value is not of the type
+    its column is read as (text in a numeric column, a number in a text column) or a text is not
+    valid UTF-8: the row-by-row reader (:func:`_sqlite_rows`) then applies the per-value rules, so
+    both give identical tables."""
     names = ["source_rowid", "timestamp_local", *wanted]
-    data = {n: [r[i] for r in rows] for i, n in enumerate(names)}
-    return data, cols
+    types = [pa.int64() if n == "source_rowid" else pa.float64() if n in _NUMERIC else pa.string() for n in names]
+    schema = pa.schema(list(zip(names, types, strict=True)))
+    select = ", ".join(_q(c) for c in ["timestamp", *wanted])
+    con.text_factory = str
+    try:
+        cur = con.execute(
+            f"SELECT rowid, {select} FROM {TABLE} WHERE {_q('timestamp')} >= ? AND {_q('timestamp')} < ? "
+            "ORDER BY rowid",
+            (lo, hi),
+        )
+        batches: list[pa.RecordBatch] = []
+        while rows := cur.fetchmany(_CHUNK_ROWS):
+            batches.append(pa.RecordBatch.from_arrays(
+                [pa.array(col, type=t) for col, t in zip(zip(*rows, strict=True), types, strict=True)],
+                schema=schema,
+            ))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+    except sqlite3.OperationalError as exc:
+        if "decode" in str(exc).lower():  # text that is not UTF-8
+            return None
+        raise
+    return pa.Table.from_batches(batches, schema=schema)
 
 
-def _read_parquet(path: Path, lo: str, hi: str) -> tuple[dict[str, list], list[str]]:
+def _sqlite_rows(con: sqlite3.Connection, wanted: list[str], lo: str, hi: str) -> pa.Table:
+    """Row-by-row read: any storage class, text that is not UTF-8 kept with U+FFFD."""
+    con.text_factory = _decode
+    select = ", ".join(_q(c) for c in wanted)
+    # Text comparison is exact for the fixed-width timestamp format.
+    rows = con.execute(
+        f'SELECT rowid, "timestamp", {select} FROM {TABLE} '
+        f'WHERE "timestamp" >= ? AND "timestamp" < ? ORDER BY rowid',
+        (lo, hi),
+    ).fetchall()
+    names = ["source_rowid", "timestamp_local", *wanted]
+    return _table_from_values({n: [r[i] for r in rows] for i, n in enumerate(names)})
+
+
+def _table_from_values(data: dict[str, list]) -> pa.Table:
+    """Python values of one file as Arrow: numeric columns as float64 (a value that is not a number
+    becomes null; ``__lost_<column>`` marks it), text columns as strings (other values via ``str``)."""
+    arrays: dict[str, pa.Array] = {}
+    for name, values in data.items():
+        if name == "source_rowid":
+            arrays[name] = pa.array(values, type=pa.int64())
+        elif name in _NUMERIC:
+            floats = [_to_float(v) for v in values]
+            arrays[name] = pa.array(floats, type=pa.float64())
+            arrays[f"__lost_{name}"] = pa.array(
+                [f is None and v not in (None, "") for v, f in zip(values, floats, strict=True)], type=pa.bool_()
+            )
+        else:
+            arrays[name] = pa.array(
+                [None if v is None else _decode(v) if isinstance(v, bytes) else str(v) for v in values],
+                type=pa.string(),
+            )
+    return pa.table(arrays)
+
+
+def _read_parquet(path: Path, lo: str, hi: str) -> tuple[pa.Table, list[str]]:
     con = duckdb.connect()
     try:
         cols = [r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall()]
@@ -175,7 +249,7 @@ def _read_parquet(path: Path, lo: str, hi: str) -> tuple[dict[str, list], list[s
         if missing_req:
             raise ArchiveError(f"{path}: archive lacks required columns {missing_req}")
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
-        select = ", ".join(f'"{c}"' for c in wanted)
+        select = ", ".join(_q(c) for c in wanted)
         tbl = con.sql(
             f"""SELECT file_row_number AS source_rowid,
                        strftime(CAST("timestamp" AS TIMESTAMP), '%Y-%m-%d %H:%M:%S.%f') AS timestamp_local,
@@ -190,7 +264,17 @@ def _read_parquet(path: Path, lo: str, hi: str) -> tuple[dict[str, list], list[s
         raise ArchiveError(f"{path}: unreadable Parquet archive: {exc}") from exc
     finally:
         con.close()
-    return {n: tbl.column(n).to_pylist() for n in tbl.column_names}, cols
+    typed = all(
+        tbl.schema.field(c).type in ((pa.float64(), pa.float32(), pa.int64(), pa.int32()) if c in _NUMERIC
+                                     else (pa.string(), pa.large_string()))
+        for c in wanted
+    )
+    if not typed:  # drifted column types: the per-value rules (numbers from text, text from numbers)
+        return _table_from_values({n: tbl.column(n).to_pylist() for n in tbl.column_names}), cols
+    return tbl.cast(pa.schema([
+        pa.field(n, pa.int64() if n == "source_rowid" else pa.float64() if n in _NUMERIC else pa.string())
+        for n in tbl.column_names
+    ])), cols
 
 
 def _localize_snapshots(texts: list[str | None], tz: str) -> dict[str, dt.datetime | None]:
@@ -223,6 +307,15 @@ def _localize_snapshots(texts: list[str | None], tz: str) -> dict[str, dt.dateti
     return out
 
 
+def _utc_column(local: pa.ChunkedArray | pa.Array, tz: str) -> pa.Array:
+    """UTC snapshot time of every row, localizing each distinct text once (in order of appearance,
+    which the DST rule of :func:`_localize_snapshots` needs); null where unreadable."""
+    distinct = pc.unique(local)
+    mapping = _localize_snapshots(distinct.to_pylist(), tz)
+    utc = pa.array([mapping.get(t) if t is not None else None for t in distinct.to_pylist()], type=TS_UTC)
+    return pc.take(utc, pc.index_in(local, value_set=distinct))
+
+
 def read_window(
     archive_dir: str | Path,
     start_utc: dt.datetime,
@@ -238,10 +331,11 @@ def read_window(
     lo, hi = lo_local.isoformat(sep=" "), hi_local.isoformat(sep=" ")
     month_files = find_month_files(archive_dir)
     result = ArchiveRead(table=RAW_CONDOR_SLOT_SNAPSHOTS.empty())
+    schema = RAW_CONDOR_SLOT_SNAPSHOTS.schema
+    lo_s, hi_s = pa.scalar(start_utc, type=TS_UTC), pa.scalar(end_utc, type=TS_UTC)
 
-    columns: dict[str, list] = {n: [] for n in ["source_rowid", "timestamp_local", *SOURCE_COLUMNS]}
-    sources: list[str] = []
-    utc_values: list[dt.datetime | None] = []
+    parts: list[pa.Table] = []
+    lost: dict[str, int] = {}
     for month in months_between(lo_local, hi_local):
         path = month_files.get(month)
         if path is None:
@@ -259,44 +353,38 @@ def read_window(
         absent = [c for c in SOURCE_COLUMNS if c not in cols]
         if absent:
             result.missing_columns[str(path)] = absent
-        n = len(data["source_rowid"])
-        mapping = _localize_snapshots(data["timestamp_local"], source_tz)
-        utc_values.extend(mapping[t] if t is not None else None for t in data["timestamp_local"])
-        for name in columns:
-            values = data.get(name)
-            columns[name].extend(values if values is not None else [None] * n)
-        sources.extend([str(path)] * n)
-
-    if not sources:
-        return result
-    keep = [
-        i for i, ts in enumerate(utc_values) if ts is not None and start_utc <= ts < end_utc
-    ]
-    bad = [i for i, ts in enumerate(utc_values) if ts is None]
-    result.unparseable_timestamps = len(bad)
-    result.rejected = [
-        (sources[i], columns["source_rowid"][i], "unparseable timestamp (expected YYYY-MM-DD HH:MM:SS.ffffff)",
-         str(columns["timestamp_local"][i]))
-        for i in bad
-    ]
-    arrays: dict[str, pa.Array] = {
-        "snapshot_utc": pa.array([utc_values[i] for i in keep], type=pa.timestamp("us", tz="UTC")),
-        "source_file": pa.array([sources[i] for i in keep], type=pa.string()),
-    }
-    for name, values in columns.items():
-        picked = [values[i] for i in keep]
-        if name in _NUMERIC:
-            floats = [_to_float(v) for v in picked]
-            lost = sum(1 for v, f in zip(picked, floats, strict=True) if f is None and v not in (None, ""))
-            if lost:
-                result.non_numeric[name] = lost
-            arrays[name] = pa.array(floats, type=pa.float64())
-        elif name == "source_rowid":
-            arrays[name] = pa.array(picked, type=pa.int64())
-        else:
-            arrays[name] = pa.array([None if v is None else str(v) for v in picked], type=pa.string())
-    schema = RAW_CONDOR_SLOT_SNAPSHOTS.schema
-    result.table = pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
+        if not data.num_rows:
+            continue
+        utc = _utc_column(data.column("timestamp_local"), source_tz)
+        bad = pc.is_null(utc)
+        if pc.any(bad).as_py():
+            for rowid, text in zip(data.column("source_rowid").filter(bad).to_pylist(),
+                                   data.column("timestamp_local").filter(bad).to_pylist(), strict=True):
+                result.rejected.append(
+                    (str(path), rowid, "unparseable timestamp (expected YYYY-MM-DD HH:MM:SS.ffffff)", str(text))
+                )
+        keep = pc.and_(pc.greater_equal(utc, lo_s), pc.less(utc, hi_s))
+        kept = data.append_column("snapshot_utc", utc).filter(keep)
+        for name in _NUMERIC:
+            flag = f"__lost_{name}"
+            if flag in kept.column_names:
+                n_lost = int(pc.sum(kept.column(flag)).as_py() or 0)
+                if n_lost:
+                    lost[name] = lost.get(name, 0) + n_lost
+        n = kept.num_rows
+        parts.append(pa.Table.from_arrays(
+            [
+                kept.column(f.name) if f.name in kept.column_names
+                else pa.repeat(str(path), n).cast(pa.string()) if f.name == "source_file"
+                else pa.nulls(n, type=f.type)
+                for f in schema
+            ],
+            schema=schema,
+        ))
+    result.unparseable_timestamps = len(result.rejected)
+    result.non_numeric = {c: lost[c] for c in SOURCE_COLUMNS if c in lost}
+    if parts:
+        result.table = pa.concat_tables(parts).combine_chunks()
     return result
 
 

@@ -19,8 +19,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import duckdb
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.compute as pc
 
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, QUARANTINE, conform
 
@@ -53,96 +54,114 @@ class CleanResult:
     usage_out_of_range_nulled: int = 0  #: GPUsAverageUsage outside 0..1 (kept row, value set null)
 
 
+def _host(name: str | None, machine: str | None) -> str | None:
+    if isinstance(machine, str) and machine.strip():
+        return machine.strip()
+    return name.rsplit("@", 1)[-1] if name and "@" in name else None
+
+
 def _excluded(host: str | None, patterns: list[str]) -> bool:
     return bool(host) and any(fnmatch.fnmatchcase(host.lower(), p.lower()) for p in patterns)
 
 
+def _lookup(con: duckdb.DuckDBPyConnection, name: str, rows: dict[str, list]) -> None:
+    con.register(name, pa.table(rows))
+
+
+_BAD = "\ufffd"
+
+
 def clean_slot_rows(raw: pa.Table, excluded_hosts: list[str] | None = None) -> CleanResult:
-    """Turn raw snapshot rows (``raw/condor_slot_snapshots`` schema) into the clean table."""
+    """Turn raw snapshot rows (``raw/condor_slot_snapshots`` schema) into the clean table.
+
+    The Python rules (host, GPU id spelling, host exclusion) run once per distinct value; the rows
+    themselves are classified, typed and de-duplicated in one DuckDB query."""
     patterns = [p.strip() for p in (excluded_hosts or []) if p.strip()]
-    names = raw.column("Name").to_pylist()
-    machines = raw.column("Machine").to_pylist()
-    hosts = [
-        (m.strip() if isinstance(m, str) and m.strip() else (n.rsplit("@", 1)[-1] if n and "@" in n else None))
-        for n, m in zip(names, machines, strict=True)
-    ]
-    gpu_ids = [normalize_gpu_id(g) for g in raw.column("AssignedGPUs").to_pylist()]
-    states = raw.column("State").to_pylist()
-
-    keep, q_idx, q_reason = [], [], []
-    excluded: Counter[str] = Counter()
-    for i, (name, host, gpu, state) in enumerate(zip(names, hosts, gpu_ids, states, strict=True)):
-        if _excluded(host, patterns):
-            excluded[host] += 1
-            continue
-        reason = None
-        bad_text = [c for c, v in (("Name", name), ("Machine", host), ("AssignedGPUs", gpu), ("State", state))
-                    if isinstance(v, str) and "\ufffd" in v]
-        if bad_text:
-            reason = f"non-UTF-8 bytes in {', '.join(bad_text)}"
-        elif not name:
-            reason = "missing slot Name"
-        elif not host:
-            reason = "no host (Machine empty and Name has no '@')"
-        elif not state:
-            reason = "missing State"
-        elif gpu is None:
-            reason = "no GPU id in AssignedGPUs"
-        if reason:
-            q_idx.append(i)
-            q_reason.append(reason)
-        else:
-            keep.append(i)
-
-    kept = raw.take(pa.array(keep, type=pa.int64())).append_column(
-        "host_n", pa.array([hosts[i] for i in keep], type=pa.string())
-    ).append_column("gpu_id_n", pa.array([gpu_ids[i] for i in keep], type=pa.string()))
+    pairs = raw.select(["Name", "Machine"]).group_by(["Name", "Machine"]).aggregate([])
+    names, machines = pairs.column("Name").to_pylist(), pairs.column("Machine").to_pylist()
+    hosts = [_host(n, m) for n, m in zip(names, machines, strict=True)]
+    assigned = pc.unique(raw.column("AssignedGPUs")).to_pylist()
 
     con = duckdb.connect()
     try:
-        con.register("raw_rows", kept)
+        _lookup(con, "host_map", {
+            "name": pa.array(names, pa.string()), "machine": pa.array(machines, pa.string()),
+            "host": pa.array(hosts, pa.string()),
+            "excluded": pa.array([_excluded(h, patterns) for h in hosts], pa.bool_()),
+        })
+        _lookup(con, "gpu_map", {"assigned": pa.array(assigned, pa.string()),
+                                 "gpu_id": pa.array([normalize_gpu_id(g) for g in assigned], pa.string())})
+        con.register("raw_rows", raw.append_column("row_i", pa.array(np.arange(raw.num_rows, dtype=np.int64))))
+        con.execute(
+            f"""
+            CREATE TEMP TABLE classified AS
+            SELECT r.*, h.host AS host_n, g.gpu_id AS gpu_id_n, h.excluded,
+                   CASE
+                     WHEN contains(coalesce(r."Name", ''), '{_BAD}') OR contains(coalesce(h.host, ''), '{_BAD}')
+                       OR contains(coalesce(g.gpu_id, ''), '{_BAD}') OR contains(coalesce(r."State", ''), '{_BAD}')
+                     THEN 'non-UTF-8 bytes in ' || concat_ws(', ',
+                         CASE WHEN contains(r."Name", '{_BAD}') THEN 'Name' END,
+                         CASE WHEN contains(h.host, '{_BAD}') THEN 'Machine' END,
+                         CASE WHEN contains(g.gpu_id, '{_BAD}') THEN 'AssignedGPUs' END,
+                         CASE WHEN contains(r."State", '{_BAD}') THEN 'State' END)
+                     WHEN coalesce(r."Name", '') = '' THEN 'missing slot Name'
+                     WHEN coalesce(h.host, '') = '' THEN 'no host (Machine empty and Name has no ''@'')'
+                     WHEN coalesce(r."State", '') = '' THEN 'missing State'
+                     WHEN g.gpu_id IS NULL THEN 'no GPU id in AssignedGPUs'
+                   END AS reason
+            FROM raw_rows r
+            LEFT JOIN host_map h ON r."Name" IS NOT DISTINCT FROM h.name AND r."Machine" IS NOT DISTINCT FROM h.machine
+            LEFT JOIN gpu_map g ON r."AssignedGPUs" IS NOT DISTINCT FROM g.assigned
+            """
+        )
+        excluded = dict(con.sql(
+            "SELECT host_n, count(*) FROM classified WHERE excluded GROUP BY host_n ORDER BY host_n"
+        ).fetchall())
+        q_idx, q_reason = [], []
+        for i, reason in con.sql(
+            "SELECT row_i, reason FROM classified WHERE NOT excluded AND reason IS NOT NULL ORDER BY row_i"
+        ).fetchall():
+            q_idx.append(i)
+            q_reason.append(reason)
+        [(kept_rows, usage_out_of_range)] = con.sql(
+            """SELECT count(*), count(*) FILTER (WHERE "GPUsAverageUsage" < 0 OR "GPUsAverageUsage" > 1)
+               FROM classified WHERE NOT excluded AND reason IS NULL"""
+        ).fetchall()
         table = con.sql(
             """
-            WITH typed AS (
-                SELECT DISTINCT
-                    snapshot_utc,
-                    host_n AS host,
-                    trim("Name") AS slot_name,
-                    gpu_id_n AS gpu_id,
-                    CASE WHEN lower("Name") LIKE '%backfill%' THEN 'backfill'
-                         WHEN coalesce(trim("PrioritizedProjects"), '') <> '' THEN 'priority'
-                         ELSE 'shared' END AS tier,
-                    lower("Name") LIKE '%backfill%' AS is_backfill_slot,
-                    trim("State") AS slot_state,
-                    nullif(trim("GPUs_DeviceName"), '') AS device_name,
-                    CAST(round("GPUs_GlobalMemoryMb") AS BIGINT) AS gpu_memory_mib,
-                    coalesce(trim("PrioritizedProjects"), '') AS prioritized_projects,
-                    CASE WHEN "GPUsAverageUsage" BETWEEN 0 AND 1 THEN "GPUsAverageUsage" * 100.0 END
-                        AS gpu_usage_pct,
-                    nullif(trim("RemoteOwner"), '') AS remote_owner,
-                    nullif(trim("GlobalJobId"), '') AS global_job_id,
-                    nullif(trim("PreventJobsReason"), '') AS prevent_jobs_reason
-                FROM raw_rows
-            )
-            SELECT * FROM typed
+            SELECT DISTINCT
+                snapshot_utc,
+                host_n AS host,
+                trim("Name") AS slot_name,
+                gpu_id_n AS gpu_id,
+                CASE WHEN lower("Name") LIKE '%backfill%' THEN 'backfill'
+                     WHEN coalesce(trim("PrioritizedProjects"), '') <> '' THEN 'priority'
+                     ELSE 'shared' END AS tier,
+                lower("Name") LIKE '%backfill%' AS is_backfill_slot,
+                trim("State") AS slot_state,
+                nullif(trim("GPUs_DeviceName"), '') AS device_name,
+                CAST(round("GPUs_GlobalMemoryMb") AS BIGINT) AS gpu_memory_mib,
+                coalesce(trim("PrioritizedProjects"), '') AS prioritized_projects,
+                CASE WHEN "GPUsAverageUsage" BETWEEN 0 AND 1 THEN "GPUsAverageUsage" * 100.0 END
+                    AS gpu_usage_pct,
+                nullif(trim("RemoteOwner"), '') AS remote_owner,
+                nullif(trim("GlobalJobId"), '') AS global_job_id,
+                nullif(trim("PreventJobsReason"), '') AS prevent_jobs_reason
+            FROM classified
+            WHERE NOT excluded AND reason IS NULL
             ORDER BY snapshot_utc, host, slot_name, gpu_id
             """
         ).to_arrow_table()
     finally:
         con.close()
-    duplicates = kept.num_rows - table.num_rows
-    usage = kept.column("GPUsAverageUsage")
-    usage_out_of_range = int(
-        pa.compute.sum(pa.compute.or_(pa.compute.less(usage, 0), pa.compute.greater(usage, 1))).as_py() or 0
-    )
 
     quarantine = quarantine_rows(raw, q_idx, q_reason, "raw/condor_slot_snapshots")
     return CleanResult(
         table=conform(table, CLEAN_SLOT_SNAPSHOTS),
         quarantine=quarantine,
         rows_in=raw.num_rows,
-        excluded_by_host=dict(sorted(excluded.items())),
-        duplicates_dropped=duplicates,
+        excluded_by_host=excluded,
+        duplicates_dropped=kept_rows - table.num_rows,
         quarantined_by_reason=dict(sorted(Counter(q_reason).items())),
         usage_out_of_range_nulled=usage_out_of_range,
     )

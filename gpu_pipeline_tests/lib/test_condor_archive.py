@@ -113,3 +113,48 @@ def test_missing_directory_is_a_clear_error(tmp_path):
     start, end = day_window("2025-08-01", "UTC")
     with pytest.raises(ArchiveError, match="does not exist"):
         read_window(tmp_path / "nope", start, end, "UTC")
+
+
+def _both_readers(monkeypatch, archive_dir, start, end, tz):
+    """(columnar read, row-by-row read) of the same window."""
+    from gpu_pipeline.lib import condor_archive
+
+    columnar = condor_archive._sqlite_columnar
+    used: list[bool] = []
+    monkeypatch.setattr(condor_archive, "_sqlite_columnar",
+                        lambda *a: used.append((t := columnar(*a)) is not None) or t)
+    fast = read_window(archive_dir, start, end, tz)
+    fast.columnar_used = used
+    monkeypatch.setattr(condor_archive, "_sqlite_columnar", lambda *a, **k: None)
+    slow = read_window(archive_dir, start, end, tz)
+    monkeypatch.undo()
+    return fast, slow
+
+
+def test_columnar_sqlite_read_equals_the_row_by_row_read_on_a_simulated_month(tmp_path, monkeypatch):
+    from gpu_pipeline.lib.simulate import SimConfig, simulate
+
+    simulate(tmp_path, SimConfig(start=dt.date(2025, 8, 4), end=dt.date(2025, 8, 5), gpus=24, seed=5,
+                                 timezone="America/Chicago", telemetry_interval_s=0, kueue_interval_s=0))
+    start, end = day_window("2025-08-05", "America/Chicago")
+    fast, slow = _both_readers(monkeypatch, tmp_path / "condor", start, end, "America/Chicago")
+    assert fast.table.num_rows > 10_000 and fast.columnar_used == [True]
+    assert fast.table.equals(slow.table)
+    assert (fast.non_numeric, fast.rejected, fast.files) == (slow.non_numeric, slow.rejected, slow.files)
+
+
+def test_columnar_read_hands_odd_values_to_the_row_by_row_rules(tmp_path, monkeypatch):
+    rows = [slot_row(f"2025-08-05 {h:02d}:00:01.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed") for h in range(6)]
+    rows[1]["GPUs_GlobalMemoryMb"] = "lots"  # text in a numeric column
+    rows[2]["Name"] = 42  # a number in a text column
+    path = write_gpu_state_db(tmp_path / "gpu_state_2025-08.db", rows, OLD_COLUMNS)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE gpu_state SET State = CAST(X'436c61696d6564ff' AS TEXT) WHERE rowid = 4")  # not UTF-8
+    con.commit()
+    con.close()
+    start, end = day_window("2025-08-05", "UTC")
+    fast, slow = _both_readers(monkeypatch, tmp_path, start, end, "UTC")
+    assert fast.columnar_used == [False] and fast.table.equals(slow.table)
+    assert fast.non_numeric == {"GPUs_GlobalMemoryMb": 1}
+    assert fast.table.column("Name").to_pylist()[2] == "42"
+    assert fast.table.column("State").to_pylist()[3] == "Claimed\ufffd"
