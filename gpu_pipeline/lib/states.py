@@ -38,11 +38,26 @@ params AS (
            CAST($bucket_us AS BIGINT) AS b_us
 ),
 rows AS (
-    SELECT r.*, epoch_us(r.snapshot_utc) AS t_us
+    SELECT r.rowid AS rid, epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.slot_name, r.host, r.device_name,
+        CASE
+            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 5
+            WHEN r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 4
+            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Unclaimed' THEN 3
+            WHEN NOT r.is_backfill_slot THEN 2
+            WHEN r.slot_state = 'Unclaimed' THEN 1
+            ELSE 0
+        END AS rank_code
     FROM slot_rows r, params p
     WHERE epoch_us(r.snapshot_utc) < p.e_us
 ),
 snaps AS (SELECT DISTINCT t_us FROM rows),
+-- Order numbers of snapshot times and slot names, so that (rank, time, slot name) packs into one
+-- BIGINT: rank_code * 2^48 + snapshot number * 2^24 + slot-name number.
+snap_no AS (SELECT t_us, row_number() OVER (ORDER BY t_us) AS snap_no FROM snaps),
+name_no AS (
+    SELECT slot_name, row_number() OVER (ORDER BY slot_name) AS name_no
+    FROM (SELECT DISTINCT slot_name FROM rows)
+),
 cadence AS (
     SELECT coalesce(median(d), (SELECT b_us FROM params)) AS c_us
     FROM (SELECT t_us - lag(t_us) OVER (ORDER BY t_us) AS d FROM snaps)
@@ -70,27 +85,23 @@ bucket_snaps AS (
     SELECT * FROM in_bucket UNION ALL SELECT * FROM carried
 ),
 ranked AS (
-    SELECT bs.b_start_us, r.*,
-        CASE
-            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 5
-            WHEN r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 4
-            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Unclaimed' THEN 3
-            WHEN NOT r.is_backfill_slot THEN 2
-            WHEN r.slot_state = 'Unclaimed' THEN 1
-            ELSE 0
-        END AS rank_code
-    FROM bucket_snaps bs JOIN rows r ON r.t_us = bs.t_us
+    SELECT bs.b_start_us, r.gpu_id, r.rid,
+        r.rank_code * 281474976710656 + sn.snap_no * 16777216 + nn.name_no AS win_key
+    FROM bucket_snaps bs
+    JOIN rows r ON r.t_us = bs.t_us
+    JOIN snap_no sn ON sn.t_us = r.t_us
+    JOIN name_no nn ON nn.slot_name = r.slot_name
 ),
-winners AS (
-    SELECT b_start_us, gpu_id,
-        arg_max(
-            struct_pack(tier, slot_name, slot_state, global_job_id, remote_owner, gpu_usage_pct,
-                        snapshot_utc, rank_code),
-            (rank_code, t_us, slot_name)
-        ) AS w,
-        count(*) AS n_slot_rows
+best AS (
+    SELECT b_start_us, gpu_id, arg_max(rid, win_key) AS rid, max(win_key) AS win_key, count(*) AS n_slot_rows
     FROM ranked
     GROUP BY b_start_us, gpu_id
+),
+winners AS (
+    SELECT best.b_start_us, best.gpu_id, best.n_slot_rows,
+        struct_pack(r.tier, r.slot_name, r.slot_state, r.global_job_id, r.remote_owner, r.gpu_usage_pct,
+                    r.snapshot_utc, rank_code := best.win_key // 281474976710656) AS w
+    FROM best JOIN slot_rows r ON r.rowid = best.rid
 ),
 gpus AS (
     SELECT gpu_id,
