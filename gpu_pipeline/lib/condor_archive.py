@@ -76,7 +76,7 @@ class ArchiveRead:
 
     @property
     def snapshots(self) -> int:
-        return len(set(self.table.column("snapshot_utc").to_pylist())) if self.table.num_rows else 0
+        return pc.count_distinct(self.table.column("snapshot_utc")).as_py() if self.table.num_rows else 0
 
 
 def months_between(start: dt.datetime, end: dt.datetime) -> list[str]:

@@ -23,7 +23,7 @@ import io
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,8 +168,15 @@ class Store:
                 out.append(str(path))
         return out
 
-    def read_table(self, spec: TableSpec, day: dt.date | str) -> pa.Table:
-        return pq.read_table(self.partition_file(spec, day), schema=spec.schema)
+    def read_table(self, spec: TableSpec, day: dt.date | str, columns: Sequence[str] | None = None) -> pa.Table:
+        """The day's partition (only ``columns`` when given)."""
+        return pq.read_table(self.partition_file(spec, day), schema=spec.schema,
+                             columns=list(columns) if columns is not None else None)
+
+    def row_count(self, spec: TableSpec, day: dt.date | str) -> int:
+        """Rows of the day's partition, from the Parquet footer (0 when the partition is absent)."""
+        path = self.partition_file(spec, day)
+        return pq.ParquetFile(path).metadata.num_rows if path.is_file() else 0
 
     def relation_sql(self, spec: TableSpec, days: Iterable[dt.date | str]) -> tuple[str, list[str]]:
         """A DuckDB FROM-clause reading the given days, and its parameter list.

@@ -12,7 +12,7 @@ from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib import schemas as S
 from gpu_pipeline.lib.coverage_table import COVERAGE as SPEC
-from gpu_pipeline.lib.coverage_table import coverage_rows
+from gpu_pipeline.lib.coverage_table import COVERAGE_COLUMNS, coverage_rows
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND
 
 KEY = dg.AssetKey(["metrics", "coverage"])
@@ -32,23 +32,27 @@ KEY = dg.AssetKey(["metrics", "coverage"])
 def coverage(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
     store = data_store.store()
 
-    def read(spec, day):
-        return store.read_table(spec, day) if store.has_partition(spec, day) else spec.empty()
+    def read(spec, day, columns=None):
+        if not store.has_partition(spec, day):
+            empty = spec.empty()
+            return empty.select(columns) if columns is not None else empty
+        return store.read_table(spec, day, columns)
 
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
-        kueue = read(KUEUE_DEMAND, day)
+        kueue = read(KUEUE_DEMAND, day, ["sample_utc"])
         table = coverage_rows(
-            start, end, read(S.CLEAN_SLOT_SNAPSHOTS, day), read(S.GPU_STATES, day), read(S.GPU_SAMPLES, day),
-            read(S.JOBS, day), kueue if kueue.num_rows else None,
+            start, end, read(S.CLEAN_SLOT_SNAPSHOTS, day, COVERAGE_COLUMNS["slots"]),
+            read(S.GPU_STATES, day, COVERAGE_COLUMNS["states"]), read(S.GPU_SAMPLES, day, COVERAGE_COLUMNS["samples"]),
+            read(S.JOBS, day, COVERAGE_COLUMNS["jobs"]), kueue if kueue.num_rows else None,
             {
                 "slot_snapshots": [read(S.QUARANTINE_CONDOR_RAW, day), read(S.QUARANTINE, day)],
                 "gpu_telemetry": [read(S.QUARANTINE_GPU_TELEMETRY, day), read(S.QUARANTINE_GPU_SAMPLES, day)],
                 "job_records": [read(S.QUARANTINE_JOBS, day)],
             },
-            rows_in={"slot_snapshots": read(S.RAW_CONDOR_SLOT_SNAPSHOTS, day).num_rows,
-                     "gpu_telemetry": read(S.RAW_GPU_TELEMETRY, day).num_rows,
-                     "job_records": read(S.RAW_JOB_DOCUMENTS, day).num_rows},
+            rows_in={"slot_snapshots": store.row_count(S.RAW_CONDOR_SLOT_SNAPSHOTS, day),
+                     "gpu_telemetry": store.row_count(S.RAW_GPU_TELEMETRY, day),
+                     "job_records": store.row_count(S.RAW_JOB_DOCUMENTS, day)},
         )
         metrics = {f"{r['source']}_coverage_pct": r["coverage_pct"] for r in table.to_pylist()
                    if r["coverage_pct"] is not None}
