@@ -70,8 +70,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pyarrow as pa
-from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_pipeline.lib.exposition import SeriesParser
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
 UTC = dt.UTC
@@ -330,88 +330,89 @@ def _row_key(m: KueueMetric, labels: Mapping[str, str], by_pc: bool) -> RowKey |
 
 
 def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, cluster: str | None = None,
-                       source_file: str | None = None, by_priority_class: bool = False) -> KueueScrape:
+                       source_file: str | None = None, by_priority_class: bool = False,
+                       parser: SeriesParser | None = None) -> KueueScrape:
     """Parse one Kueue ``/metrics`` scrape taken at ``sample_utc``. A ``str`` without a newline is a
-    file path. See the module docstring."""
+    file path. ``parser`` (shared by the scrapes of a series) keeps the parsed series between calls.
+    See the module docstring."""
     text, path = _text(path_or_text)
     src = source_file if source_file is not None else path
     scrape = KueueScrape(_utc(sample_utc, "sample_utc"), cluster, src)
     c = scrape.counters
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises bare ValueError, IndexError, ...
-        raise ValueError(f"{src or 'Kueue scrape'}: invalid Prometheus exposition: "
-                         f"{type(exc).__name__}: {exc}") from exc
+    samples = []
+    for ln, item in (parser or SeriesParser()).samples(text):
+        if isinstance(item, str):
+            raise ValueError(f"{src or 'Kueue scrape'}: invalid Prometheus exposition (line {ln}): {item}")
+        samples.append(item)
     # Samples summed over priority classes: remember which (row, column, pc, labels) were seen so
     # that a repeated series is a duplicate, not a second class.
     seen: dict[tuple, float] = {}
-    for family in families:
-        for sample in family.samples:
-            c["samples"] += 1
-            labels = sample.labels
-            if labels.get("replica_role") == "follower":
-                c["follower_samples"] += 1
+    for sample in samples:
+        c["samples"] += 1
+        labels = sample.labels
+        if labels.get("replica_role") == "follower":
+            c["follower_samples"] += 1
+            continue
+        if sample.name == CLUSTER_QUEUE_INFO:
+            if labels.get("cluster_queue") and labels.get("parent_cohort"):
+                scrape.cq_cohort.setdefault(labels["cluster_queue"], labels["parent_cohort"])
+            continue
+        if sample.name.endswith("_created"):
+            c["created_samples"] += 1
+            continue
+        hit = _lookup(sample.name)
+        if hit is None:
+            c["unmapped_samples"] += 1
+            continue
+        metric, m, component = hit
+        key = _row_key(m, labels, by_priority_class)
+        if key is None:
+            c["samples_missing_labels"] += 1
+            continue
+        cell = component if component is not None else m.column
+        le = None
+        if component == "bucket":
+            try:
+                le = float(labels.get("le", ""))
+            except ValueError:
+                c["samples_bad_le"] += 1
                 continue
-            if sample.name == CLUSTER_QUEUE_INFO or family.name == CLUSTER_QUEUE_INFO:
-                if labels.get("cluster_queue") and labels.get("parent_cohort"):
-                    scrape.cq_cohort.setdefault(labels["cluster_queue"], labels["parent_cohort"])
-                continue
-            if sample.name.endswith("_created"):
-                c["created_samples"] += 1
-                continue
-            hit = _lookup(sample.name)
-            if hit is None:
-                c["unmapped_samples"] += 1
-                continue
-            metric, m, component = hit
-            key = _row_key(m, labels, by_priority_class)
-            if key is None:
-                c["samples_missing_labels"] += 1
-                continue
-            cell = component if component is not None else m.column
-            le = None
-            if component == "bucket":
-                try:
-                    le = float(labels.get("le", ""))
-                except ValueError:
-                    c["samples_bad_le"] += 1
-                    continue
-            # Identity of the series apart from what the row folds away (priority class when summing).
-            ident = (key, metric, cell, le, labels.get("priority_class"))
-            value = float(sample.value)
-            if ident in seen:
-                same = seen[ident] == value or (math.isnan(seen[ident]) and math.isnan(value))
-                c["duplicate_samples" if same else "conflicting_samples"] += 1
-                continue
-            seen[ident] = value
-            co = labels.get("cohort")
-            if co and m.scope != _CO:
-                scrape.row_cohort.setdefault(key, co)
-            if m.scope == _LQ and labels.get("cluster_queue"):
-                scrape.lq_cluster_queue.setdefault((key.namespace, key.local_queue), labels["cluster_queue"])
-            if component is not None:
-                h = scrape.hists.setdefault(key, _Hist())
-                if math.isnan(value):
-                    c["nan_values"] += 1
-                    continue
-                if component == "bucket":
-                    h.buckets[le] = h.buckets.get(le, 0.0) + value
-                elif component == "sum":
-                    h.sum = (h.sum or 0.0) + value
-                else:
-                    h.count = (h.count or 0.0) + value
-                continue
-            row = scrape.values.setdefault(key, {})
+        # Identity of the series apart from what the row folds away (priority class when summing).
+        ident = (key, metric, cell, le, labels.get("priority_class"))
+        value = float(sample.value)
+        if ident in seen:
+            same = seen[ident] == value or (math.isnan(seen[ident]) and math.isnan(value))
+            c["duplicate_samples" if same else "conflicting_samples"] += 1
+            continue
+        seen[ident] = value
+        co = labels.get("cohort")
+        if co and m.scope != _CO:
+            scrape.row_cohort.setdefault(key, co)
+        if m.scope == _LQ and labels.get("cluster_queue"):
+            scrape.lq_cluster_queue.setdefault((key.namespace, key.local_queue), labels["cluster_queue"])
+        if component is not None:
+            h = scrape.hists.setdefault(key, _Hist())
             if math.isnan(value):
                 c["nan_values"] += 1
-                row.setdefault(cell, None)
                 continue
-            if math.isinf(value):
-                c["unlimited_values" if cell in _UNLIMITED_WHEN_INF else "infinite_values"] += 1
-                row.setdefault(cell, None)
-                continue
-            prev = row.get(cell)
-            row[cell] = value if prev is None else prev + value  # sums only over priority classes
+            if component == "bucket":
+                h.buckets[le] = h.buckets.get(le, 0.0) + value
+            elif component == "sum":
+                h.sum = (h.sum or 0.0) + value
+            else:
+                h.count = (h.count or 0.0) + value
+            continue
+        row = scrape.values.setdefault(key, {})
+        if math.isnan(value):
+            c["nan_values"] += 1
+            row.setdefault(cell, None)
+            continue
+        if math.isinf(value):
+            c["unlimited_values" if cell in _UNLIMITED_WHEN_INF else "infinite_values"] += 1
+            row.setdefault(cell, None)
+            continue
+        prev = row.get(cell)
+        row[cell] = value if prev is None else prev + value  # sums only over priority classes
     return scrape
 
 
@@ -513,8 +514,10 @@ def _interval(before: _Prev, at: dt.datetime, h: _Hist, counters: Counter[str]) 
 def parse_kueue_scrapes(items: Iterable[tuple[dt.datetime, str | Path]], *, cluster: str | None = None,
                         by_priority_class: bool = False) -> KueueResult:
     """``kueue_demand`` rows of ``(sample_utc, path or text)`` scrapes of one cluster."""
+    parser = SeriesParser()
     return kueue_demand(
-        parse_kueue_scrape(src, at, cluster=cluster, by_priority_class=by_priority_class) for at, src in items
+        parse_kueue_scrape(src, at, cluster=cluster, by_priority_class=by_priority_class, parser=parser)
+        for at, src in items
     )
 
 
