@@ -95,7 +95,9 @@ def clean_slot_rows(raw: pa.Table, excluded_hosts: list[str] | None = None) -> C
         con.execute(
             f"""
             CREATE TEMP TABLE classified AS
-            SELECT r.*, h.host AS host_n, g.gpu_id AS gpu_id_n, h.excluded,
+            SELECT r.row_i, r.snapshot_utc, r."Name", r."State", r."PrioritizedProjects", r."GPUs_DeviceName",
+                   r."GPUs_GlobalMemoryMb", r."GPUsAverageUsage", r."RemoteOwner", r."GlobalJobId",
+                   r."PreventJobsReason", h.host AS host_n, g.gpu_id AS gpu_id_n, h.excluded,
                    CASE
                      WHEN contains(coalesce(r."Name", ''), '{_BAD}') OR contains(coalesce(h.host, ''), '{_BAD}')
                        OR contains(coalesce(g.gpu_id, ''), '{_BAD}') OR contains(coalesce(r."State", ''), '{_BAD}')

@@ -1,6 +1,7 @@
 """Clean layer: validated GPU telemetry samples (one schema for every source)."""
 
 import dagster as dg
+import pyarrow.compute as pc
 
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
@@ -50,7 +51,7 @@ def gpu_samples(context: dg.AssetExecutionContext, data_store: DataStoreResource
                 "rows_in": cleaned.rows_in,
                 "rows_quarantined": cleaned.quarantine.num_rows,
                 "duplicate_rows_dropped": cleaned.duplicates_dropped,
-                "gpus": len(set(cleaned.table["gpu_id"].to_pylist())),
+                "gpus": pc.count_distinct(cleaned.table["gpu_id"]).as_py(),
             },
             details={"quarantined_by_reason": cleaned.quarantined_by_reason},
         )

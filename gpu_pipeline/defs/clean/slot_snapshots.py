@@ -1,6 +1,7 @@
 """Clean layer: typed, UTC, tiered slot snapshots (one row per snapshot x slot x GPU)."""
 
 import dagster as dg
+import pyarrow.compute as pc
 
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
@@ -55,7 +56,7 @@ def slot_snapshots(
                 "rows_quarantined": cleaned.quarantine.num_rows,
                 "duplicate_rows_dropped": cleaned.duplicates_dropped,
                 "gpu_usage_out_of_range_nulled": cleaned.usage_out_of_range_nulled,
-                "gpus": len(set(cleaned.table.column("gpu_id").to_pylist())),
+                "gpus": pc.count_distinct(cleaned.table.column("gpu_id")).as_py(),
             },
             details={
                 "excluded_rows_by_host": cleaned.excluded_by_host,
