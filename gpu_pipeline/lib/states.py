@@ -38,7 +38,9 @@ params AS (
            CAST($bucket_us AS BIGINT) AS b_us
 ),
 rows AS (
+    -- (allocation.py's SQL reuses this prefix and reads tier and slot_state too)
     SELECT r.rowid AS rid, epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.slot_name, r.host, r.device_name,
+        r.tier, r.slot_state,
         CASE
             WHEN NOT r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 5
             WHEN r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 4
