@@ -574,9 +574,8 @@ def _draw_hourly_count_bars(ax: Axes, g: _Grid, day: dt.date, tz: str) -> None:
                 c[h] = np.nanmean(np.where(cov, g.claimed[tier][sl], np.nan))
                 t[h] = np.nanmean(np.where(cov, g.total[tier][sl], np.nan))
         x = np.arange(n_h) + 0.1 + width * (k + 0.5)
-        ax.bar(x, np.nan_to_num(c), width=width * 0.95, color=S.TIER_COLORS[tier], linewidth=0)
-        ax.bar(x, np.nan_to_num(t - c), bottom=np.nan_to_num(c), width=width * 0.95,
-               color=S.TIER_LIGHT_COLORS[tier], linewidth=0)
+        S.bars(ax, x, np.nan_to_num(c), width * 0.95, color=S.TIER_COLORS[tier])
+        S.bars(ax, x, np.nan_to_num(t - c), width * 0.95, np.nan_to_num(c), color=S.TIER_LIGHT_COLORS[tier])
     ax.set_ylabel(S.unit_label("GPUs, hourly mean", "count"), fontsize=S.FS_LABEL)
     S.style_axes(ax)
     S.set_time_axis(ax, day, tz)
@@ -740,8 +739,12 @@ def _duration_figure(
     if histogram:
         ax = axes[0]
         bins = _log_bins(lo, hi, 24, min_width=BUCKET_S / 60.0)
-        data = [minutes[label == d] for d in shown]
-        ax.hist(data, bins=bins, stacked=True, color=[colors[d] for d in shown], edgecolor="white", linewidth=0.4)
+        bottom = np.zeros(bins.size - 1)
+        for d in shown:  # stacked histogram, one collection per device class
+            counts = np.histogram(minutes[label == d], bins=bins)[0].astype(float)
+            S.bars(ax, bins[:-1], counts, np.diff(bins), bottom, align="edge", color=colors[d], edgecolor="white",
+                   linewidth=0.4)
+            bottom += counts
         S.set_log_minutes_axis(ax, lo, hi, quantity)
         ax.set_ylabel(S.unit_label("count", "per bin"), fontsize=S.FS_LABEL)
         S.style_axes(ax)
@@ -893,8 +896,8 @@ def evictions_by_hour(
         m = label == d
         cnt = np.bincount(hour[m & (hour >= 0)], minlength=24)[:24].astype(float)
         lg = np.bincount(hour[m & (hour >= 0)], weights=np.nan_to_num(lost[m & (hour >= 0)]), minlength=24)[:24]
-        ax1.bar(x, cnt, bottom=bottom1, color=colors[d], width=0.8, linewidth=0)
-        ax2.bar(x, lg, bottom=bottom2, color=colors[d], width=0.8, linewidth=0)
+        S.bars(ax1, x, cnt, 0.8, bottom1, color=colors[d])
+        S.bars(ax2, x, lg, 0.8, bottom2, color=colors[d])
         bottom1 += cnt
         bottom2 += lg
         handles.append(Patch(color=colors[d], label=f"{S.short_device(d)} ({int(m.sum())})"))
@@ -1105,10 +1108,10 @@ def efficiency_classes(
     for j, cname in enumerate(cats):
         color = S.CLASS_COLORS[cname]
         # The ALL row dwarfs the devices in GPU-hours: draw it on the share panel only.
-        ax_abs.barh(y[1:], mat[1:, j], left=left_a[1:], color=color, height=0.7, linewidth=0,
-                    hatch="///" if cname == "no class" else None, edgecolor="#bbbbbb")
-        ax_share.barh(y, 100 * shares[:, j], left=left_s, color=color, height=0.7, linewidth=0, label=cname,
-                      hatch="///" if cname == "no class" else None, edgecolor="#bbbbbb")
+        S.bars(ax_abs, y[1:], mat[1:, j], 0.7, left_a[1:], horizontal=True, color=color,
+               hatch="///" if cname == "no class" else None, edgecolor="#bbbbbb")
+        S.bars(ax_share, y, 100 * shares[:, j], 0.7, left_s, horizontal=True, color=color,
+               hatch="///" if cname == "no class" else None, edgecolor="#bbbbbb")
         for i in range(len(rows)):
             if shares[i, j] >= 0.07:
                 ax_share.text(left_s[i] + 50 * shares[i, j], y[i], f"{100 * shares[i, j]:.0f}",
@@ -1200,7 +1203,7 @@ def rfu_over_day(hourly: pa.Table, day: dt.date, tz: str, *, coverage_pct: float
     S.style_axes(ax, grid="both")
     hs = ax.get_legend_handles_labels()[0]
     _legend_top(ax, hs[2:] + hs[:2], ncol=4)
-    ax_n.bar(x, gpus, width=0.8, color="#bbbbbb", linewidth=0)
+    S.bars(ax_n, x, gpus, 0.8, color="#bbbbbb")
     ax_n.set_ylabel(S.unit_label("GPUs sampled", "count"), fontsize=S.FS_LABEL)
     ax_n.yaxis.get_major_locator().set_params(integer=True, nbins=3)
     S.style_axes(ax_n)
@@ -1517,7 +1520,7 @@ def top_contributors(top: pa.Table, day: dt.date, tz: str, *, coverage_pct: floa
         else:
             bar_colors = [color] * len(idx)
         y = np.arange(len(idx))
-        ax.barh(y, vals, color=bar_colors, height=0.7, linewidth=0)
+        S.bars(ax, y, vals, 0.7, horizontal=True, color=bar_colors)
         vmax = float(np.nanmax(vals)) if len(vals) else 1.0
         for yy, v, sh in zip(y, vals, share[idx], strict=True):
             ax.text(v + vmax * 0.01, yy, f"{v:,.1f} ({100 * sh:.0f} %)", va="center", fontsize=S.FS_NOTE)

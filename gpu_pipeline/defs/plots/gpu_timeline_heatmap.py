@@ -3,13 +3,13 @@
 import datetime as dt
 
 import dagster as dg
-import pyarrow.compute as pc
 
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
 from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
-from gpu_pipeline.lib.plots import gpu_timeline_heatmap as render
+from gpu_pipeline.lib.plots import HEATMAP_COLUMNS as COLUMNS
+from gpu_pipeline.lib.plots import gpu_timeline_heatmaps as render
 from gpu_pipeline.lib.schemas import GPU_STATES
 
 NAME = "gpu_timeline_heatmap"
@@ -36,15 +36,13 @@ def gpu_timeline_heatmap(context: dg.AssetExecutionContext, data_store: DataStor
     previews: dict[str, str] = {}
 
     def one_day(day: str) -> DayOutcome:
-        states = store.read_table(GPU_STATES, day)
-        rendered = render(states, dt.date.fromisoformat(day), TIMEZONE)
+        states = store.read_table(GPU_STATES, day, columns=COLUMNS)
+        # the fleet image and one per device class (same file name with __<device>), decoded once
+        rendered, per_device = render(states, dt.date.fromisoformat(day), TIMEZONE)
         result = store.write_plot(NAME, day, rendered.png)
-        # one image per device class too (same file name with __<device>)
-        devices = sorted({d for d in states.column("device_name").to_pylist() if d}) if states.num_rows else []
-        for device in devices:
-            part = states.filter(pc.equal(states["device_name"], device))
-            store.write_plot(NAME, day, render(part, dt.date.fromisoformat(day), TIMEZONE,
-                                               title=f"GPU timeline: {device}").png, variant=device)
+        for device, image in per_device.items():
+            store.write_plot(NAME, day, image.png, variant=device)
+        devices = list(per_device)
         previews[day] = rendered.preview_markdown(f"GPU timeline {day}")
         return DayOutcome(
             day=day,
