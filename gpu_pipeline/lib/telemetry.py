@@ -44,10 +44,30 @@ dcgm-exporter (Prometheus text exposition)
     ``whole_file=True`` the parser reads the whole file in one pass, and when it raises (it does not
     say where) the file is validated line by line, the lines it rejects are quarantined and the rest
     is parsed again. Both give the same rows and counters (tested).
+
+Fast path
+    The line-by-line parsers above define the semantics; they cost ~1 s per host-day file. Both
+    parsers first try a vectorized fast path for the common well-formed file, which gives exactly
+    their result (the same table, rows in the same order, the same counters, nothing quarantined),
+    ~20 times faster for nvidia-smi and ~7 times for DCGM (2-core machine, 30-s samples of 8 GPUs).
+    nvidia-smi lines are split by ``pyarrow.csv``; a DCGM file is split into ``<series> <value>
+    <ms timestamp>`` lines with Arrow kernels and pivoted with numpy. Numbers and timestamps are read
+    by Arrow kernels in the plain forms that both paths read identically (a decimal,
+    ``2026/07/14 08:12:38.696``, DCGM millisecond integers); what has few distinct values (UUIDs,
+    names, indices, DCGM series and ``#`` lines) goes through the line parsers' own helpers once per
+    distinct value, and local times are mapped with ``zoneinfo`` once per distinct second. The fast
+    path gives up on the whole input, which the line-by-line parser then reads, on anything it does
+    not reproduce exactly: a blank, unreadable or quarantined line, a repeated or changed nvidia-smi
+    header, a value in another form, an ambiguous or non-existent local time (the DST policy is the
+    line parser's), a DCGM sample without timestamp, a duplicate or conflicting DCGM sample.
+    ``fast=False`` forces the line-by-line parser; :attr:`ParseResult.fast_parsed` tells which path
+    read an input. The directory reader also uses the fast path's timestamps to skip margin files
+    without a sample in the window (:func:`read_telemetry_dir`).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import datetime as dt
 import io
@@ -57,12 +77,15 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 from zoneinfo import ZoneInfo
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 from prometheus_client.parser import text_fd_to_metric_families, text_string_to_metric_families
 
 from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE, TS, conform
@@ -126,12 +149,17 @@ def quarantine_lines_table(lines: Sequence[QuarantinedLine], source_table: str) 
 
 @dataclass
 class ParseResult:
-    """Rows conformed to :data:`GPU_SAMPLES`, quarantined lines and counters."""
+    """Rows conformed to :data:`GPU_SAMPLES`, quarantined lines and counters.
+
+    ``fast_parsed`` is how many of the inputs the vectorized fast path read (the others went through
+    the line-by-line parser). It is not a counter, so a result compares equal whichever path made it.
+    """
 
     table: pa.Table
     quarantine: list[QuarantinedLine] = field(default_factory=list)
     counters: Counter[str] = field(default_factory=Counter)
     files: list[str] = field(default_factory=list)
+    fast_parsed: int = field(default=0, compare=False)
 
     @property
     def rows(self) -> int:
@@ -145,29 +173,34 @@ class ParseResult:
 _FILE_SUFFIXES = (".csv", ".prom", ".txt", ".log")
 
 
-def _source_lines(path_or_text: str | Path) -> tuple[Callable[[], Iterator[str]], str | None]:
-    """A factory of fresh line iterators over the input, and the path when the input is a file.
+def _resolve_source(path_or_text: str | Path) -> Path | str:
+    """The input as a file ``Path`` or as text.
 
     A ``Path`` is a file. A ``str`` is text when it contains a newline; otherwise it is a file when
     one exists under that name or the name ends in a telemetry file suffix (a missing file then raises
     ``FileNotFoundError`` instead of being parsed as one line of text), else one line of text."""
     if isinstance(path_or_text, str) and "\n" not in path_or_text:
         if Path(path_or_text).is_file():
-            path_or_text = Path(path_or_text)
-        elif path_or_text.endswith(_FILE_SUFFIXES):
+            return Path(path_or_text)
+        if path_or_text.endswith(_FILE_SUFFIXES):
             raise FileNotFoundError(f"no such telemetry file: {path_or_text}")
-    if isinstance(path_or_text, Path):
-        path = Path(path_or_text)
+    if not isinstance(path_or_text, (str, Path)):
+        raise TypeError(f"expected a path or text, got {type(path_or_text).__name__}")
+    return path_or_text
+
+
+def _source_lines(path_or_text: str | Path) -> tuple[Callable[[], Iterator[str]], str | None]:
+    """A factory of fresh line iterators over the input, and the path when the input is a file
+    (see :func:`_resolve_source`)."""
+    source = _resolve_source(path_or_text)
+    if isinstance(source, Path):
 
         def from_file() -> Iterator[str]:
-            with path.open(encoding="utf-8", errors="replace", newline="") as fh:
+            with source.open(encoding="utf-8", errors="replace", newline="") as fh:
                 yield from fh
 
-        return from_file, str(path)
-    if not isinstance(path_or_text, str):
-        raise TypeError(f"expected a path or text, got {type(path_or_text).__name__}")
-    text = path_or_text
-    return (lambda: iter(io.StringIO(text, newline=""))), None
+        return from_file, str(source)
+    return (lambda: iter(io.StringIO(source, newline=""))), None
 
 
 def _finish(columns: dict[str, list], quarantine: list[QuarantinedLine], counters: Counter[str],
@@ -181,10 +214,17 @@ def _finish(columns: dict[str, list], quarantine: list[QuarantinedLine], counter
             else:
                 arrays[f.name] = pa.array(values, type=f.type)
     table = conform(pa.table(arrays), GPU_SAMPLES) if arrays else GPU_SAMPLES.empty()
+    return _result(table, quarantine, counters, files)
+
+
+def _result(table: pa.Table, quarantine: list[QuarantinedLine], counters: Counter[str], files: list[str],
+            fast_parsed: int = 0) -> ParseResult:
+    """The parse result of a conformed table: rows sorted, the row and quarantine counters set."""
     table = _sorted(table)
     counters["rows_out"] = table.num_rows
     counters["quarantined_lines"] = len(quarantine)
-    return ParseResult(table=table, quarantine=quarantine, counters=counters, files=files)
+    return ParseResult(table=table, quarantine=quarantine, counters=counters, files=files,
+                       fast_parsed=fast_parsed)
 
 
 def _sorted(table: pa.Table) -> pa.Table:
@@ -207,6 +247,81 @@ def _utc(value: dt.datetime, what: str) -> dt.datetime:
     if value.tzinfo is None:
         raise ValueError(f"{what} must be timezone-aware (UTC), got naive {value!r}")
     return value.astimezone(UTC)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fast path (vectorized)
+# ----------------------------------------------------------------------------------------------
+
+
+class _NotFast(Exception):
+    """The fast path met input it does not reproduce exactly: the line-by-line parser reads it."""
+
+
+class _Staged(Protocol):
+    """An input read by a fast path as far as its sample times; :meth:`finish` reads the rest."""
+
+    sample_us: np.ndarray  # int64 microseconds since the epoch (UTC), one per sample line
+
+    def finish(self) -> ParseResult: ...
+
+
+def _try_fast(read: Callable[[], _Staged]) -> _Staged | None:
+    """``read()``, or None when the fast path gives up on the input."""
+    try:
+        return read()
+    except (_NotFast, pa.ArrowInvalid):  # ArrowInvalid: what Arrow rejects (a 30 February ...)
+        return None
+
+
+def _finish_or_slow(staged: _Staged | None, slow: Callable[[], ParseResult]) -> ParseResult:
+    """The fast path's result; the line-by-line parser's when the fast path gave up on the input."""
+    if staged is not None:
+        try:
+            return staged.finish()
+        except (_NotFast, pa.ArrowInvalid):
+            pass
+    return slow()
+
+
+def _source_bytes(path_or_text: str | Path) -> tuple[bytes, str | None]:
+    """The input as UTF-8 bytes, and the path when it is a file (see :func:`_resolve_source`)."""
+    source = _resolve_source(path_or_text)
+    if isinstance(source, Path):
+        return source.read_bytes(), str(source)
+    try:
+        return source.encode("utf-8"), None
+    except UnicodeEncodeError:  # lone surrogates: only the line parser keeps them as they are
+        raise _NotFast from None
+
+
+def _per_distinct(values: pa.Array | pa.ChunkedArray, fn: Callable[[str], object],
+                  type_: pa.DataType) -> pa.Array:
+    """``fn`` of every non-null value, called once per distinct value. A ``ValueError`` from ``fn``
+    (the line parser quarantines such a value's line) raises ``_NotFast``."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    encoded = pc.dictionary_encode(values)
+    try:
+        mapped = [fn(v) for v in encoded.dictionary.to_pylist()]
+    except ValueError as exc:
+        raise _NotFast from exc
+    return pa.array(mapped, type=type_).take(encoded.indices)
+
+
+def _fast_utc_us(naive_us: np.ndarray, zone: ZoneInfo) -> np.ndarray:
+    """Naive local times (microseconds) in ``zone`` -> UTC microseconds, as :class:`_Localizer` maps
+    them, with one ``zoneinfo`` lookup per distinct second (``zoneinfo`` compares whole local seconds
+    with the transitions, so the offset cannot change within a second). Arrow's own time zone
+    conversion is not used: it misses transitions past the zone file's last explicit one (2037 in
+    a fat file, far earlier in a slim one). An ambiguous or non-existent local time raises
+    ``_NotFast``: the DST policy is the line parser's."""
+    seconds, inverse = np.unique(naive_us // 1_000_000, return_inverse=True)
+    local = seconds.astype("datetime64[s]").astype(object)  # naive datetimes (years 1000-9999)
+    offsets = [zone.utcoffset(t) for t in local]  # fold=0, as t.replace(tzinfo=zone) reads it
+    if offsets != [zone.utcoffset(t.replace(fold=1)) for t in local]:
+        raise _NotFast
+    return naive_us - np.array([offset // _US for offset in offsets], dtype=np.int64)[inverse]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,12 +426,16 @@ def _layout(fields: Sequence[tuple[str, str | None]]) -> _Layout:
     return _Layout(len(fields), tuple(name.lower() for name, _ in fields), cells)
 
 
+def _check_ambiguous(ambiguous: str) -> None:
+    if ambiguous not in ("earlier", "order"):
+        raise ValueError(f"ambiguous must be 'earlier' or 'order', not {ambiguous!r}")
+
+
 class _Localizer:
     """Naive local time in ``tz`` -> aware UTC, with the DST policy of the module docstring."""
 
     def __init__(self, tz: str, ambiguous: str, counters: Counter[str]):
-        if ambiguous not in ("earlier", "order"):
-            raise ValueError(f"ambiguous must be 'earlier' or 'order', not {ambiguous!r}")
+        _check_ambiguous(ambiguous)
         self.zone = ZoneInfo(tz)
         self.order = ambiguous == "order"
         self.counters = counters
@@ -378,6 +497,7 @@ def parse_nvidia_smi_csv(
     fields: Sequence[str] | None = None,
     default_time_utc: dt.datetime | None = None,
     ambiguous: str = "earlier",
+    fast: bool = True,
 ) -> ParseResult:
     """Parse ``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]`` output.
 
@@ -385,12 +505,29 @@ def parse_nvidia_smi_csv(
     wins); without either, :data:`DEFAULT_QUERY_FIELDS` is assumed (counted as
     ``assumed_default_fields``). ``host`` wins over a ``hostname`` field. ``default_time_utc`` is the
     sample time when the query has no ``timestamp`` field (required then). ``source_file`` defaults to
-    the path. See the module docstring for nulls, quarantine and the DST policy."""
+    the path. See the module docstring for nulls, quarantine and the DST policy, and for the fast
+    path that reads well-formed input (``fast=False`` forces the line-by-line parser)."""
+    counters: Counter[str] = Counter()
+    localize = _Localizer(source_tz, ambiguous, counters)  # checks the policy and the zone first
+    default_ts = _to_us(_utc(default_time_utc, "default_time_utc")) if default_time_utc is not None else None
+    staged = _try_fast(partial(_NvsmiFast.read, path_or_text, localize.zone, host, source_file, fields)) \
+        if fast else None
+    return _finish_or_slow(staged, partial(_parse_nvidia_smi_lines, path_or_text, host, source_file, fields,
+                                           localize, default_ts))
+
+
+def _parse_nvidia_smi_lines(
+    path_or_text: str | Path,
+    host: str | None,
+    source_file: str | None,
+    fields: Sequence[str] | None,
+    localize: _Localizer,
+    default_ts: int | None,
+) -> ParseResult:
+    """The line-by-line nvidia-smi parser (every input the fast path does not take)."""
     lines, path = _source_lines(path_or_text)
     src = source_file if source_file is not None else path
-    counters: Counter[str] = Counter()
-    localize = _Localizer(source_tz, ambiguous, counters)
-    default_ts = _to_us(_utc(default_time_utc, "default_time_utc")) if default_time_utc is not None else None
+    counters = localize.counters
     quarantine: list[QuarantinedLine] = []
     out: dict[str, list] = {n: [] for n in _NVSMI_OUT}
     layout: _Layout | None = None
@@ -410,11 +547,10 @@ def parse_nvidia_smi_csv(
             counters["blank_lines"] += 1
             continue
         try:
-            cells = next(csv.reader([line], delimiter=",", quoting=csv.QUOTE_NONE, skipinitialspace=True))
+            cells = _csv_cells(line)
         except (csv.Error, StopIteration) as exc:
             quarantine.append(QuarantinedLine(ln, f"unreadable CSV line: {exc}", line, src))
             continue
-        cells = [c.strip() for c in cells]
         header = _header_cells(cells)
         if header is not None:
             new = _layout(header)
@@ -427,14 +563,9 @@ def parse_nvidia_smi_csv(
                 layout = set_layout(new)
             continue
         if layout is None:
-            query = list(fields) if fields else list(DEFAULT_QUERY_FIELDS)
             if not fields:
                 counters["assumed_default_fields"] = 1
-            parsed = []
-            for q in query:
-                m = _FIELD_CELL_RE.match(q.strip())
-                parsed.append((m.group(1), m.group(2)) if m else (q.strip(), None))
-            layout = set_layout(_layout(parsed))
+            layout = set_layout(_layout(_query_fields(fields)))
         counters["data_lines"] += 1
         if len(cells) != layout.n_fields:
             quarantine.append(QuarantinedLine(
@@ -472,29 +603,186 @@ def parse_nvidia_smi_csv(
     return _finish(out, quarantine, counters, [src] if src else [])
 
 
+def _csv_cells(line: str) -> list[str]:
+    """The stripped cells of one line (``csv`` module: ``", "`` separated, no quoting)."""
+    cells = next(csv.reader([line], delimiter=",", quoting=csv.QUOTE_NONE, skipinitialspace=True))
+    return [c.strip() for c in cells]
+
+
+def _query_fields(fields: Sequence[str] | None) -> list[tuple[str, str | None]]:
+    """``[(field, unit)]`` of a ``--query-gpu`` list (:data:`DEFAULT_QUERY_FIELDS` when none)."""
+    parsed = []
+    for q in list(fields) if fields else list(DEFAULT_QUERY_FIELDS):
+        m = _FIELD_CELL_RE.match(q.strip())
+        parsed.append((m.group(1), m.group(2)) if m else (q.strip(), None))
+    return parsed
+
+
 def _nvsmi_row(cells: Sequence[str], layout: _Layout) -> dict[str, object]:
     row: dict[str, object] = {}
     for col, sources in layout.cells.items():
         value: object = None
         for i, unit in sources:
-            cell = cells[i]
-            name = layout.names[i]
-            if col == "timestamp" or col in _NVSMI_STRING_COLUMNS:
-                value = None if _is_na(cell) else cell
-            elif col == "gpu_index":
-                if _is_na(cell):
-                    value = None
-                else:
-                    try:
-                        value = int(cell)
-                    except ValueError:
-                        raise _BadValue(f"{name}: not an integer: {cell!r}") from None
-            else:
-                value = _number(cell, unit, name)
+            value = _nvsmi_value(col, cells[i], unit, layout.names[i])
             if value is not None:
                 break
         row[col] = value
     return row
+
+
+def _nvsmi_value(col: str, cell: str, unit: str | None, name: str) -> object:
+    """One stripped cell of field ``name`` read for output column ``col``; raises ``_BadValue``."""
+    if col == "timestamp" or col in _NVSMI_STRING_COLUMNS:
+        return None if _is_na(cell) else cell
+    if col == "gpu_index":
+        if _is_na(cell):
+            return None
+        try:
+            return int(cell)
+        except ValueError:
+            raise _BadValue(f"{name}: not an integer: {cell!r}") from None
+    return _number(cell, unit, name)
+
+
+# The fast path's cells: a timestamp as ``_parse_local_ts`` reads it (a date Arrow rejects gives up
+# the fast path) and plain decimals. Only spaces are trimmed around a cell and the patterns admit
+# no other white space, so a cell they match reads the same to the line parser, which strips any.
+_FAST_TS_PATTERN = (r"^(?P<ts>[1-9][0-9]{3}/[0-9]{2}/[0-9]{2} (?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+                    r"(?:\.[0-9]{1,6})?)$")
+# nvidia-smi lines as the line parser splits them: one record per line, ", " separated, no quoting.
+_CSV_SPLIT = pacsv.ParseOptions(delimiter=",", quote_char=False, escape_char=False, ignore_empty_lines=False)
+
+
+def _number_pattern(unit: str | None) -> str:
+    """A number cell the fast path reads: a plain decimal, then optionally the unit as a separate
+    token, as ``_number`` accepts it: the header's unit, or any (printable ASCII) token when the
+    header gives none."""
+    if unit is None:
+        suffix = "(?: [!-~]+)?"
+    elif unit.split() == [unit]:
+        suffix = f"(?: {re.escape(unit)})?"
+    else:  # a unit no single token equals
+        suffix = ""
+    return rf"^(?P<number>-?[0-9]+(?:\.[0-9]+)?){suffix}$"
+
+
+def _fast_cells(raw: pa.ChunkedArray, pattern: str, convert: Callable[[pa.Array], pa.Array]) -> pa.Array:
+    """``convert`` of each cell's value (``pattern``'s group), null where the line parser reads null
+    (``[N/A]``, ``N/A`` ...); a cell that is neither raises ``_NotFast``. Each distinct cell is read
+    once (a column of a day's log repeats most of its values)."""
+    encoded = pc.dictionary_encode(raw.combine_chunks())
+    text = pc.utf8_trim(encoded.dictionary, " ")
+    value = pc.struct_field(pc.extract_regex(text, pattern), [0])  # null: no match
+    if value.null_count:
+        na = pc.or_(pc.and_(pc.starts_with(text, "["), pc.ends_with(text, "]")),
+                    pc.is_in(pc.ascii_lower(text), value_set=pa.array(sorted(_NA_VALUES))))
+        if not pc.all(pc.or_(na, pc.is_valid(value))).as_py():
+            raise _NotFast
+    return convert(value).take(encoded.indices)
+
+
+def _to_float(numbers: pa.Array) -> pa.Array:
+    return pc.cast(numbers, pa.float64())
+
+
+def _to_naive_time(stamps: pa.Array) -> pa.Array:
+    return pc.cast(pc.replace_substring(stamps, "/", "-"), pa.timestamp("us"))
+
+
+class _NvsmiFast:
+    """nvidia-smi CSV on the fast path. :meth:`read` takes the layout from the first line as the line
+    parser does, splits every line with ``pyarrow.csv`` and localizes the timestamps; :meth:`finish`
+    reads the other columns. Both raise ``_NotFast`` for anything the line parser might read
+    differently (blank, repeated or changed header lines, a line of another field count, a value
+    it would quarantine, an ambiguous or non-existent local time)."""
+
+    def __init__(self, cells: pa.Table, layout: _Layout, sample_us: np.ndarray, host: str | None,
+                 src: str | None, counters: Counter[str]):
+        self.cells = cells
+        self.layout = layout
+        self.sample_us = sample_us
+        self.host = host
+        self.src = src
+        self.counters = counters
+
+    @classmethod
+    def read(cls, path_or_text: str | Path, zone: ZoneInfo, host: str | None, source_file: str | None,
+             fields: Sequence[str] | None) -> _NvsmiFast:
+        data, path = _source_bytes(path_or_text)
+        src = source_file if source_file is not None else path
+        # Blank lines (counted), lone CRs (a line end to the line parser), a byte-order mark (skipped
+        # by pyarrow.csv, part of the first cell to the line parser), NULs (older csv modules reject them).
+        if (not data or data.startswith((b"\n", codecs.BOM_UTF8))
+                or any(sep in data for sep in (b"\n\n", b"\r", b"\x00"))):
+            raise _NotFast
+        end = data.find(b"\n")
+        first = (data if end < 0 else data[:end]).decode("utf-8", errors="replace")
+        if not first.strip():
+            raise _NotFast
+        try:
+            header = _header_cells(_csv_cells(first))
+        except csv.Error:
+            raise _NotFast from None
+        counters: Counter[str] = Counter()
+        if header is not None:
+            layout = _layout(header)
+        else:
+            layout = _layout(_query_fields(fields))
+            if not fields:
+                counters["assumed_default_fields"] = 1
+        if "timestamp" not in layout.cells or "gpu_uuid" not in layout.cells:
+            raise _NotFast
+        names = [str(i) for i in range(layout.n_fields)]
+        cells = pacsv.read_csv(
+            pa.py_buffer(data),
+            read_options=pacsv.ReadOptions(skip_rows=int(header is not None), column_names=names,
+                                           use_threads=False),
+            parse_options=_CSV_SPLIT,
+            convert_options=pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string())),
+        ).combine_chunks()
+        limit = csv.field_size_limit()  # a longer cell makes the line unreadable to the csv module
+        if cells.num_rows == 0 or (
+            len(data) > limit and any(pc.max(pc.binary_length(c)).as_py() > limit for c in cells.columns)
+        ):
+            raise _NotFast
+        naive = pc.coalesce(*(_fast_cells(cells.column(i), _FAST_TS_PATTERN, _to_naive_time)
+                              for i, _ in layout.cells["timestamp"]))
+        if naive.null_count:  # "timestamp: missing"
+            raise _NotFast
+        sample_us = _fast_utc_us(naive.cast(pa.int64()).to_numpy(), zone)
+        return cls(cells, layout, sample_us, host, src, counters)
+
+    def _source(self, col: str, i: int, unit: str | None) -> pa.Array | pa.ChunkedArray:
+        """Output column ``col`` as read from field ``i`` alone."""
+        raw = self.cells.column(i)
+        if col in _FLOAT_COLUMNS:
+            return _fast_cells(raw, _number_pattern(unit), _to_float)
+        name = self.layout.names[i]
+        return _per_distinct(raw, lambda cell: _nvsmi_value(col, cell.strip(), unit, name),
+                             pa.int32() if col == "gpu_index" else pa.string())
+
+    def finish(self) -> ParseResult:
+        n = self.cells.num_rows
+        read = {col: pc.coalesce(*(self._source(col, i, unit) for i, unit in sources))
+                for col, sources in self.layout.cells.items() if col != "timestamp"}
+        uuid = read.pop("gpu_uuid")
+        if uuid.null_count:  # "no GPU UUID"
+            raise _NotFast
+        hostname = read.pop("hostname", None)
+        if self.host is not None or hostname is None:
+            hostname = pa.repeat(pa.scalar(self.host, pa.string()), n)
+        columns = {
+            **read,
+            "sample_utc": pa.array(self.sample_us, type=pa.int64()).cast(TS),
+            "source": pa.repeat("nvidia-smi", n),
+            "host": hostname,
+            "gpu_id": _per_distinct(uuid, short_gpu_id, pa.string()),
+            "gpu_uuid": _per_distinct(uuid, _canonical_uuid, pa.string()),
+            "source_file": pa.repeat(pa.scalar(self.src, pa.string()), n),
+        }
+        self.counters["data_lines"] = n
+        return _result(conform(pa.table(columns), GPU_SAMPLES), [], self.counters,
+                       [self.src] if self.src else [], fast_parsed=1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -525,9 +813,57 @@ _DCGM_INT32_BLANK = 0x7FFFFFF0
 _DCGM_FP64_BLANK = 140737488355328.0
 
 
+def _dcgm_blank_limit(metric: str) -> float:
+    """The smallest value of ``metric`` that is a DCGM blank sentinel."""
+    return _DCGM_FP64_BLANK if metric == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" else _DCGM_INT32_BLANK
+
+
 def _dcgm_blank(metric: str, value: float) -> bool:
-    limit = _DCGM_FP64_BLANK if metric == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" else _DCGM_INT32_BLANK
-    return value >= limit
+    return value >= _dcgm_blank_limit(metric)
+
+
+def _dcgm_row_key(labels: dict[str, str], host: str | None) -> tuple[str | None, str | None, str | None]:
+    """``(UUID, GPU_I_ID, host)`` of a sample's row (with its timestamp); the ``host`` argument wins
+    over the ``Hostname`` / ``hostname`` label."""
+    uuid = labels.get("UUID") or labels.get("uuid")
+    gi = labels.get("GPU_I_ID") or None
+    return uuid, gi, host if host is not None else (labels.get("Hostname") or labels.get("hostname"))
+
+
+class _DcgmRowIds(NamedTuple):
+    """The identity columns of a DCGM row, from its key and the labels of its first sample."""
+
+    gpu_uuid: str
+    gpu_id: str
+    gpu_index: int | None
+    mig_profile: str | None
+    mig_instance_id: int | None
+    device_name: str | None
+
+
+def _dcgm_row_ids(uuid: str, gi: str | None, labels: dict[str, str]) -> _DcgmRowIds | None:
+    """The identity of the row of GPU ``uuid`` (``gi`` None) or of its MIG instance ``gi``; None when
+    ``uuid`` is not a GPU UUID (the row is dropped, ``rows_bad_uuid``)."""
+    if gi is None:
+        try:
+            gpu_id = short_gpu_id(uuid)
+        except ValueError:
+            return None
+        gpu_uuid, mig_id = _canonical_uuid(uuid), None
+    else:
+        mig_uuid = next((v for v in labels.values() if _MIG_UUID_RE.match(v)), None)
+        gpu_uuid = mig_uuid or _canonical_uuid(uuid)
+        gpu_id = mig_uuid or f"{gpu_uuid}/{gi}"
+        mig_id = int(gi) if gi.isdigit() else None
+    gpu = labels.get("gpu")
+    return _DcgmRowIds(
+        gpu_uuid=gpu_uuid,
+        gpu_id=gpu_id,
+        gpu_index=int(gpu) if gpu is not None and gpu.isdigit() else None,
+        mig_profile=(labels.get("GPU_I_PROFILE") or None) if gi is not None else None,
+        mig_instance_id=mig_id,
+        device_name=labels.get("modelName") or None,
+    )
 
 
 class _ExpositionError(Exception):
@@ -560,6 +896,21 @@ def _prom_number(token: str) -> float:
         return int(token)
     except ValueError:
         return float(token)
+
+
+def _series_entry(series: str) -> tuple[str, dict[str, str], int] | str | None:
+    """``(name, labels, signature)`` when the exposition parser reads ``series`` (``name{labels}``) on
+    its own as exactly one series; its reason when it rejects it; None for anything else."""
+    try:
+        families = list(text_string_to_metric_families(series + " 0\n"))
+    except Exception as exc:  # anything the parser raises
+        return _parser_reason(exc)
+    samples = [s for f in families for s in f.samples]
+    # The series must be exactly name + labels (nothing left over for value/timestamp).
+    if len(samples) == 1 and samples[0].value == 0 and samples[0].timestamp is None:
+        s0 = samples[0]
+        return (s0.name, s0.labels, hash(frozenset(s0.labels.items())))
+    return None
 
 
 class _DcgmPivot:
@@ -641,18 +992,7 @@ class _DcgmPivot:
             return None
         entry = cache.get(series, False)
         if entry is False:
-            try:
-                families = list(text_string_to_metric_families(series + " 0\n"))
-                samples = [s for f in families for s in f.samples]
-                # The series must be exactly name + labels (nothing left over for value/timestamp).
-                if len(samples) == 1 and samples[0].value == 0 and samples[0].timestamp is None:
-                    s0 = samples[0]
-                    entry = (s0.name, s0.labels, hash(frozenset(s0.labels.items())))
-                else:
-                    entry = None
-            except Exception as exc:  # anything the parser raises
-                entry = _parser_reason(exc)
-            cache[series] = entry
+            entry = cache[series] = _series_entry(series)
         if entry is None or isinstance(entry, str):
             return entry
         return (*entry, value, ts)
@@ -666,7 +1006,7 @@ class _DcgmPivot:
         if target is None:
             c["unmapped_samples"] += 1
             return
-        uuid = labels.get("UUID") or labels.get("uuid")
+        uuid, gi, host = _dcgm_row_key(labels, self.host)
         if not uuid:
             c["samples_without_uuid"] += 1
             return
@@ -679,8 +1019,6 @@ class _DcgmPivot:
             raise ValueError(
                 f"{self.src or 'DCGM text'}: sample {metric} has no timestamp; pass default_time_utc"
             )
-        gi = labels.get("GPU_I_ID") or None
-        host = self.host if self.host is not None else (labels.get("Hostname") or labels.get("hostname"))
         key = (ts_us, host, uuid, gi)
         row = self.rows.get(key)
         if row is None:
@@ -706,29 +1044,15 @@ class _DcgmPivot:
     def columns(self) -> dict[str, list]:
         out: dict[str, list] = {n: [] for n in GPU_SAMPLES.schema.names}
         for (ts_us, host, uuid, gi), row in self.rows.items():
-            labels = row["_labels"]
-            if gi is None:
-                try:
-                    gpu_id = short_gpu_id(uuid)
-                except ValueError:
-                    self.counters["rows_bad_uuid"] += 1
-                    continue
-                gpu_uuid, mig_id = _canonical_uuid(uuid), None
-            else:
-                mig_uuid = next((v for v in labels.values() if _MIG_UUID_RE.match(v)), None)
-                gpu_uuid = mig_uuid or _canonical_uuid(uuid)
-                gpu_id = mig_uuid or f"{gpu_uuid}/{gi}"
-                mig_id = int(gi) if gi.isdigit() else None
+            ids = _dcgm_row_ids(uuid, gi, row["_labels"])
+            if ids is None:
+                self.counters["rows_bad_uuid"] += 1
+                continue
             out["sample_utc"].append(ts_us)
             out["source"].append("dcgm")
             out["host"].append(host)
-            out["gpu_uuid"].append(gpu_uuid)
-            out["gpu_id"].append(gpu_id)
-            gpu = labels.get("gpu")
-            out["gpu_index"].append(int(gpu) if gpu is not None and gpu.isdigit() else None)
-            out["mig_profile"].append((labels.get("GPU_I_PROFILE") or None) if gi is not None else None)
-            out["mig_instance_id"].append(mig_id)
-            out["device_name"].append(labels.get("modelName") or None)
+            for col, value in ids._asdict().items():
+                out[col].append(value)
             if row.get("power_limit_w") is None:
                 row["power_limit_w"] = row.get("_enforced_limit")
             total = row.get("_fb_total")
@@ -748,6 +1072,7 @@ def parse_dcgm_text(
     source_file: str | None = None,
     *,
     whole_file: bool = False,
+    fast: bool = True,
 ) -> ParseResult:
     """Parse a dcgm-exporter scrape (Prometheus text exposition; one scrape, or many with ms
     timestamps) into one row per (timestamp, host, GPU, MIG instance).
@@ -762,12 +1087,22 @@ def parse_dcgm_text(
     reads each distinct series (``name{labels}``) once and every sample line ``<series> <value>
     [<timestamp>]`` reuses it, its value and timestamp read with the parser's own number rule; a line
     of any other shape and every ``#`` line go through the parser as they are, and a line it rejects
-    is quarantined. ``whole_file=True`` instead feeds the whole file to the parser in one pass; when it
-    raises, the lines it rejects on their own are located, quarantined and the rest parsed again.
-    Both give the same rows (tested)."""
+    is quarantined. The vectorized fast path (module docstring) does the same for a well-formed
+    file; ``fast=False`` forces the line-by-line reading. ``whole_file=True`` instead feeds the whole
+    file to the parser in one pass; when it raises, the lines it rejects on their own are located,
+    quarantined and the rest parsed again. All give the same rows (tested)."""
+    default_us = _to_us(_utc(default_time_utc, "default_time_utc")) if default_time_utc is not None else None
+    staged = _try_fast(partial(_DcgmFast.read, path_or_text, host, source_file)) \
+        if fast and not whole_file else None
+    return _finish_or_slow(staged, partial(_parse_dcgm_lines, path_or_text, host, default_us, source_file,
+                                           whole_file))
+
+
+def _parse_dcgm_lines(path_or_text: str | Path, host: str | None, default_us: int | None,
+                      source_file: str | None, whole_file: bool) -> ParseResult:
+    """The line-by-line (or, with ``whole_file``, one-pass) dcgm-exporter parser."""
     lines, path = _source_lines(path_or_text)
     src = source_file if source_file is not None else path
-    default_us = _to_us(_utc(default_time_utc, "default_time_utc")) if default_time_utc is not None else None
     pivot = _DcgmPivot(host, default_us, src)
     if not whole_file:
         pivot.add_lines(lines())
@@ -800,6 +1135,190 @@ def parse_dcgm_text(
     return _finish(pivot.columns(), quarantine, pivot.counters, [src] if src else [])
 
 
+# The fast path's sample tokens: a value the exposition parser's number rule reads as Python's
+# float() does (no sign: int("-0") is 0, float("-0") is -0.0) and a millisecond timestamp of ASCII
+# digits whose float division by 1000 is the same in numpy as in Python (< 2**53).
+_PROM_VALUE_PATTERN = r"^(?:[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|NaN)$"
+_PROM_MS_DIGITS = 15
+# Output columns the DCGM metrics fill, and their positions in the fast path's value matrix.
+_DCGM_SLOTS = tuple(dict.fromkeys(col for col, _ in _DCGM_METRICS.values()))
+
+
+def _take_in_place(array: pa.LargeStringArray, rows: np.ndarray) -> pa.LargeStringArray:
+    """The entries ``rows`` (increasing) of ``array`` without copying its character data: the even
+    entries of a string array over the same data, whose odd entries are nulls spanning the bytes
+    between two of them (hash kernels skip nulls; others may still scan them)."""
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset:][:len(array) + 1]
+    spans = np.empty(2 * len(rows) + 1, dtype=np.int64)
+    spans[0:-1:2] = offsets[rows]
+    spans[1::2] = offsets[rows + 1]
+    spans[-1] = spans[-2]
+    valid = np.full((2 * len(rows) + 7) // 8, 0b01010101, dtype=np.uint8)  # bit i: entry i (LSB first)
+    return pa.LargeStringArray.from_buffers(2 * len(rows), pa.py_buffer(spans), array.buffers()[2],
+                                            pa.py_buffer(valid), len(rows))
+
+
+def _fast_series_entry(series: str) -> tuple[str, dict[str, str]]:
+    """Name and labels of the series the fast path split off a line, as the line parser reads that
+    line. Its shape (ends in ``}``, or one token without braces) makes the line parser cut the line
+    at the same place; anything else, and a series the exposition parser does not read on its own
+    as one series, raises ``_NotFast``."""
+    if series != series.strip() or not (
+        series.endswith("}") or ("}" not in series and len(series.split()) == 1)
+    ):
+        raise _NotFast
+    entry = _series_entry(series)
+    if not isinstance(entry, tuple):
+        raise _NotFast
+    return entry[0], entry[1]
+
+
+class _DcgmFast:
+    """A dcgm-exporter scrape on the fast path. :meth:`read` splits every line with Arrow kernels into
+    ``<series> <value> <ms timestamp>`` (from the right: label values may hold spaces), checks each
+    distinct ``#`` line and series with the exposition parser as the line parser does, and reads the
+    timestamps; :meth:`finish` reads the values and pivots them with numpy. Both raise ``_NotFast`` for
+    anything the line parser might read differently: a line of another shape (a sample without
+    timestamp included), a line it would quarantine, a duplicate or conflicting sample."""
+
+    def __init__(self, codes: np.ndarray, entries: list[tuple[str, dict[str, str]]],
+                 values: pa.Array, sample_us: np.ndarray, host: str | None, src: str | None):
+        self.codes = codes  # per sample line: its series in ``entries``
+        self.entries = entries
+        self.values = values  # per sample line: its value token
+        self.sample_us = sample_us
+        self.host = host
+        self.src = src
+
+    @classmethod
+    def read(cls, path_or_text: str | Path, host: str | None, source_file: str | None) -> _DcgmFast:
+        data, path = _source_bytes(path_or_text)
+        if b"\r" in data:  # a line end to the line parser
+            raise _NotFast
+        text = pa.LargeStringArray.from_buffers(1, pa.py_buffer(np.array([0, len(data)], dtype=np.int64)),
+                                                pa.py_buffer(data))
+        text.validate(full=True)  # UTF-8 (the line parser would replace a bad byte)
+        lines = pc.split_pattern(text, "\n").flatten()
+        comment = pc.starts_with(lines, "#")
+        for line in pc.unique(lines.filter(comment)).to_pylist():
+            if _line_error(line.strip()) is not None:
+                raise _NotFast
+        samples = np.flatnonzero(pc.invert(pc.or_(comment, pc.equal(pc.binary_length(lines), 0)))
+                                 .to_numpy(zero_copy_only=False))
+        if len(samples) == 0:
+            raise _NotFast
+        # <series> <value> <timestamp>: the last two tokens split off at (ASCII) white space as
+        # str.split() splits them; the series' shape is checked below.
+        parts = pc.ascii_split_whitespace(lines, max_splits=2, reverse=True)
+        starts = parts.offsets.to_numpy()
+        if (np.diff(starts)[samples] != 3).any():
+            raise _NotFast
+        first = starts[samples]
+        tokens = parts.values
+        values, stamps = tokens.take(first + 1), tokens.take(first + 2)
+        if not (pc.all(pc.match_substring_regex(values, _PROM_VALUE_PATTERN)).as_py()
+                and pc.all(pc.ascii_is_decimal(stamps)).as_py()
+                and pc.max(pc.binary_length(stamps)).as_py() <= _PROM_MS_DIGITS):
+            raise _NotFast
+        # round(int(ms) / 1000 * 1_000_000) of the line parser, in float64 as there
+        sample_us = np.rint(pc.cast(stamps, pa.int64()).to_numpy() / 1000 * 1_000_000).astype(np.int64)
+        series = pc.dictionary_encode(_take_in_place(tokens, first))
+        entries = [_fast_series_entry(s) for s in series.dictionary.to_pylist()]
+        codes = pc.fill_null(series.indices, 0).to_numpy()[0::2]
+        src = source_file if source_file is not None else path
+        return cls(codes, entries, values, sample_us, host, src)
+
+    def finish(self) -> ParseResult:
+        counters: Counter[str] = Counter()
+        codes = self.codes
+        # Per distinct series: value-matrix slot (-1: unmapped metric, -2: no UUID), row GPU, scaling.
+        n_series = len(self.entries)
+        slot_of = np.full(n_series, -1, dtype=np.int64)
+        gpu_of = np.zeros(n_series, dtype=np.int64)
+        scale_of = np.ones(n_series)
+        blank_of = np.zeros(n_series)
+        gpus: dict[tuple, int] = {}
+        keys = [_dcgm_row_key(labels, self.host) for _, labels in self.entries]
+        for k, ((name, _), key) in enumerate(zip(self.entries, keys, strict=True)):
+            target = _DCGM_METRICS.get(name)
+            if target is None:
+                continue
+            if not key[0]:
+                slot_of[k] = -2
+                continue
+            slot_of[k] = _DCGM_SLOTS.index(target[0])
+            scale_of[k] = target[1]
+            blank_of[k] = _dcgm_blank_limit(name)
+            gpu_of[k] = gpus.setdefault(key, len(gpus))
+        slot = slot_of[codes]
+        kept = np.flatnonzero(slot >= 0)
+        if len(kept) == 0:
+            raise _NotFast
+        counters["samples"] = len(codes)
+        _count(counters, unmapped_samples=slot == -1, samples_without_uuid=slot == -2)
+        k_codes, k_slot, k_us = codes[kept], slot[kept], self.sample_us[kept]
+        value = pc.cast(self.values, pa.float64()).to_numpy()[kept]
+        nan = np.isnan(value)
+        blank = ~nan & (value >= blank_of[k_codes])
+        _count(counters, nan_values=nan, blank_values=blank)
+        value = np.where(nan | blank, np.nan, value * scale_of[k_codes])
+        # Rows: one per (timestamp, GPU), in the order the line parser creates them (by first sample).
+        time_code = pc.dictionary_encode(pa.array(k_us)).indices.to_numpy().astype(np.int64)
+        row = pc.dictionary_encode(pa.array(time_code * len(gpus) + gpu_of[k_codes])).indices.to_numpy()
+        n_rows = int(row.max()) + 1
+        first = np.empty(n_rows, dtype=np.int64)
+        first[row[::-1]] = np.arange(len(row) - 1, -1, -1)  # the last write is the first sample
+        order = np.argsort(first)
+        rank = np.empty(n_rows, dtype=np.int64)
+        rank[order] = np.arange(n_rows)
+        row, first = rank[row], first[order]
+        cell = row * len(_DCGM_SLOTS) + k_slot
+        if np.bincount(cell, minlength=n_rows * len(_DCGM_SLOTS)).max() > 1:
+            raise _NotFast  # a duplicate or conflicting sample
+        matrix = np.full((n_rows, len(_DCGM_SLOTS)), np.nan)
+        matrix[row, k_slot] = value
+        # Identity columns per distinct first series of a row (its labels name the row's GPU).
+        row_series, row_of_series = np.unique(k_codes[first], return_inverse=True)
+        ids = [_dcgm_row_ids(keys[k][0], keys[k][1], self.entries[k][1]) for k in row_series.tolist()]
+        good = np.array([i is not None for i in ids])[row_of_series]
+        _count(counters, rows_bad_uuid=~good)
+        pick = pa.array(row_of_series[good])
+
+        def identity(values: list, type_: pa.DataType) -> pa.Array:
+            return pa.array(values, type=type_).take(pick)
+
+        n = len(pick)
+        slots = {col: matrix[good, j] for j, col in enumerate(_DCGM_SLOTS)}
+        none = np.full(n, np.nan)
+        slots["power_limit_w"] = np.where(np.isnan(slots["power_limit_w"]), slots["_enforced_limit"],
+                                          slots["power_limit_w"])
+        reserved = np.where(np.isnan(slots["_fb_reserved"]), 0.0, slots["_fb_reserved"])
+        slots["mem_total_mib"] = np.where(np.isnan(slots["_fb_total"]),
+                                          slots["mem_used_mib"] + slots["_fb_free"] + reserved,
+                                          slots["_fb_total"])
+        columns: dict[str, pa.Array] = {
+            "sample_utc": pa.array(k_us[first][good], type=pa.int64()).cast(TS),
+            "source": pa.repeat("dcgm", n),
+            "host": identity([keys[k][2] for k in row_series.tolist()], pa.string()),
+            **{col: identity([None if i is None else getattr(i, col) for i in ids],
+                             GPU_SAMPLES.schema.field(col).type)
+               for col in _DcgmRowIds._fields},
+            **{col: pa.array(v, mask=np.isnan(v))
+               for col in _FLOAT_COLUMNS for v in [slots.get(col, none)]},
+            "source_file": pa.repeat(pa.scalar(self.src, pa.string()), n),
+        }
+        return _result(conform(pa.table(columns), GPU_SAMPLES), [], counters,
+                       [self.src] if self.src else [], fast_parsed=1)
+
+
+def _count(counters: Counter[str], **masks: np.ndarray) -> None:
+    """Add the number of true entries of each mask to its counter (only when some are true, as the
+    line parsers count)."""
+    for name, mask in masks.items():
+        if n := int(np.count_nonzero(mask)):
+            counters[name] = n
+
+
 # ----------------------------------------------------------------------------------------------
 # Directory of telemetry logs (the simulator's layout)
 # ----------------------------------------------------------------------------------------------
@@ -825,33 +1344,48 @@ def read_telemetry_dir(
     *,
     ambiguous: str = "earlier",
     margin_days: int = 1,
+    fast: bool = True,
 ) -> ParseResult:
     """Samples in [start_utc, end_utc) from ``root/nvidia-smi/HOST/*.csv`` and
     ``root/dcgm/HOST/*.prom`` (host = directory name), sorted by (sample_utc, host, gpu_id).
 
     Files are parsed one at a time and only when the local date in their name (``...-YYYY-MM-DD``)
     lies within ``margin_days`` of the window's local dates (names without a date are always read:
-    the margin covers loggers that roll files at UTC midnight or late). DCGM
-    samples without a timestamp get the file's mtime. ``source_file`` is the path relative to
-    ``root``. A missing ``root`` or source folder yields an empty table."""
+    the margin covers loggers that roll files at UTC midnight or late). A margin file (named for a
+    date within the margin but not one of the window's own local dates) is first read by the fast
+    path as far as its timestamps, and skipped when none lies in the window: no row of it can. A
+    file the fast path gives up on is parsed in full, so no in-window sample is ever lost; the
+    quarantined lines of a skipped file (whose timestamps are all outside the window) are reported
+    by the windows of the dates it is named for. DCGM samples without a timestamp get the file's
+    mtime. ``source_file`` is the path relative to ``root``. A missing ``root`` or source folder
+    yields an empty table. ``fast=False`` parses every file line by line and skips no margin file.
+
+    Counters: ``files_outside_window`` (files not parsed: named for a date beyond the margin, or
+    margin files without a timestamp in the window), ``files_read``, ``rows_outside_window`` (rows of
+    the parsed files outside the window), and each parser's counters of the parsed files, prefixed
+    ``nvidia-smi:`` / ``dcgm:``."""
     root = Path(root)
     start_utc, end_utc = _utc(start_utc, "start_utc"), _utc(end_utc, "end_utc")
     zone = ZoneInfo(source_tz)
+    _check_ambiguous(ambiguous)
     if end_utc <= start_utc:
         raise ValueError(f"empty window: end_utc {end_utc} <= start_utc {start_utc}")
-    lo = start_utc.astimezone(zone).date() - dt.timedelta(days=margin_days)
-    hi = (end_utc - _US).astimezone(zone).date() + dt.timedelta(days=margin_days)
+    first_day, last_day = start_utc.astimezone(zone).date(), (end_utc - _US).astimezone(zone).date()
+    lo, hi = first_day - dt.timedelta(days=margin_days), last_day + dt.timedelta(days=margin_days)
     lo_s, hi_s = pa.scalar(start_utc, type=TS), pa.scalar(end_utc, type=TS)
+    lo_us, hi_us = _to_us(start_utc), _to_us(end_utc)
 
     tables: list[pa.Table] = []
     quarantine: list[QuarantinedLine] = []
     counters: Counter[str] = Counter()
     files: list[str] = []
+    fast_parsed = 0
     for kind, pattern in (("nvidia-smi", "*.csv"), ("dcgm", "*.prom")):
         base = root / kind
         if not base.is_dir():
             continue
         for host_dir in sorted(p for p in base.iterdir() if p.is_dir()):
+            host = host_dir.name
             for path in sorted(host_dir.glob(pattern)):
                 day = _file_day(path.name)
                 if day is not None and not lo <= day <= hi:
@@ -859,12 +1393,25 @@ def read_telemetry_dir(
                     continue
                 rel = path.relative_to(root).as_posix()
                 if kind == "nvidia-smi":
-                    part = parse_nvidia_smi_csv(path, source_tz, host=host_dir.name, source_file=rel,
-                                                ambiguous=ambiguous)
+                    stage = partial(_NvsmiFast.read, path, zone, host, rel, None)
+                    slow = partial(parse_nvidia_smi_csv, path, source_tz, host=host, source_file=rel,
+                                   ambiguous=ambiguous, fast=False)
                 else:
                     mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
-                    part = parse_dcgm_text(path, host=host_dir.name, default_time_utc=mtime, source_file=rel)
+                    stage = partial(_DcgmFast.read, path, host, rel)
+                    slow = partial(parse_dcgm_text, path, host=host, default_time_utc=mtime, source_file=rel,
+                                   fast=False)
+                staged = _try_fast(stage) if fast else None
+                margin = day is not None and not first_day <= day <= last_day
+                if margin and staged is not None and not np.any(
+                    (staged.sample_us >= lo_us) & (staged.sample_us < hi_us)
+                ):
+                    counters["files_outside_window"] += 1
+                    continue
+                part = _finish_or_slow(staged, slow)
+                del staged
                 files.append(rel)
+                fast_parsed += part.fast_parsed
                 counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
                 quarantine.extend(part.quarantine)
                 ts = part.table.column("sample_utc")
@@ -875,8 +1422,5 @@ def read_telemetry_dir(
                     tables.append(kept)
                 del part
     table = pa.concat_tables(tables) if tables else GPU_SAMPLES.empty()
-    table = _sorted(table)
-    counters["rows_out"] = table.num_rows
-    counters["quarantined_lines"] = len(quarantine)
     counters["files_read"] = len(files)
-    return ParseResult(table=table, quarantine=quarantine, counters=counters, files=files)
+    return _result(table, quarantine, counters, files, fast_parsed)

@@ -1,0 +1,377 @@
+"""The vectorized fast path of the telemetry parsers gives exactly the line-by-line parsers' result
+(table with rows in the same order, counters, quarantine, files), is taken for well-formed files and
+gives up on anything else; the directory reader skips margin files without losing a row."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpu_pipeline.lib.simulate import SimConfig, simulate
+from gpu_pipeline.lib.telemetry import (
+    DEFAULT_QUERY_FIELDS,
+    ParseResult,
+    parse_dcgm_text,
+    parse_nvidia_smi_csv,
+    read_telemetry_dir,
+)
+from gpu_pipeline.lib.timeutil import day_window
+from gpu_pipeline_tests.lib.test_telemetry import FIXTURES, REAL, data_lines, needs_real, query_gpu_sections
+
+UTC = dt.UTC
+T0 = dt.datetime(2026, 1, 1, tzinfo=UTC)
+SIM_TZ = "America/Chicago"
+U0 = "GPU-7c1e2d3f-1a2b-4c3d-8e9f-0a1b2c3d4e5f"
+U1 = "GPU-e4d3c2b1-a0f9-4e8d-b7c6-5a4b3c2d1e0f"
+
+
+def assert_same(fast: ParseResult, slow: ParseResult) -> None:
+    assert slow.fast_parsed == 0
+    assert fast.table.schema == slow.table.schema
+    assert fast.table.equals(slow.table)
+    assert fast.table.to_pylist() == slow.table.to_pylist()
+    assert dict(fast.counters) == dict(slow.counters)
+    assert fast.quarantine == slow.quarantine
+    assert fast.files == slow.files
+
+
+def nvsmi_both(source, tz: str = "UTC", **kwargs) -> ParseResult:
+    """The fast result, after checking that it equals the line-by-line parser's."""
+    fast = parse_nvidia_smi_csv(source, tz, **kwargs)
+    assert_same(fast, parse_nvidia_smi_csv(source, tz, fast=False, **kwargs))
+    return fast
+
+
+def dcgm_both(source, **kwargs) -> ParseResult:
+    fast = parse_dcgm_text(source, **kwargs)
+    assert_same(fast, parse_dcgm_text(source, fast=False, **kwargs))
+    return fast
+
+
+# ----------------------------------------------------------------------------------------------
+# The inputs of test_telemetry.py: fast == slow
+# ----------------------------------------------------------------------------------------------
+
+NVSMI_TEXTS = {
+    "units_and_header_changes": (
+        "timestamp, uuid, memory.used [MiB]\n"
+        "2026/01/15 10:00:00.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, 12 GiB\n"
+        "2026/01/15 10:00:01.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, 12\n"
+        "timestamp, uuid, temperature.gpu, power.limit [W]\n"
+        "2026/01/15 10:00:02.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, 40, 300.00 W\n"
+        "2026/01/15 10:00:03.000, [N/A], 41, 300.00 W\n"
+    ),
+    "hostname_field": (
+        "timestamp, uuid, hostname\n"
+        "2026/01/15 10:00:00.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, node7\n"
+    ),
+    "spring_forward_gap": (
+        "timestamp, uuid\n"
+        "2026/03/08 01:59:30.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d\n"
+        "2026/03/08 02:30:00.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d\n"
+        "2026/03/08 03:00:30.000, GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d\n"
+    ),
+}
+CUSTOM_ORDER = "GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d, 2026/01/15 10:00:00.123, 301.12, 12\n"
+
+DCGM_TEXTS = {
+    "default_time": (
+        "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}",hostname="dcgm-exporter-x7k2p"}} 12\n'
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="{U1}",hostname="dcgm-exporter-x7k2p"}} 13 1784049120000\n'
+    ),
+    "mig_uuid_nan_no_uuid": (
+        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="0",UUID="{U0}",GPU_I_ID="3",GPU_I_PROFILE="2g.20gb",'
+        'mig_uuid="MIG-3b2a1c0d-9e8f-5a6b-8c7d-6e5f4a3b2c1d"} 0.25 1784049120000\n'
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",UUID="{U0}"}} NaN 1784049120000\n'
+        'DCGM_FI_DEV_GPU_TEMP{gpu="0"} 50 1784049120000\n'
+    ),
+    "garbage": (
+        f'garbage\n# TYPE\n\x00\x00\nDCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} 5 1784049120000\n}}{{\n'
+    ),
+}
+
+
+@pytest.mark.parametrize("ambiguous", ["earlier", "order"])
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("nvidia-smi-*.csv")))
+def test_nvidia_smi_fixtures_fast_equals_slow(name, ambiguous):
+    for fields in (None, list(DEFAULT_QUERY_FIELDS)):
+        nvsmi_both(FIXTURES / name, SIM_TZ, host="h1", fields=fields, ambiguous=ambiguous)
+        nvsmi_both(FIXTURES / name, "UTC", source_file="a.csv", ambiguous=ambiguous)
+
+
+@pytest.mark.parametrize("name", sorted(NVSMI_TEXTS))
+def test_nvidia_smi_inline_texts_fast_equals_slow(name):
+    for tz in ("UTC", SIM_TZ):
+        nvsmi_both(NVSMI_TEXTS[name], tz)
+        nvsmi_both(NVSMI_TEXTS[name], tz, host="gpu7.example.edu")
+
+
+def test_nvidia_smi_custom_field_order_and_wrong_field_list_fast_equals_slow():
+    fields = ["uuid", "timestamp", "power.draw.average", "clocks.sm"]
+    assert nvsmi_both(CUSTOM_ORDER, fields=fields).fast_parsed
+    assert nvsmi_both(CUSTOM_ORDER * 3).fast_parsed == 0  # every line quarantined
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("dcgm-*.prom")))
+def test_dcgm_fixtures_fast_equals_slow(name):
+    dcgm_both(FIXTURES / name)
+    dcgm_both(FIXTURES / name, host="gpu-a100-02", source_file="dcgm/x.prom", default_time_utc=T0)
+
+
+@pytest.mark.parametrize("name", sorted(DCGM_TEXTS))
+def test_dcgm_inline_texts_fast_equals_slow(name):
+    dcgm_both(DCGM_TEXTS[name], default_time_utc=T0)
+    dcgm_both(DCGM_TEXTS[name], host="n1", default_time_utc=T0)
+
+
+@needs_real
+def test_real_nvidia_smi_captures_fast_equals_slow():
+    captures = sorted((REAL / "nvidia-smi").glob("*.txt"))
+    assert captures
+    for path in captures:
+        text = path.read_text()
+        if path.name == "exporter_testdata_query.txt":
+            nvsmi_both(text, default_time_utc=T0)
+            continue
+        for title, cmd, body in query_gpu_sections(text):
+            nvsmi_both(body, host="capture-host", source_file=f"{path.name}#{title}")  # blank lines: slow
+            # Every field of nvidia-smi, header with units: the fast path reads them.
+            assert nvsmi_both(body.strip() + "\n", host="capture-host").fast_parsed == 1
+            fields = re.search(r"--query-gpu=(\S+)", cmd).group(1).split(",")
+            assert nvsmi_both("\n".join(data_lines(body)), fields=fields).fast_parsed == 1
+
+
+@needs_real
+def test_real_dcgm_scrapes_fast_equals_slow():
+    scrapes = sorted((REAL / "dcgm-exporter").glob("*.prom"))
+    assert scrapes
+    for path in scrapes:
+        dcgm_both(path, default_time_utc=T0)
+        dcgm_both(path, host="n1", default_time_utc=T0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Simulator output: the fast path is taken, and equals the line parsers
+# ----------------------------------------------------------------------------------------------
+
+# Three local days around the end of daylight saving time in Chicago (1 November 2026).
+SIM_DAYS = [dt.date(2026, 10, 31), dt.date(2026, 11, 1), dt.date(2026, 11, 2)]
+FALL_BACK = "2026-11-01"
+
+
+@pytest.fixture(scope="module")
+def sim_telemetry(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sim")
+    simulate(out, SimConfig(start=SIM_DAYS[0], end=SIM_DAYS[-1], gpus=24, seed=5, timezone=SIM_TZ,
+                            telemetry_interval_s=300))
+    return out / "telemetry"
+
+
+def sim_files(root: Path, kind: str) -> list[Path]:
+    files = sorted((root / kind).glob("*/*.*"))
+    assert files
+    return files
+
+
+def test_sim_nvidia_smi_files_fast_path_taken_except_on_the_fall_back_day(sim_telemetry):
+    na_rows = 0
+    for path in sim_files(sim_telemetry, "nvidia-smi"):
+        result = nvsmi_both(path, SIM_TZ, host=path.parent.name, source_file=path.name)
+        assert result.rows > 0 and result.quarantine == []
+        # The fall-back day repeats 01:00-02:00 local time: the DST policy is the line parser's.
+        assert result.fast_parsed == (0 if FALL_BACK in path.name else 1), path
+        na_rows += result.table.column("power_w").null_count
+        ordered = nvsmi_both(path, SIM_TZ, host=path.parent.name, ambiguous="order")
+        assert ordered.fast_parsed == (0 if FALL_BACK in path.name else 1)
+    assert na_rows > 0  # power.draw [N/A] (driver hiccups) read as null on the fast path
+
+
+def test_sim_dcgm_files_fast_path_taken(sim_telemetry):
+    for path in sim_files(sim_telemetry, "dcgm"):
+        result = dcgm_both(path, host=path.parent.name, source_file=path.name)
+        assert result.fast_parsed == 1 and result.rows > 0, path
+        assert result.counters["samples"] > result.rows
+        assert result.table.column("energy_mj").null_count == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Input the fast path gives up on (the line parsers read it; same result)
+# ----------------------------------------------------------------------------------------------
+
+
+def _nvsmi_lines(sim_telemetry: Path) -> list[str]:
+    path = next(p for p in sim_files(sim_telemetry, "nvidia-smi") if FALL_BACK not in p.name)
+    return path.read_text().splitlines(keepends=True)
+
+
+def inserted(lines: list[str], i: int, *new: str) -> list[str]:
+    return [*lines[:i], *new, *lines[i:]]
+
+
+def replaced(lines: list[str], i: int, new: str) -> list[str]:
+    return [*lines[:i], new, *lines[i + 1:]]
+
+
+NVSMI_EDITS = {
+    "bad line": lambda ls: inserted(ls, 5, "Unable to determine the device handle for GPU0000:0F:00.0\n"),
+    "blank line": lambda ls: inserted(ls, 5, "\n"),
+    "repeated header": lambda ls: inserted(ls, 5, ls[0]),
+    "header change": lambda ls: inserted(ls, 5, "timestamp, uuid\n", ls[5].split(", ")[0] + f", {U0}\n"),
+    "unreadable number": lambda ls: replaced(ls, 5, ls[5].replace(" %", " percent", 1)),
+    "impossible date": lambda ls: replaced(ls, 5, re.sub(r"^[0-9/]+", "2026/02/30", ls[5])),
+    "upper-case uuid": lambda ls: replaced(ls, 5, re.sub(r"GPU-[0-9a-f-]+", lambda m: m[0].upper(), ls[5])),
+    "CRLF line ends": lambda ls: [ln.replace("\n", "\r\n") for ln in ls],
+    "field count": lambda ls: replaced(ls, 5, ls[5].rstrip("\n") + ", extra\n"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(NVSMI_EDITS))
+def test_nvidia_smi_fast_path_gives_up_and_the_result_is_unchanged(sim_telemetry, edit):
+    text = "".join(NVSMI_EDITS[edit](_nvsmi_lines(sim_telemetry)))
+    result = nvsmi_both(text, SIM_TZ, host="h1")
+    if edit == "upper-case uuid":  # read per distinct value with the line parser's helpers
+        assert result.fast_parsed == 1 and result.quarantine == []
+    else:
+        assert result.fast_parsed == 0
+
+
+def test_nvidia_smi_dst_fall_back_fixture_is_left_to_the_line_parser():
+    path = FIXTURES / "nvidia-smi-dst-fallback-chicago.csv"
+    for ambiguous in ("earlier", "order"):
+        result = nvsmi_both(path, SIM_TZ, ambiguous=ambiguous)
+        assert result.fast_parsed == 0 and result.counters["ambiguous_local_times"] == 12
+
+
+def test_nvidia_smi_zone_transitions_past_2037_and_within_a_second():
+    """Local times are mapped with zoneinfo (Arrow's conversion misses transitions past 2037)."""
+    uuid = "GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+    stamps = ["2026/03/08 01:59:59.999999", "2026/03/08 03:00:00.000001", "2040/07/01 12:00:00.5",
+              "2040/12/01 12:00:00", "2099/06/30 23:59:59.25", "2037/11/01 00:59:59", "1999/12/31 23:59:59"]
+    text = "timestamp, uuid\n" + "".join(f"{s}, {uuid}\n" for s in stamps)
+    for tz in (SIM_TZ, "Europe/Berlin", "Australia/Sydney", "Asia/Kolkata", "UTC"):
+        assert nvsmi_both(text, tz).fast_parsed == 1, tz
+    times = nvsmi_both(text, SIM_TZ).table.column("sample_utc").to_pylist()
+    in_2040 = [t for t in times if t.year == 2040]
+    assert [t.hour for t in in_2040] == [17, 18]  # noon CDT in July 2040, CST in December
+
+
+def test_nvidia_smi_numbers_read_as_python_reads_them():
+    rng = random.Random(3)
+    uuid = "GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+    lines = ["timestamp, uuid, power.draw [W], memory.used [MiB], temperature.gpu\n"]
+    for i in range(2000):
+        power = f"{rng.randint(0, 10**rng.randint(1, 9))}.{rng.randint(0, 10**rng.randint(1, 12)):d}"
+        mem = rng.choice(["[N/A]", "N/A", "[Not Supported]", str(rng.randint(0, 99999)) + " MiB", "0", "-0"])
+        lines.append(f"2026/01/15 10:{i // 60 % 60:02d}:{i % 60:02d}.{i:06d}, {uuid}, {power} W, {mem}, "
+                     f"{rng.choice(['-1.5', '007', '41', '41 C', '40 degC'])}\n")  # no unit: any unit
+    assert nvsmi_both("".join(lines)).fast_parsed == 1
+    assert nvsmi_both("".join(lines) + lines[1].replace(" W,", " Watt,")).fast_parsed == 0  # another unit
+
+
+def _dcgm_lines(sim_telemetry: Path) -> list[str]:
+    return sim_files(sim_telemetry, "dcgm")[0].read_text().splitlines(keepends=True)
+
+
+def _sample(lines: list[str], name: str = "DCGM_FI_DEV_POWER_USAGE") -> int:
+    return next(i for i, ln in enumerate(lines) if ln.startswith(name + "{"))
+
+
+def with_value(line: str, value: str) -> str:
+    return re.sub(r" \S+ ([0-9]+)$", rf" {value} \1", line)
+
+
+DCGM_EDITS = {
+    "bad line": lambda ls, i: inserted(ls, i, 'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="x" 62 1784049150000\n'),
+    "duplicate sample": lambda ls, i: inserted(ls, i, ls[i]),
+    "conflicting sample": lambda ls, i: inserted(ls, i + 1, ls[i].replace("}", ',pod="p"}', 1)),
+    "no timestamp": lambda ls, i: replaced(ls, i, ls[i].rsplit(" ", 1)[0] + "\n"),
+    "blank sentinel": lambda ls, i: replaced(ls, i, with_value(ls[i], "2147483632")),
+    "signed value": lambda ls, i: replaced(ls, i, with_value(ls[i], "-0")),
+    "bad comment": lambda ls, i: inserted(ls, i, "# TYPE\n"),
+    "blank and indented lines": lambda ls, i: replaced(inserted(ls, i, "\n"), i + 1, "  " + ls[i]),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(DCGM_EDITS))
+def test_dcgm_fast_path_gives_up_and_the_result_is_unchanged(sim_telemetry, edit):
+    lines = _dcgm_lines(sim_telemetry)
+    text = "".join(DCGM_EDITS[edit](lines, _sample(lines)))
+    result = dcgm_both(text, host="h1", default_time_utc=T0)
+    # A blank sentinel is a value like any other to the fast path; everything else makes it give up.
+    assert result.fast_parsed == (edit == "blank sentinel")
+    if edit == "blank sentinel":
+        assert result.counters["blank_values"] == 1
+
+
+def test_dcgm_fast_path_reads_nan_unmapped_and_uuid_less_samples(sim_telemetry):
+    lines = _dcgm_lines(sim_telemetry)
+    i = _sample(lines)
+    lines = [
+        *replaced(lines, i + 1, with_value(lines[i + 1], "NaN")),
+        lines[i].replace("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"),  # unmapped
+        re.sub(r'UUID="[^"]*",', "", lines[i]).replace("POWER_USAGE", "SM_CLOCK"),  # no UUID
+    ]
+    result = dcgm_both("".join(lines), default_time_utc=T0)
+    assert result.fast_parsed == 1
+    c = result.counters
+    assert (c["nan_values"], c["unmapped_samples"], c["samples_without_uuid"]) == (1, 1, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Directory reader: same rows and quarantine for every day; margin files skipped, never a row lost
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window_tz", ["UTC", SIM_TZ])
+def test_read_telemetry_dir_fast_equals_slow_for_each_day(sim_telemetry, window_tz):
+    skipped = 0
+    for day in [SIM_DAYS[0] - dt.timedelta(days=1), *SIM_DAYS, SIM_DAYS[-1] + dt.timedelta(days=1)]:
+        start, end = day_window(day, window_tz)
+        fast = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ)
+        slow = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, fast=False)
+        assert fast.table.equals(slow.table), day
+        assert fast.quarantine == slow.quarantine == []
+        if fast.rows:
+            assert fast.fast_parsed > 0
+        assert set(fast.files) <= set(slow.files)
+        # A file is either parsed or counted outside the window, by both readers.
+        fc, sc = fast.counters, slow.counters
+        assert fc["files_read"] + fc["files_outside_window"] == sc["files_read"] + sc["files_outside_window"]
+        assert fc["files_read"] == len(fast.files) and fc["rows_out"] == fast.rows
+        skipped += sc["files_read"] - fc["files_read"]
+    assert skipped > 0  # margin files without a sample in the window were not parsed
+
+
+def test_read_telemetry_dir_parses_a_margin_file_holding_an_in_window_sample(sim_telemetry, tmp_path):
+    root = tmp_path / "telemetry"
+    shutil.copytree(sim_telemetry, root)
+    # The UTC day 2 November covers the local dates 1-2 November: the 31 October files are margin
+    # files. Loggers that rolled late wrote one sample of the window into them.
+    start, end = day_window("2026-11-02", "UTC")
+    late = dt.datetime(2026, 11, 2, 18, 0, tzinfo=UTC)  # noon CST
+    nvsmi = next(p for p in sim_files(root, "nvidia-smi") if p.name.endswith("2026-10-31.csv"))
+    last = nvsmi.read_text().splitlines()[-1]
+    nvsmi.write_text(nvsmi.read_text() + re.sub(r"^[0-9/]+ [0-9:]+", "2026/11/02 12:00:00", last) + "\n")
+    dcgm = next(p for p in sim_files(root, "dcgm") if p.name.endswith("2026-10-31.prom"))
+    last = dcgm.read_text().splitlines()[-1]
+    dcgm.write_text(dcgm.read_text() + re.sub(r"[0-9]+$", str(int(late.timestamp() * 1000)), last) + "\n")
+
+    fast = read_telemetry_dir(root, start, end, SIM_TZ)
+    assert_same_rows = read_telemetry_dir(root, start, end, SIM_TZ, fast=False)
+    assert fast.table.equals(assert_same_rows.table)
+    assert {nvsmi.relative_to(root).as_posix(), dcgm.relative_to(root).as_posix()} <= set(fast.files)
+    unchanged = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ)
+    assert fast.rows == unchanged.rows + 2
+    assert unchanged.counters["files_outside_window"] > fast.counters["files_outside_window"]
+
+
+def test_read_telemetry_dir_checks_the_dst_policy_argument(sim_telemetry):
+    start, end = day_window(SIM_DAYS[0], SIM_TZ)
+    with pytest.raises(ValueError, match="ambiguous must be"):
+        read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, ambiguous="latest")
