@@ -275,7 +275,7 @@ def _draw_allocation_lines(ax: Axes, g: _Grid, day: dt.date, tz: str, *, compact
         line.set_label(f"{tier} {mean:.1f} %" if compact else f"{S.TIER_LABELS[tier]}: mean {mean:.1f} %")
         handles.append(line)
     ax.set_ylim(-2, 104)
-    ax.set_yticks(range(0, 101, 20))
+    S.set_ticks(ax.yaxis, range(0, 101, 20))
     ax.set_ylabel(S.unit_label("allocation", "% of claimable GPUs"), fontsize=S.FS_LABEL)
     S.style_axes(ax, grid="both")
     S.set_time_axis(ax, day, tz)
@@ -416,12 +416,9 @@ def _draw_allocation_heatmap(ax: Axes, daily: pa.Table, *, compact: bool = False
             else:
                 color, text = "#777777", "—" if not np.isfinite(t_mat[i, j]) else "no GPUs"
             ax.text(j, i, text, ha="center", va="center", fontsize=fs, color=color,
-                    fontweight="bold" if rows[i] == ALL_DEVICES else "normal")
-    ax.set_xticks(range(len(TIERS4)))
-    ax.set_xticklabels([t if compact else S.TIER_LABELS[t].replace(" (", "\n(") for t in TIERS4],
-                       fontsize=S.FS_NOTE if compact else S.FS_TICK)
-    for lbl, tname in zip(ax.get_xticklabels(), TIERS4, strict=True):
-        lbl.set_color(S.TIER_COLORS[tname])
+                    fontweight="bold" if rows[i] == ALL_DEVICES else "normal", in_layout=False)
+    S.set_ticks(ax.xaxis, range(len(TIERS4)), [t if compact else S.TIER_LABELS[t].replace(" (", "\n(") for t in TIERS4],
+                fontsize=S.FS_NOTE if compact else S.FS_TICK, styles=[{"color": S.TIER_COLORS[t]} for t in TIERS4])
     ylabels = []
     for row in rows:
         if row == S.OTHER:
@@ -430,8 +427,7 @@ def _draw_allocation_heatmap(ax: Axes, daily: pa.Table, *, compact: bool = False
         else:
             n = size.get(row, float(np.nansum(total[(dev == row) & (tier == TOTAL_TIER)])))
             ylabels.append(f"{S.short_device(row)} ({n:.0f})" if not compact else S.short_device(row))
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels(ylabels, fontsize=S.FS_TICK)
+    S.set_ticks(ax.yaxis, range(len(rows)), ylabels, fontsize=S.FS_TICK)
     if rows and rows[0] == ALL_DEVICES and len(rows) > 1:
         ax.axhline(0.5, color="white", linewidth=3)
     ax.tick_params(length=0)
@@ -526,10 +522,8 @@ def _draw_allocation_distribution(ax: Axes, g: _Grid, *, compact: bool = False) 
         numbers[f"allocation_pct_{t}"] = mean
         if not compact:
             ax.text(p + 0.12, mean, f" mean {mean:.1f} %", va="center", fontsize=S.FS_NOTE)
-    ax.set_xticks(range(len(TIERS4)))
-    ax.set_xticklabels([t if compact else S.TIER_LABELS[t].replace(" (", "\n(") for t in TIERS4], fontsize=S.FS_TICK)
-    for lbl, tname in zip(ax.get_xticklabels(), TIERS4, strict=True):
-        lbl.set_color(S.TIER_COLORS[tname])
+    S.set_ticks(ax.xaxis, range(len(TIERS4)), [t if compact else S.TIER_LABELS[t].replace(" (", "\n(") for t in TIERS4],
+                fontsize=S.FS_TICK, styles=[{"color": S.TIER_COLORS[t]} for t in TIERS4])
     ax.set_xlim(-0.6, len(TIERS4) - 0.4)
     ax.set_ylim(-3, 103)
     ax.set_ylabel(S.unit_label("allocation per 5-min bucket", "%"), fontsize=S.FS_LABEL)
@@ -614,7 +608,7 @@ def _draw_state_share(ax: Axes, states: pa.Table | None) -> dict[str, float]:
         if share >= 0.03:
             ax.text(left + 50 * share, 0, f"{100 * share:.0f} %" if share < 0.12 else
                     f"{S.STATE_LABELS[s].split(' / ')[0]} {100 * share:.1f} %",
-                    ha="center", va="center", fontsize=S.FS_NOTE, color="black")
+                    ha="center", va="center", fontsize=S.FS_NOTE, color="black", in_layout=False)
         left += 100 * share
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.55), ncol=4, fontsize=S.FS_NOTE,
               frameon=False, borderaxespad=0.0, handlelength=1.2)
@@ -764,7 +758,8 @@ def _duration_figure(
     handles.insert(0, ln)
     for q in (0.5, 0.9):
         ax.axhline(q, color="#999999", linewidth=0.6, linestyle=":")
-        ax.text(lo, q, f" p{q * 100:.0f}", va="bottom", ha="left", fontsize=S.FS_NOTE, color="#777777")
+        ax.text(lo, q, f" p{q * 100:.0f}", va="bottom", ha="left", fontsize=S.FS_NOTE, color="#777777",
+                in_layout=False)
     S.set_log_minutes_axis(ax, lo, hi, quantity)
     ax.set_ylim(0, 1.02)
     ax.set_ylabel(S.unit_label("cumulative share", "0-1"), fontsize=S.FS_LABEL)
@@ -983,7 +978,7 @@ def _draw_class_regions(ax: Axes) -> None:
     for cname, (x, y) in {"Idle": (5, 0.5), "Inefficient": (25, 0.9), "Moderate": (55, 0.9),
                           "Efficient": (85, 0.97), "Bottlenecked": (85, 0.25)}.items():
         ax.text(x, y, cname, ha="center", va="center", fontsize=S.FS_NOTE, color="#333333", zorder=5,
-                fontstyle="italic", alpha=0.8)
+                fontstyle="italic", alpha=0.8, in_layout=False)
 
 
 def efficiency_scatter(
@@ -1116,7 +1111,7 @@ def efficiency_classes(
             if shares[i, j] >= 0.07:
                 ax_share.text(left_s[i] + 50 * shares[i, j], y[i], f"{100 * shares[i, j]:.0f}",
                               ha="center", va="center", fontsize=S.FS_NOTE,
-                              color=S.text_color_for(to_rgb(color)))
+                              color=S.text_color_for(to_rgb(color)), in_layout=False)
         left_a += mat[:, j]
         left_s += 100 * shares[:, j]
     for i in range(1, len(rows)):
@@ -1124,10 +1119,8 @@ def efficiency_classes(
     ax_abs.text(ax_abs.get_xlim()[1] * 0.01, 0, f"ALL: {totals[0]:,.0f} GPU-hours (shares at right)", va="center", fontsize=S.FS_NOTE,
                 color="#333333")
     ax_abs.set_xlim(0, max(1.0, left_a[1:].max() * 1.12) if len(rows) > 1 else 1.0)
-    ax_abs.set_yticks(y)
-    ax_abs.set_yticklabels([S.short_device(r) if r != S.OTHER else f"other ({n_other} classes)" for r in rows],
-                           fontsize=S.FS_TICK)
-    ax_abs.get_yticklabels()[0].set_fontweight("bold")
+    S.set_ticks(ax_abs.yaxis, y, [S.short_device(r) if r != S.OTHER else f"other ({n_other} classes)" for r in rows],
+                fontsize=S.FS_TICK, styles=[{"fontweight": "bold"}])
     ax_abs.invert_yaxis()
     ax_abs.set_xlabel(S.unit_label("sampled GPU-hours", "h"), fontsize=S.FS_LABEL)
     ax_share.set_xlabel(S.unit_label("share of the device's GPU-hours", "%"), fontsize=S.FS_LABEL)
@@ -1424,7 +1417,7 @@ def imbalance_heatmap(
                 continue
             text = _fmt_dcr(v) if metric == "dcr" else f"{v:.2f}"
             color = "#777777" if zero[i, j] else S.text_color_for(cmap(norm(shown_vals[i, j])))
-            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=fs, color=color)
+            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=fs, color=color, in_layout=False)
     ylabels = []
     for s, d in rows:
         if d == "ALL":
@@ -1433,11 +1426,8 @@ def imbalance_heatmap(
             ylabels.append(f"other ({sum(1 for v in label_of.values() if v == S.OTHER)} classes)")
         else:
             ylabels.append(S.short_device(d))
-    ax.set_yticks(np.arange(len(rows)) + 0.5)
-    ax.set_yticklabels(ylabels, fontsize=S.FS_TICK)
-    for lbl, (_s, d) in zip(ax.get_yticklabels(), rows, strict=True):
-        if d == "ALL":
-            lbl.set_fontweight("bold")
+    S.set_ticks(ax.yaxis, np.arange(len(rows)) + 0.5, ylabels, fontsize=S.FS_TICK,
+                styles=[{"fontweight": "bold"} if d == "ALL" else {} for _s, d in rows])
     if pool_rows and len(rows) > len(pool_rows):
         ax.axhline(len(pool_rows), color="white", linewidth=3)
     S.set_time_axis(ax, day, tz)
@@ -1523,9 +1513,9 @@ def top_contributors(top: pa.Table, day: dt.date, tz: str, *, coverage_pct: floa
         S.bars(ax, y, vals, 0.7, horizontal=True, color=bar_colors)
         vmax = float(np.nanmax(vals)) if len(vals) else 1.0
         for yy, v, sh in zip(y, vals, share[idx], strict=True):
-            ax.text(v + vmax * 0.01, yy, f"{v:,.1f} ({100 * sh:.0f} %)", va="center", fontsize=S.FS_NOTE)
-        ax.set_yticks(y)
-        ax.set_yticklabels([S.short_device(x) if d == "device_class" else x for x in labels], fontsize=S.FS_TICK)
+            ax.text(v + vmax * 0.01, yy, f"{v:,.1f} ({100 * sh:.0f} %)", va="center", fontsize=S.FS_NOTE,
+                    in_layout=False)
+        S.set_ticks(ax.yaxis, y, [S.short_device(x) if d == "device_class" else x for x in labels], fontsize=S.FS_TICK)
         ax.set_ylim(max(len(idx), 10) - 0.5, -0.5)  # 10 slots in every panel: bars keep one thickness
         ax.set_xlim(0, max(vmax, 1e-9) * 1.3)
         ax.set_xlabel(S.unit_label("queued GPU demand", "GPU-hours"), fontsize=S.FS_LABEL)

@@ -41,9 +41,12 @@ from gpu_pipeline.lib.plots import (
     STATE_COLORS,
     STATE_LABELS,
     Rendered,
+    _Canvas,
+    light_ticks,
     render_no_data,
 )
 from gpu_pipeline.lib.plots import png_and_preview as _png_and_preview
+from gpu_pipeline.lib.plots import set_fixed_ticks as set_ticks
 from gpu_pipeline.lib.schemas import STATES
 from gpu_pipeline.lib.timeutil import day_window
 
@@ -82,6 +85,7 @@ __all__ = [
     "set_hour_of_day_axis",
     "set_log_minutes_axis",
     "set_time_axis",
+    "set_ticks",
     "short_device",
     "style_axes",
     "text_color_for",
@@ -306,7 +310,10 @@ def finish(fig: Figure, numbers: Mapping[str, float], *, dpi: int = DPI) -> Rend
         f = float(v)
         if math.isfinite(f):
             clean[k] = f
-    png, preview = png_and_preview(fig, dpi)
+    fig.set_dpi(dpi)
+    canvas = _Canvas(fig)
+    light_ticks(fig, canvas.get_renderer())
+    png, preview = _png_and_preview(fig, dpi, PREVIEW_WIDTH_PX, canvas=canvas)
     return Rendered(png=png, preview_png=preview, numbers=clean)
 
 
@@ -355,11 +362,9 @@ def set_time_axis(ax: Axes, day: dt.date, tz: str, *, label: bool = True, step_h
         step_h = 2 if width >= 5 else 3 if width >= 3 else 6
     ticks = np.arange(first, hours + 1e-9, float(step_h))
     ax.set_xlim(0, hours)
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    set_ticks(ax.xaxis, ticks, [dt.datetime.fromtimestamp(start + h * 3600.0, zone).strftime("%H:%M") for h in ticks],
+              fontsize=FS_TICK)
     minor_ticks(ax, np.arange(first, hours + 1e-9, 1.0), ticks)
-    ax.set_xticklabels(
-        [dt.datetime.fromtimestamp(start + h * 3600.0, zone).strftime("%H:%M") for h in ticks], fontsize=FS_TICK
-    )
     if label:
         ax.set_xlabel(f"time of day ({tz})", fontsize=FS_LABEL)
 
@@ -381,8 +386,7 @@ def minor_ticks(ax: Axes, positions: np.ndarray, major: np.ndarray) -> None:
 def set_hour_of_day_axis(ax: Axes, tz: str, *, label: bool = True) -> None:
     """Categorical x = local hour of day 0..23 (bars centred on the hour)."""
     ax.set_xlim(-0.6, 23.6)
-    ax.set_xticks(range(0, 24, 2))
-    ax.set_xticklabels([f"{h:02d}:00" for h in range(0, 24, 2)], fontsize=FS_TICK)
+    set_ticks(ax.xaxis, range(0, 24, 2), [f"{h:02d}:00" for h in range(0, 24, 2)], fontsize=FS_TICK)
     minor_ticks(ax, np.arange(24.0), np.arange(0.0, 24.0, 2.0))
     if label:
         ax.set_xlabel(f"hour of day ({tz})", fontsize=FS_LABEL)
