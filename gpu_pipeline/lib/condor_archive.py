@@ -10,10 +10,12 @@ schema drift (missing optional columns become null, unknown columns are dropped 
 missing months (reported) and the repeated hour at the end of daylight saving time (resolved from the
 order in which snapshots were appended to the file).
 
-Rows are fetched from SQLite in chunks and built into Arrow columns in one call per column; the rare
-file whose values do not fit their column's type (text in a numeric column, non-UTF-8 text) is read
-row by row with per-value rules instead, giving the same table. Timestamps are localized once per
-distinct snapshot, not per row.
+SQLite rows come straight into Arrow record batches through the ADBC SQLite driver (Apache Arrow's
+database connectivity; no Python object per value), a batch at a time: memory holds the day's kept
+rows, not the month. The rare file whose values do not fit their column's type (text in a numeric
+column, a number in a text column, non-UTF-8 text) is read row by row with Python's ``sqlite3`` and
+per-value rules instead, giving the same table; ``ArchiveRead.read_paths`` says which way each file
+was read. Timestamps are localized once per distinct snapshot, not per row.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import datetime as dt
 import json
 import re
 import sqlite3
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import adbc_driver_manager
+import adbc_driver_sqlite.dbapi as adbc_sqlite
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -73,6 +78,9 @@ class ArchiveRead:
     rejected: list[tuple[str, int, str, str]] = field(default_factory=list)
     #: column -> values that were not numbers and became null
     non_numeric: dict[str, int] = field(default_factory=dict)
+    #: file -> how it was read: "columnar" (ADBC), "row_by_row" (values the columnar read does not
+    #: convert exactly) or "parquet"
+    read_paths: dict[str, str] = field(default_factory=dict)
 
     @property
     def snapshots(self) -> int:
@@ -128,25 +136,23 @@ def _roll_back_hot_journal(path: Path, lock_timeout_s: float) -> None:
         con.close()
 
 
-def _read_sqlite(path: Path, lo: str, hi: str, lock_timeout_s: float = 30.0) -> tuple[pa.Table, list[str]]:
+def _read_sqlite(path: Path, lo: str, hi: str, consume: _Consume,
+                 lock_timeout_s: float = 30.0) -> tuple[_FilePart, list[str]]:
     try:
-        return _read_sqlite_once(path, lo, hi, lock_timeout_s)
+        return _read_sqlite_once(path, lo, hi, consume, lock_timeout_s)
     except ArchiveError as exc:
         if "readonly" not in str(exc).lower():
             raise
         _roll_back_hot_journal(path, lock_timeout_s)
-        return _read_sqlite_once(path, lo, hi, lock_timeout_s)
+        return _read_sqlite_once(path, lo, hi, consume, lock_timeout_s)
 
 
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-# Rows fetched and converted to Arrow at a time by the columnar read.
-_CHUNK_ROWS = 50_000
-
-
-def _read_sqlite_once(path: Path, lo: str, hi: str, lock_timeout_s: float) -> tuple[pa.Table, list[str]]:
+def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
+                      lock_timeout_s: float) -> tuple[_FilePart, list[str]]:
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=lock_timeout_s)
     except sqlite3.Error as exc:
@@ -157,9 +163,12 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, lock_timeout_s: float) -> tu
         if missing_req:
             raise ArchiveError(f"{path}: table '{TABLE}' lacks required columns {missing_req}")
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
-        table = _sqlite_columnar(con, wanted, lo, hi)
-        if table is None:
-            table = _sqlite_rows(con, wanted, lo, hi)
+        try:
+            part = consume(_sqlite_batches(path, wanted, lo, hi))
+            part.read_path = "columnar"
+        except _NotColumnar:
+            part = consume(iter([_sqlite_rows(con, wanted, lo, hi)]))
+            part.read_path = "row_by_row"
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc).lower():
             raise ArchiveError(
@@ -171,39 +180,77 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, lock_timeout_s: float) -> tu
         raise ArchiveError(f"{path}: unreadable SQLite archive: {exc}") from exc
     finally:
         con.close()
-    return table, cols
+    return part, cols
 
 
-def _sqlite_columnar(con: sqlite3.Connection, wanted: list[str], lo: str, hi: str) -> pa.Table | None:
-    """The window's rows, converted to Arrow a chunk of rows at a time (each column built from the
-    fetched tuples in one call, no per-value Python work). ``None`` when a value is not of the type
-    its column is read as (text in a numeric column, a number in a text column) or a text is not
-    valid UTF-8: the row-by-row reader (:func:`_sqlite_rows`) then applies the per-value rules, so
-    both give identical tables."""
+# Rows per record batch of the columnar read (the driver's default, 1,024, makes the per-batch work
+# dominate); also the rows whose values fix each column's type.
+_BATCH_ROWS = 65_536
+
+
+class _NotColumnar(Exception):
+    """The columnar read met something it does not convert exactly; the row-by-row read takes over."""
+
+
+def _read_types(wanted: list[str]) -> pa.Schema:
     names = ["source_rowid", "timestamp_local", *wanted]
-    types = [pa.int64() if n == "source_rowid" else pa.float64() if n in _NUMERIC else pa.string() for n in names]
-    schema = pa.schema(list(zip(names, types, strict=True)))
-    select = ", ".join(_q(c) for c in ["timestamp", *wanted])
-    con.text_factory = str
+    return pa.schema([
+        (n, pa.int64() if n == "source_rowid" else pa.float64() if n in _NUMERIC else pa.string()) for n in names
+    ])
+
+
+def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str) -> Iterator[pa.RecordBatch]:
+    """The window's rows as Arrow record batches, straight from SQLite through the ADBC SQLite driver
+    (no Python object per value).
+
+    The driver fixes each result column's type from the values of its first rows, so the query
+    returns no NULLs (a bit mask column says which values were NULL) and a value of another storage
+    class than its column's (text in a numeric column, a number or blob in a text column) comes
+    back as a value of the wrong type: the driver then stops. Raises :class:`_NotColumnar` in that
+    case, when the file is locked or damaged, or when a text is not valid UTF-8; the caller then
+    reads the file row by row with the per-value rules (identical table)."""
+    schema = _read_types(wanted)
+    sources = ["timestamp", *wanted]
+    exprs = []
+    for c in sources:
+        q = _q(c)
+        if c in _NUMERIC:
+            exprs.append(f"CASE typeof({q}) WHEN 'real' THEN {q} WHEN 'integer' THEN {q} * 1.0 "
+                         f"WHEN 'null' THEN 0.0 ELSE 'not a number' END")
+        else:
+            exprs.append(f"CASE typeof({q}) WHEN 'text' THEN {q} WHEN 'null' THEN '' ELSE 0 END")
+    mask = " | ".join(f"(({_q(c)} IS NULL) << {i})" for i, c in enumerate(sources))
+    query = (f"SELECT rowid, {mask}, {', '.join(exprs)} FROM {TABLE} "
+             f"WHERE {_q('timestamp')} >= ? AND {_q('timestamp')} < ? ORDER BY rowid")
     try:
-        cur = con.execute(
-            f"SELECT rowid, {select} FROM {TABLE} WHERE {_q('timestamp')} >= ? AND {_q('timestamp')} < ? "
-            "ORDER BY rowid",
-            (lo, hi),
-        )
-        batches: list[pa.RecordBatch] = []
-        while rows := cur.fetchmany(_CHUNK_ROWS):
-            batches.append(pa.RecordBatch.from_arrays(
-                [pa.array(col, type=t) for col, t in zip(zip(*rows, strict=True), types, strict=True)],
-                schema=schema,
-            ))
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return None
-    except sqlite3.OperationalError as exc:
-        if "decode" in str(exc).lower():  # text that is not UTF-8
-            return None
-        raise
-    return pa.Table.from_batches(batches, schema=schema)
+        con = adbc_sqlite.connect(f"file:{path}?mode=ro")
+    except adbc_driver_manager.Error as exc:
+        raise _NotColumnar(str(exc)) from exc
+    try:
+        cur = con.cursor()
+        try:
+            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(_BATCH_ROWS)})
+            cur.execute(query, (lo, hi))
+            for batch in cur.fetch_record_batch():
+                nulls = batch.column(1)
+                columns = [batch.column(0)]
+                for i, field in enumerate(schema):
+                    if i == 0:
+                        continue
+                    col = batch.column(i + 1)
+                    if col.type != (pa.float64() if field.type == pa.float64() else pa.string()):
+                        raise _NotColumnar(f"{field.name}: read as {col.type}")
+                    is_null = pc.not_equal(pc.bit_wise_and(nulls, 1 << (i - 1)), 0)
+                    columns.append(pc.if_else(is_null, pa.scalar(None, field.type), col))
+                out = pa.RecordBatch.from_arrays(columns, schema=schema)
+                out.validate(full=True)  # UTF-8 of every text
+                yield out
+        finally:
+            cur.close()
+    except (adbc_driver_manager.Error, pa.ArrowException, OSError) as exc:
+        raise _NotColumnar(str(exc)) from exc
+    finally:
+        con.close()
 
 
 def _sqlite_rows(con: sqlite3.Connection, wanted: list[str], lo: str, hi: str) -> pa.Table:
@@ -277,43 +324,52 @@ def _read_parquet(path: Path, lo: str, hi: str) -> tuple[pa.Table, list[str]]:
     ])), cols
 
 
-def _localize_snapshots(texts: list[str | None], tz: str) -> dict[str, dt.datetime | None]:
-    """Map each distinct local timestamp text to UTC.
+class _Localizer:
+    """Maps each distinct local timestamp text of one file to UTC, in the order the rows come.
 
     Snapshots are appended in time order, so in the repeated hour after a DST fall-back a local time
     that is earlier than one already seen is the second occurrence (fold=1).
     """
-    zone = ZoneInfo(tz)
-    out: dict[str, dt.datetime | None] = {}
-    max_seen: dt.datetime | None = None
-    for text in texts:
-        if text is None or text in out:
-            continue
+
+    def __init__(self, tz: str):
+        self.zone = ZoneInfo(tz)
+        self.known: dict[str, dt.datetime | None] = {}
+        self.max_seen: dt.datetime | None = None
+
+    def _one(self, text: str) -> dt.datetime | None:
         try:
             naive = dt.datetime.fromisoformat(str(text).strip())
         except ValueError:
-            out[text] = None
-            continue
+            return None
         if naive.tzinfo is not None:
-            out[text] = naive.astimezone(UTC)
-            continue
-        fold = 0
-        if max_seen is not None and naive < max_seen:
-            fold = 1
-        utc = naive.replace(tzinfo=zone, fold=fold).astimezone(UTC)
-        out[text] = utc
-        if max_seen is None or naive > max_seen:
-            max_seen = naive
-    return out
+            return naive.astimezone(UTC)
+        fold = 1 if self.max_seen is not None and naive < self.max_seen else 0
+        if self.max_seen is None or naive > self.max_seen:
+            self.max_seen = naive
+        return naive.replace(tzinfo=self.zone, fold=fold).astimezone(UTC)
+
+    def column(self, local: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """UTC time of every row (null where unreadable); each distinct text is localized once, in
+        order of first appearance (``pc.unique`` keeps it)."""
+        distinct = pc.unique(local).to_pylist()
+        for text in distinct:
+            if text is not None and text not in self.known:
+                self.known[text] = self._one(text)
+        utc = pa.array([self.known.get(t) if t is not None else None for t in distinct], type=TS_UTC)
+        return pc.take(utc, pc.index_in(local, value_set=pa.array(distinct, type=pa.string())))
 
 
-def _utc_column(local: pa.ChunkedArray | pa.Array, tz: str) -> pa.Array:
-    """UTC snapshot time of every row, localizing each distinct text once (in order of appearance,
-    which the DST rule of :func:`_localize_snapshots` needs); null where unreadable."""
-    distinct = pc.unique(local)
-    mapping = _localize_snapshots(distinct.to_pylist(), tz)
-    utc = pa.array([mapping.get(t) if t is not None else None for t in distinct.to_pylist()], type=TS_UTC)
-    return pc.take(utc, pc.index_in(local, value_set=distinct))
+@dataclass
+class _FilePart:
+    """What one archive file contributes to the window (built anew if the file is re-read)."""
+
+    tables: list[pa.Table] = field(default_factory=list)
+    rejected: list[tuple[str, int, str, str]] = field(default_factory=list)
+    lost: dict[str, int] = field(default_factory=dict)
+    read_path: str = ""
+
+
+_Consume = Callable[[Iterator[pa.RecordBatch | pa.Table]], _FilePart]
 
 
 def read_window(
@@ -334,6 +390,42 @@ def read_window(
     schema = RAW_CONDOR_SLOT_SNAPSHOTS.schema
     lo_s, hi_s = pa.scalar(start_utc, type=TS_UTC), pa.scalar(end_utc, type=TS_UTC)
 
+    def consumer(path: Path) -> _Consume:
+        def consume(batches: Iterator[pa.RecordBatch | pa.Table]) -> _FilePart:
+            part, localize = _FilePart(), _Localizer(source_tz)
+            for data in batches:
+                if not data.num_rows:
+                    continue
+                utc = localize.column(data.column("timestamp_local"))
+                bad = pc.is_null(utc)
+                if pc.any(bad).as_py():
+                    for rowid, text in zip(data.column("source_rowid").filter(bad).to_pylist(),
+                                           data.column("timestamp_local").filter(bad).to_pylist(), strict=True):
+                        part.rejected.append((str(path), rowid,
+                                              "unparseable timestamp (expected YYYY-MM-DD HH:MM:SS.ffffff)", str(text)))
+                kept = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+                kept = kept.append_column("snapshot_utc", utc).filter(
+                    pc.and_(pc.greater_equal(utc, lo_s), pc.less(utc, hi_s)))
+                for name in _NUMERIC:
+                    flag = f"__lost_{name}"
+                    if flag in kept.column_names:
+                        n_lost = int(pc.sum(kept.column(flag)).as_py() or 0)
+                        if n_lost:
+                            part.lost[name] = part.lost.get(name, 0) + n_lost
+                n = kept.num_rows
+                if n:
+                    part.tables.append(pa.Table.from_arrays(
+                        [
+                            kept.column(f.name) if f.name in kept.column_names
+                            else pa.repeat(str(path), n).cast(pa.string()) if f.name == "source_file"
+                            else pa.nulls(n, type=f.type)
+                            for f in schema
+                        ],
+                        schema=schema,
+                    ))
+            return part
+        return consume
+
     parts: list[pa.Table] = []
     lost: dict[str, int] = {}
     for month in months_between(lo_local, hi_local):
@@ -342,10 +434,13 @@ def read_window(
             result.missing_months.append(month)
             continue
         if path.suffix == ".parquet":
-            data, cols = _read_parquet(path, lo, hi)
+            table, cols = _read_parquet(path, lo, hi)
+            part = consumer(path)(iter([table]))
+            part.read_path = "parquet"
         else:
-            data, cols = _read_sqlite(path, lo, hi, lock_timeout_s)
+            part, cols = _read_sqlite(path, lo, hi, consumer(path), lock_timeout_s)
         result.files.append(str(path))
+        result.read_paths[str(path)] = part.read_path
         known = {"timestamp", *SOURCE_COLUMNS}
         extra = [c for c in cols if c not in known and c != "index"]
         if extra:
@@ -353,38 +448,14 @@ def read_window(
         absent = [c for c in SOURCE_COLUMNS if c not in cols]
         if absent:
             result.missing_columns[str(path)] = absent
-        if not data.num_rows:
-            continue
-        utc = _utc_column(data.column("timestamp_local"), source_tz)
-        bad = pc.is_null(utc)
-        if pc.any(bad).as_py():
-            for rowid, text in zip(data.column("source_rowid").filter(bad).to_pylist(),
-                                   data.column("timestamp_local").filter(bad).to_pylist(), strict=True):
-                result.rejected.append(
-                    (str(path), rowid, "unparseable timestamp (expected YYYY-MM-DD HH:MM:SS.ffffff)", str(text))
-                )
-        keep = pc.and_(pc.greater_equal(utc, lo_s), pc.less(utc, hi_s))
-        kept = data.append_column("snapshot_utc", utc).filter(keep)
-        for name in _NUMERIC:
-            flag = f"__lost_{name}"
-            if flag in kept.column_names:
-                n_lost = int(pc.sum(kept.column(flag)).as_py() or 0)
-                if n_lost:
-                    lost[name] = lost.get(name, 0) + n_lost
-        n = kept.num_rows
-        parts.append(pa.Table.from_arrays(
-            [
-                kept.column(f.name) if f.name in kept.column_names
-                else pa.repeat(str(path), n).cast(pa.string()) if f.name == "source_file"
-                else pa.nulls(n, type=f.type)
-                for f in schema
-            ],
-            schema=schema,
-        ))
+        parts.extend(part.tables)
+        result.rejected.extend(part.rejected)
+        for name, n in part.lost.items():
+            lost[name] = lost.get(name, 0) + n
     result.unparseable_timestamps = len(result.rejected)
     result.non_numeric = {c: lost[c] for c in SOURCE_COLUMNS if c in lost}
     if parts:
-        result.table = pa.concat_tables(parts).combine_chunks()
+        result.table = pa.concat_tables(parts)
     return result
 
 

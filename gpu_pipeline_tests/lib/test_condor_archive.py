@@ -119,15 +119,16 @@ def _both_readers(monkeypatch, archive_dir, start, end, tz):
     """(columnar read, row-by-row read) of the same window."""
     from gpu_pipeline.lib import condor_archive
 
-    columnar = condor_archive._sqlite_columnar
-    used: list[bool] = []
-    monkeypatch.setattr(condor_archive, "_sqlite_columnar",
-                        lambda *a: used.append((t := columnar(*a)) is not None) or t)
     fast = read_window(archive_dir, start, end, tz)
-    fast.columnar_used = used
-    monkeypatch.setattr(condor_archive, "_sqlite_columnar", lambda *a, **k: None)
+
+    def refuse(*args):
+        raise condor_archive._NotColumnar("forced")
+        yield  # a generator, like the real reader
+
+    monkeypatch.setattr(condor_archive, "_sqlite_batches", refuse)
     slow = read_window(archive_dir, start, end, tz)
     monkeypatch.undo()
+    assert set(slow.read_paths.values()) == {"row_by_row"}
     return fast, slow
 
 
@@ -138,7 +139,7 @@ def test_columnar_sqlite_read_equals_the_row_by_row_read_on_a_simulated_month(tm
                                  timezone="America/Chicago", telemetry_interval_s=0, kueue_interval_s=0))
     start, end = day_window("2025-08-05", "America/Chicago")
     fast, slow = _both_readers(monkeypatch, tmp_path / "condor", start, end, "America/Chicago")
-    assert fast.table.num_rows > 10_000 and fast.columnar_used == [True]
+    assert fast.table.num_rows > 10_000 and set(fast.read_paths.values()) == {"columnar"}
     assert fast.table.equals(slow.table)
     assert (fast.non_numeric, fast.rejected, fast.files) == (slow.non_numeric, slow.rejected, slow.files)
 
@@ -154,7 +155,7 @@ def test_columnar_read_hands_odd_values_to_the_row_by_row_rules(tmp_path, monkey
     con.close()
     start, end = day_window("2025-08-05", "UTC")
     fast, slow = _both_readers(monkeypatch, tmp_path, start, end, "UTC")
-    assert fast.columnar_used == [False] and fast.table.equals(slow.table)
+    assert set(fast.read_paths.values()) == {"row_by_row"} and fast.table.equals(slow.table)
     assert fast.non_numeric == {"GPUs_GlobalMemoryMb": 1}
     assert fast.table.column("Name").to_pylist()[2] == "42"
     assert fast.table.column("State").to_pylist()[3] == "Claimed\ufffd"

@@ -41,7 +41,7 @@ def condor_slot_snapshots(
         read = read_window(condor_archive.path, start, end, condor_archive.source_timezone)
         result = store.write_partition(SPEC, day, read.table)
         store.write_partition(QUARANTINE_RAW, day, rejected_rows(read))
-        details = {"source_files": read.files}
+        details = {"source_files": read.files, "read_paths": read.read_paths}
         if read.missing_months:
             details["missing_months"] = read.missing_months
             context.log.warning(f"{day}: no archive for month(s) {read.missing_months}")
