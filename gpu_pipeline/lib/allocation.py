@@ -247,7 +247,7 @@ def allocation_daily(
 ) -> pa.Table:
     """``metrics/allocation_daily`` from one day's ``allocation_buckets`` rows."""
     expected = -(-_us(end_utc - start_utc) // _us(bucket))
-    con = duckdb.connect()
+    con = connect()
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.register("alloc_buckets", conform(buckets, ALLOCATION_BUCKETS))
@@ -261,7 +261,7 @@ def allocation_from_table(
     rows: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime, bucket: dt.timedelta = BUCKET
 ) -> tuple[pa.Table, pa.Table]:
     """(bucket rows, daily rows) from an in-memory clean slot table (tests and small inputs)."""
-    con = duckdb.connect()
+    con = connect()
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.register("clean_in", rows)

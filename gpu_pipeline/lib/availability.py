@@ -62,6 +62,7 @@ import datetime as dt
 import duckdb
 import pyarrow as pa
 
+from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
 BUCKET = dt.timedelta(minutes=5)
@@ -337,7 +338,7 @@ def availability_periods_from_tables(
     snapshots: pa.Table | None = None,
 ) -> pa.Table:
     """Convenience for tests and small inputs: periods from in-memory state tables."""
-    con = duckdb.connect()
+    con = db_connect()
     try:
         con.execute("SET TimeZone = 'UTC'")
         both = states if previous_states is None else pa.concat_tables([previous_states, states])
@@ -516,7 +517,7 @@ def availability_summary_from_table(
     periods: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime
 ) -> pa.Table:
     """Convenience for tests and small inputs: the summary of in-memory period pieces."""
-    con = duckdb.connect()
+    con = db_connect()
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.register("_periods_in", periods)

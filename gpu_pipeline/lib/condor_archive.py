@@ -35,6 +35,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import QUARANTINE_CONDOR_RAW, RAW_CONDOR_SLOT_SNAPSHOTS
 from gpu_pipeline.lib.timeutil import UTC
 
@@ -289,7 +290,7 @@ def _table_from_values(data: dict[str, list]) -> pa.Table:
 
 
 def _read_parquet(path: Path, lo: str, hi: str) -> tuple[pa.Table, list[str]]:
-    con = duckdb.connect()
+    con = db_connect()
     try:
         cols = [r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall()]
         missing_req = [c for c in REQUIRED_COLUMNS if c not in cols]

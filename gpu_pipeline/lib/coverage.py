@@ -10,8 +10,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-import duckdb
 import pyarrow as pa
+
+from gpu_pipeline.lib.db import connect as db_connect
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def coverage(
     window_s = (end_utc - start_utc).total_seconds()
     if table.num_rows == 0:
         return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
-    con = duckdb.connect()
+    con = db_connect()
     try:
         con.register("t", table.select([time_col, *series_cols]))
         key = ", ".join(f'"{c}"' for c in series_cols) or "1"

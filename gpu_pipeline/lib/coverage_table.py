@@ -11,11 +11,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpu_pipeline.lib.coverage import coverage
+from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
 COVERAGE = TableSpec(
@@ -103,7 +103,7 @@ def coverage_rows(
     with_tel = int(pc.sum(pc.is_in(snap_gpus, value_set=tel_gpus)).as_py() or 0)
     silent = 0
     if samples.num_rows:
-        con = duckdb.connect()
+        con = db_connect()
         try:
             con.register("s", samples.select(["gpu_id", "util_pct", "power_w"]))
             con.register("g", states.select(["gpu_id", "state"]))

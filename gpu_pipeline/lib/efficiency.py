@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 import duckdb
 import pyarrow as pa
 
+from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.gpu_specs import UNKNOWN, name_map
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
@@ -820,7 +821,7 @@ def _jobs(con, jobs_sql, jobs_params, s_us, e_us, have_states) -> pa.Table:
 
 def efficiency_daily(hourly: pa.Table, held_idle: pa.Table | None, day_start_utc: dt.datetime) -> pa.Table:
     """``metrics/efficiency_daily`` from one day's hourly table (and held-idle intervals, if detected)."""
-    con = duckdb.connect()
+    con = db_connect()
     try:
         con.register("hourly", hourly)
         held_sql = "SELECT CAST(NULL AS VARCHAR) AS device_name, CAST(NULL AS DOUBLE) AS duration_s LIMIT 0"
@@ -866,7 +867,7 @@ def fleet_rfu(hourly: pa.Table, tz: str = "UTC") -> dict[str, dict[str, float | 
     ``{"2025-08-05": {"ALL": 41.2, "NVIDIA A100-SXM4-80GB": 55.0, ...}}`` --
     ``100 x sum(realized_tflops x coverage_s) / sum(achievable_tflops x coverage_s)`` over GPU-hours with
     a PIF; None for a class without any."""
-    con = duckdb.connect()
+    con = db_connect()
     try:
         con.register("hourly", hourly)
         rows = con.execute(

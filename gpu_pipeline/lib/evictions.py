@@ -70,6 +70,7 @@ import datetime as dt
 import duckdb
 import pyarrow as pa
 
+from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, TS, TableSpec, _f, conform
 
 BUCKET = dt.timedelta(minutes=5)
@@ -469,7 +470,7 @@ def evictions_from_tables(
     jobs: pa.Table | None = None,
 ) -> pa.Table:
     """Convenience for tests and small inputs: evictions from in-memory tables."""
-    con = duckdb.connect()
+    con = db_connect()
     try:
         con.execute("SET TimeZone = 'UTC'")
         if states is not None:
@@ -606,7 +607,7 @@ def eviction_rates_from_tables(
     evictions: pa.Table, states: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime, tz: str = "UTC"
 ) -> pa.Table:
     """Convenience for tests and small inputs: rates from in-memory tables."""
-    con = duckdb.connect()
+    con = db_connect()
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.register("_ev_in", evictions)

@@ -14,11 +14,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig, fetch_dcgm_range
 from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE_GPU_SAMPLES, RAW_GPU_TELEMETRY, conform
 from gpu_pipeline.lib.telemetry import read_telemetry_dir
@@ -136,7 +136,7 @@ def _violation_sql() -> str:
 
 
 def clean_samples(raw: pa.Table) -> CleanSamples:
-    con = duckdb.connect()
+    con = db_connect()
     try:
         con.register("raw_samples", raw)
         checked = con.sql(

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, QUARANTINE, conform
 
 _SHORT_RE = re.compile(r"^(?:GPUs_)?GPU[-_]([0-9a-fA-F]{8})(?:[-_][0-9a-fA-F-]+)?$")
@@ -82,7 +83,7 @@ def clean_slot_rows(raw: pa.Table, excluded_hosts: list[str] | None = None) -> C
     hosts = [_host(n, m) for n, m in zip(names, machines, strict=True)]
     assigned = pc.unique(raw.column("AssignedGPUs")).to_pylist()
 
-    con = duckdb.connect()
+    con = db_connect()
     try:
         _lookup(con, "host_map", {
             "name": pa.array(names, pa.string()), "machine": pa.array(machines, pa.string()),

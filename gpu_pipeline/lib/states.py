@@ -24,6 +24,7 @@ import datetime as dt
 import duckdb
 import pyarrow as pa
 
+from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import GPU_STATES, conform
 
 BUCKET = dt.timedelta(minutes=5)
@@ -184,7 +185,7 @@ def states_from_table(
     rows: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime, bucket: dt.timedelta = BUCKET
 ) -> pa.Table:
     """Convenience for tests and small inputs: states from an in-memory clean table."""
-    con = duckdb.connect()
+    con = db_connect()
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.register("clean_in", rows)

@@ -31,6 +31,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpu_pipeline.lib.db import connect  # noqa: F401 - re-exported: callers open DuckDB through the store
 from gpu_pipeline.lib.schemas import TableSpec, all_tables, conform
 
 PART_FILE = "part-0.parquet"
@@ -222,17 +223,6 @@ def safe_name(name: str) -> str:
     """A file-name-safe version of a host/device/plot name (no separators, no '..')."""
     cleaned = _SAFE_RE.sub("_", name).strip("._") or "_"
     return cleaned.replace("..", "_")
-
-
-def connect(threads: int | None = None, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with UTC session time zone."""
-    con = duckdb.connect(":memory:")
-    con.execute("SET TimeZone = 'UTC'")
-    if threads:
-        con.execute(f"SET threads = {int(threads)}")
-    if memory_limit:
-        con.execute("SET memory_limit = ?", [memory_limit])
-    return con
 
 
 def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
