@@ -16,12 +16,12 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, QUARANTINE, conform
@@ -72,19 +72,35 @@ def _lookup(con: duckdb.DuckDBPyConnection, name: str, rows: dict[str, list]) ->
 _BAD = "\ufffd"
 
 
-def clean_slot_rows(raw: pa.Table, excluded_hosts: list[str] | None = None) -> CleanResult:
-    """Turn raw snapshot rows (``raw/condor_slot_snapshots`` schema) into the clean table.
+#: The raw columns :func:`clean_slot_rows` reads (the asset reads only these; quarantined rows are
+#: re-read whole through ``full_rows``).
+CLEAN_INPUT_COLUMNS = [
+    "snapshot_utc", "Name", "Machine", "AssignedGPUs", "State", "PrioritizedProjects", "GPUs_DeviceName",
+    "GPUs_GlobalMemoryMb", "GPUsAverageUsage", "RemoteOwner", "GlobalJobId", "PreventJobsReason",
+]
+#: Of those, the repetitive text worth reading dictionary-encoded.
+DICTIONARY_COLUMNS = ["Name", "Machine", "AssignedGPUs", "State", "PrioritizedProjects", "GPUs_DeviceName"]
+
+
+def clean_slot_rows(
+    raw: pa.Table,
+    excluded_hosts: list[str] | None = None,
+    full_rows: Callable[[list[int]], pa.Table] | None = None,
+) -> CleanResult:
+    """Turn raw snapshot rows (``raw/condor_slot_snapshots`` schema, or at least
+    :data:`CLEAN_INPUT_COLUMNS`, string columns possibly dictionary-encoded) into the clean table.
 
     The Python rules (host, GPU id spelling, host exclusion) run once per distinct value; the rows
-    themselves are classified, typed and de-duplicated in one DuckDB query."""
+    themselves are classified, typed and de-duplicated in DuckDB. ``full_rows(indices)`` gives the
+    complete raw rows for the quarantine (default: ``raw.take``)."""
     patterns = [p.strip() for p in (excluded_hosts or []) if p.strip()]
-    pairs = raw.select(["Name", "Machine"]).group_by(["Name", "Machine"]).aggregate([])
-    names, machines = pairs.column("Name").to_pylist(), pairs.column("Machine").to_pylist()
-    hosts = [_host(n, m) for n, m in zip(names, machines, strict=True)]
-    assigned = pc.unique(raw.column("AssignedGPUs")).to_pylist()
-
     con = db_connect()
     try:
+        con.register("raw_rows", raw.append_column("row_i", pa.array(np.arange(raw.num_rows, dtype=np.int64))))
+        pairs = con.sql('SELECT DISTINCT "Name"::VARCHAR, "Machine"::VARCHAR FROM raw_rows').fetchall()
+        names, machines = [p[0] for p in pairs], [p[1] for p in pairs]
+        hosts = [_host(n, m) for n, m in pairs]
+        assigned = [r[0] for r in con.sql('SELECT DISTINCT "AssignedGPUs"::VARCHAR FROM raw_rows').fetchall()]
         _lookup(con, "host_map", {
             "name": pa.array(names, pa.string()), "machine": pa.array(machines, pa.string()),
             "host": pa.array(hosts, pa.string()),
@@ -92,7 +108,6 @@ def clean_slot_rows(raw: pa.Table, excluded_hosts: list[str] | None = None) -> C
         })
         _lookup(con, "gpu_map", {"assigned": pa.array(assigned, pa.string()),
                                  "gpu_id": pa.array([normalize_gpu_id(g) for g in assigned], pa.string())})
-        con.register("raw_rows", raw.append_column("row_i", pa.array(np.arange(raw.num_rows, dtype=np.int64))))
         con.execute(
             f"""
             CREATE TEMP TABLE classified AS
@@ -158,7 +173,10 @@ def clean_slot_rows(raw: pa.Table, excluded_hosts: list[str] | None = None) -> C
     finally:
         con.close()
 
-    quarantine = quarantine_rows(raw, q_idx, q_reason, "raw/condor_slot_snapshots")
+    if q_idx and full_rows is not None:
+        quarantine = quarantine_rows(full_rows(q_idx), list(range(len(q_idx))), q_reason, "raw/condor_slot_snapshots")
+    else:
+        quarantine = quarantine_rows(raw, q_idx, q_reason, "raw/condor_slot_snapshots")
     return CleanResult(
         table=conform(table, CLEAN_SLOT_SNAPSHOTS),
         quarantine=quarantine,

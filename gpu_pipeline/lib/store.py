@@ -169,10 +169,15 @@ class Store:
                 out.append(str(path))
         return out
 
-    def read_table(self, spec: TableSpec, day: dt.date | str, columns: Sequence[str] | None = None) -> pa.Table:
-        """The day's partition (only ``columns`` when given)."""
-        return pq.read_table(self.partition_file(spec, day), schema=spec.schema,
-                             columns=list(columns) if columns is not None else None)
+    def read_table(self, spec: TableSpec, day: dt.date | str, columns: Sequence[str] | None = None,
+                   dictionary: Sequence[str] | None = None) -> pa.Table:
+        """The day's partition (only ``columns`` when given; the ``dictionary`` columns dictionary-encoded,
+        which saves memory on repetitive text)."""
+        path = self.partition_file(spec, day)
+        if dictionary:
+            return pq.read_table(path, columns=list(columns) if columns is not None else None,
+                                 read_dictionary=list(dictionary))
+        return pq.read_table(path, schema=spec.schema, columns=list(columns) if columns is not None else None)
 
     def row_count(self, spec: TableSpec, day: dt.date | str) -> int:
         """Rows of the day's partition, from the Parquet footer (0 when the partition is absent)."""

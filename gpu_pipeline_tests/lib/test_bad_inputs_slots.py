@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pyarrow as pa
 import pytest
 
 from gpu_pipeline.lib.condor_archive import ArchiveError, read_window, rejected_rows
@@ -145,3 +146,22 @@ def test_timestamps_from_the_future_do_not_leak_into_other_days(tmp_path):
     archive(tmp_path, good_rows() + [slot_row("2025-08-31 23:59:00.000000", "slot1", "GPU-bbbbbbbb", "Claimed")])
     read = read_window(tmp_path, START, END)
     assert set(read.table.column("AssignedGPUs").to_pylist()) == {"GPU-aaaaaaaa"}
+
+
+def test_cleaning_the_asset_s_column_subset_equals_cleaning_whole_rows(tmp_path):
+    """The asset reads only CLEAN_INPUT_COLUMNS (text dictionary-encoded) and re-reads quarantined rows
+    whole: same clean table and the same quarantine as cleaning the full raw table."""
+    import pyarrow.parquet as pq
+
+    from gpu_pipeline.lib.slots import CLEAN_INPUT_COLUMNS, DICTIONARY_COLUMNS
+
+    rows = good_rows() + [slot_row("2025-08-05 13:00:01.000000", "slot2", None, "Claimed")]
+    archive(tmp_path, rows)
+    raw = read_window(tmp_path, START, END).table
+    pq.write_table(raw, tmp_path / "raw.parquet")
+    subset = pq.read_table(tmp_path / "raw.parquet", columns=CLEAN_INPUT_COLUMNS, read_dictionary=DICTIONARY_COLUMNS)
+    assert pa.types.is_dictionary(subset.schema.field("Name").type)
+    whole = clean_slot_rows(raw)
+    part = clean_slot_rows(subset, full_rows=lambda idx: raw.take(idx))
+    assert part.table.equals(whole.table)
+    assert part.quarantine.equals(whole.quarantine) and whole.quarantine.num_rows == 1
