@@ -407,6 +407,7 @@ def _draw_allocation_heatmap(ax: Axes, daily: pa.Table, *, compact: bool = False
     cmap = ListedColormap(_sequential(256)).with_extremes(bad="#eeeeee")
     im = ax.imshow(np.ma.masked_invalid(mat), aspect="auto", cmap=cmap, vmin=0, vmax=100, interpolation="nearest")
     fs = S.FS_NOTE if compact else (S.FS_LABEL if len(rows) <= 8 else S.FS_NOTE)
+    cells: tuple[list, list, list, list] = ([], [], [], [])
     for i in range(len(rows)):
         for j in range(len(TIERS4)):
             v = mat[i, j]
@@ -415,8 +416,10 @@ def _draw_allocation_heatmap(ax: Axes, daily: pa.Table, *, compact: bool = False
                 text = f"{v:.0f} %" if compact else f"{v:.1f} %\n{c_mat[i, j]:.1f} / {t_mat[i, j]:.1f}"
             else:
                 color, text = "#777777", "—" if not np.isfinite(t_mat[i, j]) else "no GPUs"
-            ax.text(j, i, text, ha="center", va="center", fontsize=fs, color=color,
-                    fontweight="bold" if rows[i] == ALL_DEVICES else "normal", in_layout=False)
+            for lst, item in zip(cells, (j, i, text, {"color": color, "fontweight": "bold" if rows[i] == ALL_DEVICES
+                                                      else "normal"}), strict=True):
+                lst.append(item)
+    S.texts(ax, *cells, ha="center", va="center", fontsize=fs)
     S.set_ticks(ax.xaxis, range(len(TIERS4)), [t if compact else S.TIER_LABELS[t].replace(" (", "\n(") for t in TIERS4],
                 fontsize=S.FS_NOTE if compact else S.FS_TICK, styles=[{"color": S.TIER_COLORS[t]} for t in TIERS4])
     ylabels = []
@@ -1039,10 +1042,14 @@ def efficiency_scatter(
     else:
         size = float(np.clip(2000.0 / max(n, 1) ** 0.75, 2, 30))
         alpha = float(np.clip(30.0 / max(n, 1) ** 0.5, 0.15, 0.9))
-        order = np.argsort(c, kind="stable")
-        colors = np.array([S.CLASS_COLORS[k] for k in S.CLASS_ORDER] + [S.CLASS_COLORS["no class"]], dtype=object)
-        ax.scatter(u[order], p[order], s=size, c=list(colors[np.where(c[order] < 0, len(S.CLASS_ORDER), c[order])]),
-                   alpha=alpha, linewidths=0, zorder=2, rasterized=True)
+        # One marker line per class ("no class" first, then the classes in order: the stacking of a
+        # scatter sorted by class), each point a disc of area ``size`` pt^2.
+        for k in (-1, *range(len(S.CLASS_ORDER))):
+            m = (c < 0) if k < 0 else (c == k)
+            if m.any():
+                ax.plot(u[m], p[m], linestyle="none", marker="o", markersize=size ** 0.5, markeredgewidth=0,
+                        color=S.CLASS_COLORS["no class" if k < 0 else S.CLASS_ORDER[k]], alpha=alpha, zorder=2,
+                        scalex=False, scaley=False)
     total_w = float(w.sum())
     numbers: dict[str, float] = {"points": float(n), "gpu_hours": total_w, "density": float(density)}
     classified = float(w[c >= 0].sum())
@@ -1100,6 +1107,7 @@ def efficiency_classes(
     left_s = np.zeros(len(rows))
     totals = mat.sum(axis=1)
     shares = np.divide(mat, totals[:, None], out=np.zeros_like(mat), where=totals[:, None] > 0)
+    cells: tuple[list, list, list, list] = ([], [], [], [])
     for j, cname in enumerate(cats):
         color = S.CLASS_COLORS[cname]
         # The ALL row dwarfs the devices in GPU-hours: draw it on the share panel only.
@@ -1109,11 +1117,12 @@ def efficiency_classes(
                hatch="///" if cname == "no class" else None, edgecolor="#bbbbbb")
         for i in range(len(rows)):
             if shares[i, j] >= 0.07:
-                ax_share.text(left_s[i] + 50 * shares[i, j], y[i], f"{100 * shares[i, j]:.0f}",
-                              ha="center", va="center", fontsize=S.FS_NOTE,
-                              color=S.text_color_for(to_rgb(color)), in_layout=False)
+                for lst, item in zip(cells, (left_s[i] + 50 * shares[i, j], y[i], f"{100 * shares[i, j]:.0f}",
+                                             {"color": S.text_color_for(to_rgb(color))}), strict=True):
+                    lst.append(item)
         left_a += mat[:, j]
         left_s += 100 * shares[:, j]
+    S.texts(ax_share, *cells, ha="center", va="center", fontsize=S.FS_NOTE)
     for i in range(1, len(rows)):
         ax_abs.text(left_a[i], y[i], f" {totals[i]:.0f}", va="center", fontsize=S.FS_NOTE)
     ax_abs.text(ax_abs.get_xlim()[1] * 0.01, 0, f"ALL: {totals[0]:,.0f} GPU-hours (shares at right)", va="center", fontsize=S.FS_NOTE,
@@ -1410,6 +1419,7 @@ def imbalance_heatmap(
         ax.imshow(np.ma.masked_where(~zero, np.ones(mat.shape)), aspect="auto", interpolation="nearest",
                   cmap=ListedColormap([ZERO_DEMAND_COLOR]), extent=(0, n_h, len(rows), 0))
     fs = 6.5 if n_h > 20 else S.FS_NOTE
+    cells: tuple[list, list, list, list] = ([], [], [], [])
     for i in range(len(rows)):
         for j in range(n_h):
             v = mat[i, j]
@@ -1417,7 +1427,9 @@ def imbalance_heatmap(
                 continue
             text = _fmt_dcr(v) if metric == "dcr" else f"{v:.2f}"
             color = "#777777" if zero[i, j] else S.text_color_for(cmap(norm(shown_vals[i, j])))
-            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=fs, color=color, in_layout=False)
+            for lst, item in zip(cells, (j + 0.5, i + 0.5, text, {"color": color}), strict=True):
+                lst.append(item)
+    S.texts(ax, *cells, ha="center", va="center", fontsize=fs)
     ylabels = []
     for s, d in rows:
         if d == "ALL":
@@ -1512,9 +1524,8 @@ def top_contributors(top: pa.Table, day: dt.date, tz: str, *, coverage_pct: floa
         y = np.arange(len(idx))
         S.bars(ax, y, vals, 0.7, horizontal=True, color=bar_colors)
         vmax = float(np.nanmax(vals)) if len(vals) else 1.0
-        for yy, v, sh in zip(y, vals, share[idx], strict=True):
-            ax.text(v + vmax * 0.01, yy, f"{v:,.1f} ({100 * sh:.0f} %)", va="center", fontsize=S.FS_NOTE,
-                    in_layout=False)
+        S.texts(ax, vals + vmax * 0.01, y, [f"{v:,.1f} ({100 * sh:.0f} %)" for v, sh in zip(vals, share[idx], strict=True)],
+                va="center", fontsize=S.FS_NOTE)
         S.set_ticks(ax.yaxis, y, [S.short_device(x) if d == "device_class" else x for x in labels], fontsize=S.FS_TICK)
         ax.set_ylim(max(len(idx), 10) - 0.5, -0.5)  # 10 slots in every panel: bars keep one thickness
         ax.set_xlim(0, max(vmax, 1e-9) * 1.3)

@@ -45,6 +45,7 @@ from gpu_pipeline.lib.plots import (
     light_ticks,
     render_no_data,
 )
+from gpu_pipeline.lib.plots import add_texts as texts
 from gpu_pipeline.lib.plots import png_and_preview as _png_and_preview
 from gpu_pipeline.lib.plots import set_fixed_ticks as set_ticks
 from gpu_pipeline.lib.schemas import STATES
@@ -89,6 +90,7 @@ __all__ = [
     "short_device",
     "style_axes",
     "text_color_for",
+    "texts",
     "tier_style",
     "title",
     "unit_label",

@@ -223,12 +223,78 @@ def png_and_preview(
     image = Image.fromarray(rgba).convert("RGB")
     w, h = image.size
     if w > preview_width_px:
-        # reducing_gap: a fast integer box reduction first, Lanczos for the last factor < 3
+        # reducing_gap: a fast integer box reduction first, Lanczos only for the last factor < 1.1
         image = image.resize((preview_width_px, max(1, round(h * preview_width_px / w))),
-                             Image.Resampling.LANCZOS, reducing_gap=3.0)
+                             Image.Resampling.LANCZOS, reducing_gap=1.1)
     # 256 colors (octree): a preview a quarter the size of the RGB one, embedded in the metadata
     image = image.quantize(256, method=Image.Quantize.FASTOCTREE)
     return full, _encode(image)
+
+
+_LAYOUTS: dict[tuple, tuple] = {}
+
+
+class _LabelText(Text):
+    """A ``Text`` whose layout (extent and line offsets relative to its anchor, independent of
+    where it is) is computed once per distinct string, font, alignment, rotation and dpi in the
+    process: tick labels are measured by every layout pass and draw, and repeat across figures."""
+
+    def _get_layout(self, renderer):
+        if self.get_usetex() or self.get_wrap():
+            return super()._get_layout(renderer)
+        fp = self._fontproperties
+        key = (self.get_text(), tuple(fp.get_family()), fp.get_style(), fp.get_variant(), fp.get_weight(),
+               fp.get_stretch(), fp.get_size_in_points(), fp.get_file(), fp.get_math_fontfamily(),
+               self.get_figure(root=True).dpi, self.get_rotation(), self.get_rotation_mode(),
+               self.get_horizontalalignment(), self.get_verticalalignment(), self._get_multialignment(),
+               self._linespacing, self.get_parse_math(), type(renderer))
+        layout = _LAYOUTS.get(key)
+        if layout is None:
+            layout = super()._get_layout(renderer)
+            if len(_LAYOUTS) >= _TEXT_CACHE_MAX:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = layout
+        return layout
+
+
+class TextBatch(Artist):
+    """Many short annotations in an axes (cell values, bar labels) drawn by ONE artist through
+    one reused text: each is what ``ax.text(x, y, s, **style)`` draws, without an artist per
+    string to create, lay out and draw. Kept out of the layout (they lie inside the axes).
+    ``styles``: per-text ``color`` / ``fontweight`` (others come from ``style``)."""
+
+    def __init__(self, ax, xs, ys, strings, styles=None, **style):
+        super().__init__()
+        style.setdefault("verticalalignment", style.pop("va", "baseline"))
+        style.setdefault("horizontalalignment", style.pop("ha", "left"))
+        style.setdefault("transform", ax.transData)
+        style.setdefault("clip_on", False)
+        self._text = _LabelText(0, 0, "", **style)
+        self._text.set_figure(ax.get_figure(root=False))
+        self._color = self._text.get_color()
+        self._weight = self._text.get_fontweight()
+        self._items = list(zip(xs, ys, strings, styles or [None] * len(strings), strict=True))
+        self.set_zorder(self._text.get_zorder())
+        self.set_in_layout(False)
+
+    def draw(self, renderer):  # noqa: D102
+        if not self.get_visible():
+            return
+        text = self._text
+        for x, y, s, own in self._items:
+            text.set_text(s)
+            text.set_position((x, y))
+            text.set_color(own.get("color", self._color) if own else self._color)
+            text.set_fontweight(own.get("fontweight", self._weight) if own else self._weight)
+            text.draw(renderer)
+        self.stale = False
+
+
+def add_texts(ax, xs, ys, strings, styles=None, **style) -> TextBatch:
+    """Add a :class:`TextBatch` to ``ax`` (like ``ax.text`` for each string)."""
+    batch = TextBatch(ax, xs, ys, strings, styles, **style)
+    ax.add_artist(batch)
+    return batch
 
 
 #: Per-label text properties of axes labelled with :func:`set_fixed_ticks` (index = tick).
@@ -260,13 +326,14 @@ def light_ticks(fig: Figure, renderer: RendererAgg) -> list:
     layout pass and every draw; with ~700 ticks a day they were the largest cost of the plots.
     The ticks are those matplotlib would draw now (its locator and formatter, the view limits,
     per-label colors and weights already set); the axis label is placed where matplotlib would
-    put it (``labelpad`` beyond the tick labels). Colorbars, axes that are off, axes with minor
-    ticks or a formatter offset are left to matplotlib. Call it once everything is drawn on the
+    put it (``labelpad`` beyond the tick labels); colorbars and minor ticks too. Axes that are off
+    and axes whose formatter has an offset text are left to matplotlib. Call it once everything
+    is drawn on the
     figure, with a renderer at the figure's dpi (to measure the labels). Returns the artists
     it added."""
     plans = []
     for ax in fig.axes:
-        light = ax.axison and ax.get_label() != "<colorbar>"
+        light = ax.axison
         for axis in (ax.xaxis, ax.yaxis):
             plan = _tick_plan(ax, axis) if light else None
             if plan is not None:
@@ -279,6 +346,7 @@ def light_ticks(fig: Figure, renderer: RendererAgg) -> list:
         # No location (an empty FixedLocator, not a NullLocator: the axis still reports its ticks
         # at the bottom / left, so titles are not pushed around a phantom top axis).
         axis.set_major_locator(FixedLocator([]))
+        axis.set_minor_locator(NullLocator())
         axis.minorTicks = []  # no minor tick either (the axis would create one to draw none)
         for artist in artists:
             ax.add_artist(artist)
@@ -287,57 +355,68 @@ def light_ticks(fig: Figure, renderer: RendererAgg) -> list:
 
 
 def _tick_plan(ax, axis):
-    if not axis.get_visible() or not isinstance(axis.get_minor_locator(), NullLocator):
+    """The light artists of ``axis`` (major and minor ticks), or None to leave it to matplotlib."""
+    if not axis.get_visible():
         return None
     is_x = axis is ax.xaxis
-    locs = np.asarray(axis.get_majorticklocs(), dtype=float)
-    formatter = axis.get_major_formatter()
-    labels = formatter.format_ticks(locs) if locs.size else []
-    if getattr(formatter, "get_offset", lambda: "")():
-        return None
     low, high = sorted(axis.get_view_interval())
     scale = axis.get_transform()
     lo_t, hi_t = scale.transform([low, high])
-    loc_t = scale.transform(locs) if locs.size else locs
     slack = (hi_t - lo_t) * 1e-10
-    ticks = axis.majorTicks  # the first one is created when none was
-    ref = ticks[0]
     zorder = axis.get_zorder()
     artists: list = []
-    styles = _LABEL_STYLES.get(axis, [])
     offset = 0.0  # points from the spine to the outer edge of the tick labels
-    shown = [i for i in range(locs.size) if lo_t - slack <= loc_t[i] <= hi_t + slack]
-    xs = locs[shown]
-    for side, line, label in ((1, ref.tick1line, ref.label1), (2, ref.tick2line, ref.label2)):
-        which = f"tick{side}"
-        if line.get_visible() and xs.size and line.get_markersize() > 0:
-            transform = ax.get_xaxis_transform(which=which) if is_x else ax.get_yaxis_transform(which=which)
-            pos = np.zeros(xs.size) if side == 1 else np.ones(xs.size)
-            artists.append(Line2D(xs if is_x else pos, pos if is_x else xs, transform=transform, linestyle="none",
-                                  marker=line.get_marker(), markersize=line.get_markersize(),
-                                  markeredgewidth=line.get_markeredgewidth(), color=line.get_markeredgecolor(),
-                                  clip_on=False, zorder=zorder))
-        if label.get_visible():
-            across = label.get_position()[1 if is_x else 0]  # 0 or 1 in axes coordinates
-            for i in shown:
-                tick = ticks[i] if i < len(ticks) else ref
-                own = tick.label1 if side == 1 else tick.label2
-                text = Text(locs[i] if is_x else across, across if is_x else locs[i], labels[i],
-                            transform=label.get_transform(), verticalalignment=label.get_verticalalignment(),
-                            horizontalalignment=label.get_horizontalalignment(),
-                            fontproperties=own.get_fontproperties(), color=own.get_color(),
-                            rotation=own.get_rotation(), clip_on=False, zorder=zorder)
-                if i < len(styles) and styles[i]:
-                    text.update(styles[i])
-                artists.append(text)
-            offset = ref.get_pad() + ref.get_tick_padding()
-    grid = ref.gridline
-    if grid.get_visible() and xs.size:
-        transform = ax.get_xaxis_transform(which="grid") if is_x else ax.get_yaxis_transform(which="grid")
-        segments = [((v, 0), (v, 1)) if is_x else ((0, v), (1, v)) for v in xs]
-        artists.append(LineCollection(segments, transform=transform, colors=[grid.get_color()],
-                                      linewidths=grid.get_linewidth(), linestyles=grid.get_linestyle(),
-                                      alpha=grid.get_alpha(), zorder=zorder))
+    for major in (True, False):
+        if major:
+            locs, formatter = axis.get_majorticklocs(), axis.get_major_formatter()
+        else:  # without the locations of major ticks, as matplotlib draws them
+            if isinstance(axis.get_minor_locator(), NullLocator):
+                continue
+            locs, formatter = axis.get_minorticklocs(), axis.get_minor_formatter()
+        locs = np.asarray(locs, dtype=float)
+        labels = formatter.format_ticks(locs) if locs.size else []
+        if getattr(formatter, "get_offset", lambda: "")():
+            return None
+        if not locs.size:
+            continue
+        loc_t = scale.transform(locs)
+        ticks = axis.majorTicks if major else axis.minorTicks  # the first one is created when none was
+        ref = ticks[0]
+        styles = _LABEL_STYLES.get(axis, []) if major else []
+        shown = [i for i in range(locs.size) if lo_t - slack <= loc_t[i] <= hi_t + slack]
+        xs = locs[shown]
+        for side, line, label in ((1, ref.tick1line, ref.label1), (2, ref.tick2line, ref.label2)):
+            which = f"tick{side}"
+            if line.get_visible() and xs.size and line.get_markersize() > 0:
+                transform = ax.get_xaxis_transform(which=which) if is_x else ax.get_yaxis_transform(which=which)
+                pos = np.zeros(xs.size) if side == 1 else np.ones(xs.size)
+                artists.append(Line2D(xs if is_x else pos, pos if is_x else xs, transform=transform,
+                                      linestyle="none", marker=line.get_marker(), markersize=line.get_markersize(),
+                                      markeredgewidth=line.get_markeredgewidth(), color=line.get_markeredgecolor(),
+                                      clip_on=False, zorder=zorder))
+            if label.get_visible():
+                across = label.get_position()[1 if is_x else 0]  # 0 or 1 in axes coordinates
+                for i in shown:
+                    if not labels[i]:
+                        continue
+                    tick = ticks[i] if i < len(ticks) else ref
+                    own = tick.label1 if side == 1 else tick.label2
+                    text = _LabelText(locs[i] if is_x else across, across if is_x else locs[i], labels[i],
+                                      transform=label.get_transform(), verticalalignment=label.get_verticalalignment(),
+                                      horizontalalignment=label.get_horizontalalignment(),
+                                      fontproperties=own.get_fontproperties(), color=own.get_color(),
+                                      rotation=own.get_rotation(), clip_on=False, zorder=zorder)
+                    if i < len(styles) and styles[i]:
+                        text.update(styles[i])
+                    artists.append(text)
+                offset = max(offset, ref.get_pad() + ref.get_tick_padding())
+        grid = ref.gridline
+        if grid.get_visible() and xs.size:
+            transform = ax.get_xaxis_transform(which="grid") if is_x else ax.get_yaxis_transform(which="grid")
+            segments = [((v, 0), (v, 1)) if is_x else ((0, v), (1, v)) for v in xs]
+            artists.append(LineCollection(segments, transform=transform, colors=[grid.get_color()],
+                                          linewidths=grid.get_linewidth(), linestyles=grid.get_linestyle(),
+                                          alpha=grid.get_alpha(), zorder=zorder))
     return ax, axis, artists, offset
 
 
