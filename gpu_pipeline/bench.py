@@ -93,6 +93,9 @@ REPEATS = 3
 PLOT_PREFIX = "plots/"
 TELEMETRY_ASSETS = ("raw/gpu_telemetry", "clean/gpu_samples")
 MIB = 1024 * 1024
+# DuckDB's buffer memory per connection in the measured run (sorts and joins beyond it spill to disk),
+# the setting the README recommends for pools of thousands of GPUs.
+DUCKDB_MEMORY_LIMIT = "1GB"
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class BenchConfig:
     baseline_max_gpus: int = BASELINE_MAX_GPUS
     repeats: int = REPEATS
     profile: bool = False  #: run each size's pipeline under pyinstrument (timings then include its cost)
+    duckdb_memory_limit: str = DUCKDB_MEMORY_LIMIT  #: the run's GPU_PIPELINE_DUCKDB_MEMORY_LIMIT ("" = none)
     seed: int = SEED
     start: dt.date = START
 
@@ -151,6 +155,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         baseline_max_gpus=int(get("baseline_max_gpus", d.baseline_max_gpus)),
         repeats=int(get("repeats", d.repeats)),
         profile=bool(get("profile", d.profile)),
+        duckdb_memory_limit=str(get("duckdb_memory_limit", d.duckdb_memory_limit)),
         seed=int(get("seed", d.seed)),
     )
 
@@ -272,9 +277,11 @@ def bench_env(base: Path, start: dt.date) -> dict[str, str]:
     return env
 
 
-def _child_env(base: Path, start: dt.date) -> dict[str, str]:
+def _child_env(base: Path, start: dt.date, duckdb_memory_limit: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_PIPELINE_", "DAGSTER_"))}
     env.update(bench_env(base, start))
+    if duckdb_memory_limit:
+        env["GPU_PIPELINE_DUCKDB_MEMORY_LIMIT"] = duckdb_memory_limit
     return env
 
 
@@ -463,7 +470,8 @@ def _child_main(argv: list[str]) -> int:
     return 0 if ok else 1
 
 
-def _run_pipeline_child(base: Path, start: dt.date, end: dt.date, profile_to: Path | None) -> dict[str, Any]:
+def _run_pipeline_child(base: Path, start: dt.date, end: dt.date, profile_to: Path | None,
+                        duckdb_memory_limit: str = DUCKDB_MEMORY_LIMIT) -> dict[str, Any]:
     out = base / "bench-run.json"
     log = base / "bench-run.log"
     out.unlink(missing_ok=True)
@@ -472,7 +480,7 @@ def _run_pipeline_child(base: Path, start: dt.date, end: dt.date, profile_to: Pa
     if profile_to is not None:
         argv += ["--profile", str(profile_to)]
     with open(log, "wb") as fh:
-        wall, proc = _timed(lambda: subprocess.run(argv, env=_child_env(base, start), stdout=fh, stderr=subprocess.STDOUT,
+        wall, proc = _timed(lambda: subprocess.run(argv, env=_child_env(base, start, duckdb_memory_limit), stdout=fh, stderr=subprocess.STDOUT,
                                                    check=False))
     if not out.is_file():
         tail = log.read_text(errors="replace")[-3000:]
@@ -715,7 +723,7 @@ def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reu
         },
     }
     try:
-        run = _run_pipeline_child(base, start, end, profile_to)
+        run = _run_pipeline_child(base, start, end, profile_to, cfg.duckdb_memory_limit)
     except RuntimeError as exc:
         notes.append(f"{gpus} GPUs: the pipeline run crashed before reporting; see pipeline.error")
         result["pipeline"] = {"success": False, "error": str(exc), "steps": [], "log": str(base / "bench-run.log")}
@@ -1235,6 +1243,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the (slow) pandas baseline above this size")
     p.add_argument("--repeats", type=int, default=REPEATS)
     p.add_argument("--profile", action="store_true", help="profile each run with pyinstrument (next to --out)")
+    p.add_argument("--duckdb-memory-limit", default=DUCKDB_MEMORY_LIMIT,
+                   help="GPU_PIPELINE_DUCKDB_MEMORY_LIMIT of the measured run ('' for DuckDB's default)")
 
 
 if __name__ == "__main__":
