@@ -88,6 +88,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from prometheus_client.parser import text_fd_to_metric_families, text_string_to_metric_families
 
+from gpu_pipeline.lib.exposition import line_error, parser_reason, prom_number
 from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE, TS, conform
 
 UTC = dt.UTC
@@ -872,39 +873,13 @@ class _ExpositionError(Exception):
         self.original = exc
 
 
-def _parser_reason(exc: BaseException) -> str:
-    detail = str(exc)
-    return f"invalid exposition line: {type(exc).__name__}" + (f": {detail}" if detail else "")
-
-
-def _line_error(line: str) -> str | None:
-    """Why the exposition parser rejects this one line on its own (``None``: it accepts it)."""
-    try:
-        for _ in text_string_to_metric_families(line + "\n"):
-            pass
-    except Exception as exc:  # the parser raises bare ValueError, IndexError, ...
-        return _parser_reason(exc)
-    return None
-
-
-def _prom_number(token: str) -> float:
-    """A sample value or timestamp read by the exposition parser's own rule: int, else float, and no
-    underscores (which Python's int()/float() would accept)."""
-    if "_" in token:
-        raise ValueError(f"invalid value {token!r}")
-    try:
-        return int(token)
-    except ValueError:
-        return float(token)
-
-
 def _series_entry(series: str) -> tuple[str, dict[str, str], int] | str | None:
     """``(name, labels, signature)`` when the exposition parser reads ``series`` (``name{labels}``) on
     its own as exactly one series; its reason when it rejects it; None for anything else."""
     try:
         families = list(text_string_to_metric_families(series + " 0\n"))
     except Exception as exc:  # anything the parser raises
-        return _parser_reason(exc)
+        return parser_reason(exc)
     samples = [s for f in families for s in f.samples]
     # The series must be exactly name + labels (nothing left over for value/timestamp).
     if len(samples) == 1 and samples[0].value == 0 and samples[0].timestamp is None:
@@ -949,7 +924,7 @@ class _DcgmPivot:
                 continue
             if line.startswith("#"):
                 if line not in comment_cache:
-                    comment_cache[line] = _line_error(line)
+                    comment_cache[line] = line_error(line)
                 reason = comment_cache[line]
                 if reason is not None:
                     self.quarantine.append(QuarantinedLine(ln, reason, raw.rstrip("\r\n"), self.src))
@@ -966,7 +941,7 @@ class _DcgmPivot:
             try:
                 families = list(text_string_to_metric_families(line + "\n"))
             except Exception as exc:  # anything the parser raises
-                self.quarantine.append(QuarantinedLine(ln, _parser_reason(exc), raw.rstrip("\r\n"), self.src))
+                self.quarantine.append(QuarantinedLine(ln, parser_reason(exc), raw.rstrip("\r\n"), self.src))
                 continue
             for family in families:
                 for sample in family.samples:
@@ -986,8 +961,8 @@ class _DcgmPivot:
         if len(rest) not in (1, 2):
             return None
         try:
-            value = _prom_number(rest[0])
-            ts = _prom_number(rest[1]) / 1000 if len(rest) == 2 else None
+            value = prom_number(rest[0])
+            ts = prom_number(rest[1]) / 1000 if len(rest) == 2 else None
         except ValueError:
             return None
         entry = cache.get(series, False)
@@ -1115,7 +1090,7 @@ def _parse_dcgm_lines(path_or_text: str | Path, host: str | None, default_us: in
         for ln, raw in enumerate(lines(), 1):
             text = raw.rstrip("\r\n")
             if text.strip():
-                reason = _line_error(text.strip())
+                reason = line_error(text.strip())
                 if reason is not None:
                     bad.add(ln)
                     quarantine.append(QuarantinedLine(ln, reason, text, src))
@@ -1201,7 +1176,7 @@ class _DcgmFast:
         lines = pc.split_pattern(text, "\n").flatten()
         comment = pc.starts_with(lines, "#")
         for line in pc.unique(lines.filter(comment)).to_pylist():
-            if _line_error(line.strip()) is not None:
+            if line_error(line.strip()) is not None:
                 raise _NotFast
         samples = np.flatnonzero(pc.invert(pc.or_(comment, pc.equal(pc.binary_length(lines), 0)))
                                  .to_numpy(zero_copy_only=False))
