@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -117,14 +118,18 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
         by_source.setdefault(r["source"], []).append((r["origin"], r["position"], doc, error))
 
     tables, quarantined, reasons = [], [], Counter()
-    docs_in = duplicates = 0
+    docs_in = duplicates = skipped = 0
+    # Documents of runs that start after the day (the look-ahead files are mostly those) cannot
+    # overlap it: they are counted as outside the window without being normalized.
+    starts_before = math.ceil(end_utc.timestamp())
     for source in sorted(by_source):
-        result = normalize_items(by_source[source], source)
+        result = normalize_items(by_source[source], source, starts_before)
         tables.append(result.table)
         quarantined.extend(result.quarantine)
         reasons.update(result.quarantined_by_reason)
         docs_in += result.docs_in
         duplicates += result.duplicates
+        skipped += result.skipped_after_window
     table = pa.concat_tables(tables) if tables else JOBS.empty()
     kept = jobs_overlapping(table, start_utc, end_utc)
     kept = kept.sort_by([("global_job_id", "ascending"), ("run_index", "ascending"), ("doc_kind", "ascending"),
@@ -135,6 +140,6 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
         quarantine=q,
         docs_in=docs_in,
         duplicates=duplicates,
-        outside_window=table.num_rows - kept.num_rows,
+        outside_window=table.num_rows - kept.num_rows + skipped,
         quarantined_by_reason=dict(sorted(reasons.items())),
     )

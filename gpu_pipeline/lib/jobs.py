@@ -134,6 +134,8 @@ class NormalizeResult:
     quarantine: list[QuarantinedDoc] = field(default_factory=list)
     duplicates: int = 0  #: exact duplicate documents dropped
     docs_in: int = 0  #: documents (or lines) read
+    #: documents not normalized because their run and queue wait start after the window (``starts_before``)
+    skipped_after_window: int = 0
 
     @property
     def quarantined_by_reason(self) -> dict[str, int]:
@@ -542,12 +544,29 @@ class _Item(NamedTuple):
     error: str | None = None  # a parse error found by the reader (quarantined as is)
 
 
-def _normalize(items: Iterable[_Item], source: str) -> NormalizeResult:
+def _starts_after(doc: Any, end_s: int) -> bool:
+    """Whether a document's run and queue wait both start at or after ``end_s`` (epoch seconds), so
+    its row could not overlap a window ending there. Read from the exact HTCondor attributes
+    (``JobCurrentStartDate``, which the normalizer takes as the run start when it is set, and
+    ``QDate``) as positive epoch seconds; anything else answers False and the document is
+    normalized in full."""
+    if not isinstance(doc, dict):
+        return False
+    for attr in ("JobCurrentStartDate", "QDate"):
+        v = doc.get(attr)
+        if type(v) is not int or not 0 < v <= _MAX_EPOCH_S or v < end_s:
+            return False
+    return True
+
+
+def _normalize(items: Iterable[_Item], source: str, starts_before: int | None = None) -> NormalizeResult:
+    """``starts_before`` (epoch seconds): skip documents that :func:`_starts_after` it (counted, not
+    normalized, not checked for duplicates)."""
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; expected one of {SOURCES}")
     quarantine: list[QuarantinedDoc] = []
     seen: set[bytes] = set()
-    duplicates = 0
+    duplicates = skipped = 0
     n_in = 0
     best: dict[tuple, tuple[tuple, dict, _Item]] = {}
     order = 0
@@ -555,6 +574,9 @@ def _normalize(items: Iterable[_Item], source: str) -> NormalizeResult:
         n_in += 1
         if item.error is not None:
             quarantine.append(QuarantinedDoc(item.origin, item.position, item.error, item.doc))
+            continue
+        if starts_before is not None and _starts_after(item.doc, starts_before):
+            skipped += 1
             continue
         fp = _fingerprint(item.doc)
         if fp in seen:
@@ -588,7 +610,8 @@ def _normalize(items: Iterable[_Item], source: str) -> NormalizeResult:
             )
         )
     rows = [best[k][1] for k in sorted(best)]
-    return NormalizeResult(table=_to_table(rows), quarantine=quarantine, duplicates=duplicates, docs_in=n_in)
+    return NormalizeResult(table=_to_table(rows), quarantine=quarantine, duplicates=duplicates, docs_in=n_in,
+                           skipped_after_window=skipped)
 
 
 def _to_table(rows: list[dict]) -> pa.Table:
@@ -753,9 +776,11 @@ def file_items(path: str | Path) -> tuple[str, Iterator[_Item]]:
     raise JobsFileError(f"{p}: not a job-record file (expected .ndjson, .jsonl, .es.json or .json)")
 
 
-def normalize_items(items: Iterable[tuple[str, int, Any, str | None]], source: str) -> NormalizeResult:
-    """Normalize (origin, position, document, parse_error) tuples, e.g. rows of the raw table."""
-    return _normalize((_Item(*it) for it in items), source)
+def normalize_items(items: Iterable[tuple[str, int, Any, str | None]], source: str,
+                    starts_before: int | None = None) -> NormalizeResult:
+    """Normalize (origin, position, document, parse_error) tuples, e.g. rows of the raw table;
+    ``starts_before``: see :func:`_normalize`."""
+    return _normalize((_Item(*it) for it in items), source, starts_before)
 
 
 def read_es_export(path: str | Path | Iterable[str | Path]) -> NormalizeResult:

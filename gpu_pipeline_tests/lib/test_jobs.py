@@ -331,3 +331,43 @@ def test_simulator_job_documents_match_its_ground_truth(tmp_path):
         assert r["assigned_gpus"] == tr["gpu_ids"] and r["user"] == tr["owner"]
         assert r["is_backfill_slot"] == (tr["kind"] == "backfill")
     assert checked > 0
+
+
+def test_documents_starting_after_the_day_are_skipped_without_changing_the_day(tmp_path, monkeypatch):
+    """clean_job_documents skips documents whose run and queue wait start after the window (the
+    look-ahead files) before normalizing them: the same table, quarantine and counts as normalizing
+    every document."""
+    import datetime as dt
+
+    from gpu_pipeline.lib import jobs as jobs_mod
+    from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
+    from gpu_pipeline.lib.simulate import SimConfig, simulate
+    from gpu_pipeline.lib.timeutil import day_window
+
+    simulate(tmp_path, SimConfig(start=dt.date(2025, 8, 4), end=dt.date(2025, 8, 7), gpus=40, seed=4,
+                                 timezone="America/Chicago", telemetry_interval_s=0, kueue_interval_s=0))
+    s, e = day_window("2025-08-05", "America/Chicago")
+    raw = raw_docs_from_files(tmp_path / "jobs", s, e).table
+    calls = []
+    real = jobs_mod._starts_after
+    monkeypatch.setattr(jobs_mod, "_starts_after", lambda doc, end: calls.append(r := real(doc, end)) or r)
+    fast = clean_job_documents(raw, s, e)
+    monkeypatch.setattr(jobs_mod, "_starts_after", lambda doc, end: False)
+    full = clean_job_documents(raw, s, e)
+    assert sum(calls) > 100  # the look-ahead files' documents were skipped
+    assert fast.table.num_rows > 100 and fast.table.equals(full.table)
+    assert fast.quarantine.equals(full.quarantine)
+    assert (fast.outside_window, fast.docs_in, fast.duplicates) == (full.outside_window, full.docs_in, full.duplicates)
+
+
+def test_only_documents_with_both_start_times_after_the_end_are_skipped():
+    from gpu_pipeline.lib.jobs import _starts_after
+
+    end = 1_754_400_000
+    assert _starts_after({"JobCurrentStartDate": end, "QDate": end + 5}, end)
+    assert not _starts_after({"JobCurrentStartDate": end, "QDate": end - 1}, end)  # queued during the window
+    assert not _starts_after({"JobCurrentStartDate": end - 1, "QDate": end}, end)
+    assert not _starts_after({"QDate": end + 5}, end)  # no run start: normalized in full
+    assert not _starts_after({"JobCurrentStartDate": str(end + 5), "QDate": end + 5}, end)  # text: in full
+    assert not _starts_after({"JobCurrentStartDate": (end + 5) * 1000, "QDate": end + 5}, end)  # ms: in full
+    assert not _starts_after(["not", "a", "doc"], end)
