@@ -79,6 +79,7 @@ __all__ = [
     "fold_top",
     "hours_since_start",
     "lighten",
+    "minor_ticks",
     "new_figure",
     "png_and_preview",
     "no_data",

@@ -3,9 +3,10 @@ import io
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from matplotlib.image import imread
 
-from gpu_pipeline.lib.plots import STATE_COLORS, gpu_timeline_heatmap
+from gpu_pipeline.lib.plots import STATE_COLORS, gpu_timeline_heatmap, gpu_timeline_heatmaps
 from gpu_pipeline.lib.schemas import GPU_STATES, STATES, conform
 
 DAY = dt.date(2025, 8, 6)
@@ -53,3 +54,21 @@ def test_empty_day_renders_a_no_data_figure():
     r = gpu_timeline_heatmap(GPU_STATES.empty(), DAY)
     assert pixels(r.png).shape[0] > 100
     assert r.numbers == {}
+
+
+def test_fleet_and_device_images_in_one_call_equal_separate_renders():
+    """gpu_timeline_heatmaps reuses one figure for every image: each must be what a fresh
+    gpu_timeline_heatmap of the same rows draws, byte for byte (equal figures, equal PNGs)."""
+    states = states_table(24, 6)
+    devices = pa.array(["NVIDIA A100" if int(g[-8:], 16) % 3 else "NVIDIA H100" for g in
+                        states.column("gpu_id").to_pylist()])
+    states = states.set_column(states.schema.get_field_index("device_name"), "device_name", devices)
+    main, per_device = gpu_timeline_heatmaps(states, DAY, "America/Chicago")
+    alone = gpu_timeline_heatmap(states, DAY, "America/Chicago")
+    assert main.png == alone.png and main.preview_png == alone.preview_png and main.numbers == alone.numbers
+    assert list(per_device) == ["NVIDIA A100", "NVIDIA H100"]
+    for device, image in per_device.items():
+        rows = states.filter(pc.equal(states["device_name"], device))
+        fresh = gpu_timeline_heatmap(rows, DAY, "America/Chicago", title=f"GPU timeline: {device}")
+        assert image.png == fresh.png and image.numbers == fresh.numbers
+        assert image.numbers["gpus"] == len(set(rows.column("gpu_id").to_pylist()))

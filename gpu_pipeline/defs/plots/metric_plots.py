@@ -69,6 +69,7 @@ KEYS = {name: dg.AssetKey(["plots", name]) for name in PLOT_INPUTS}
 )
 def metric_plots(context: dg.AssetExecutionContext, data_store: DataStoreResource):
     store = SelectedStore(data_store.store(), context)
+    selected = set(context.selected_asset_keys)
     previews: dict[str, str] = {}
 
     def read(spec, day):
@@ -77,9 +78,15 @@ def metric_plots(context: dg.AssetExecutionContext, data_store: DataStoreResourc
     def one_day(day: str):
         date = dt.date.fromisoformat(day)
         out = {}
-        cache: dict[str, object] = {}
+        cache: dict[str, object] = {}  # each input table read once a day
         for name, (fn, inputs, _) in PLOT_INPUTS.items():
-            tables = [cache.setdefault(s.path, read(s, day)) for s in inputs]
+            if KEYS[name] not in selected:  # not rendered when the run did not select it
+                continue
+            tables = []
+            for spec in inputs:
+                if spec.path not in cache:
+                    cache[spec.path] = read(spec, day)
+                tables.append(cache[spec.path])
             rendered = fn(*tables, date, TIMEZONE)
             result = store.write_plot(name, day, rendered.png)
             if result is None:  # not selected in this run
