@@ -18,7 +18,9 @@ The caches are process-wide and bounded; they hold no figure, only strings' bitm
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
+import gc
 import io
 import math
 import struct
@@ -80,6 +82,19 @@ HEATMAP_PREVIEW_WIDTH_PX = 900
 #: the asset metadata): they keep the default level.
 PNG_COMPRESS_LEVEL = 1
 PREVIEW_COMPRESS_LEVEL = 6
+
+
+@contextlib.contextmanager
+def heap_frozen():
+    """Keep the objects alive now out of the cyclic garbage collector's scans while plots are
+    built (``gc.freeze``): figures allocate hundreds of thousands of short-lived objects, and each
+    full collection would otherwise walk the whole heap of the process (tables, Dagster state)
+    again. Objects are never leaked: the heap is unfrozen at the end."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @dataclass

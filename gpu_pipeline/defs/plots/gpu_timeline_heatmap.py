@@ -10,6 +10,7 @@ from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.plots import HEATMAP_COLUMNS as COLUMNS
 from gpu_pipeline.lib.plots import gpu_timeline_heatmaps as render
+from gpu_pipeline.lib.plots import heap_frozen
 from gpu_pipeline.lib.schemas import GPU_STATES
 
 NAME = "gpu_timeline_heatmap"
@@ -51,7 +52,8 @@ def gpu_timeline_heatmap(context: dg.AssetExecutionContext, data_store: DataStor
             details={"path": result.path, "device_images": len(devices)},
         )
 
-    outcomes = run_days(context, one_day)
+    with heap_frozen():
+        outcomes = run_days(context, one_day)
     last = outcomes[-1]
     extra = {
         "path": dg.MetadataValue.path(last.result.path),

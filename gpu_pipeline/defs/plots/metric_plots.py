@@ -20,6 +20,7 @@ from gpu_pipeline.lib.availability import AVAILABILITY_PERIODS
 from gpu_pipeline.lib.demand import DEMAND_CAPACITY, DEMAND_TOP_CONTRIBUTORS
 from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
 from gpu_pipeline.lib.evictions import EVICTION_RATES, EVICTIONS
+from gpu_pipeline.lib.plots import heap_frozen
 from gpu_pipeline.lib.schemas import GPU_STATES
 
 # plot name -> (function, input tables in argument order, description)
@@ -96,7 +97,8 @@ def metric_plots(context: dg.AssetExecutionContext, data_store: DataStoreResourc
                                          details={"path": result.path})
         return out
 
-    outcomes = run_days_multi(context, list(KEYS.values()), one_day)
+    with heap_frozen():
+        outcomes = run_days_multi(context, list(KEYS.values()), one_day)
     results: list = []
     for name, key in KEYS.items():
         if not outcomes[key]:
