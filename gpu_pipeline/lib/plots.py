@@ -114,10 +114,11 @@ class _Renderer(RendererAgg):
     Matplotlib 3.11 renders text glyph by glyph from Python and measures it again for every new
     renderer (that is, every figure); the plots draw thousands of short, mostly repeated strings
     (tick labels, cell values, legends), which made text the largest single cost. Here a string is
-    laid out once per font, size and dpi -- the FreeType calls of ``RendererAgg.draw_text`` of
-    matplotlib 3.10 -- and the bitmap and its metrics are reused, pixel for pixel the same as a
-    fresh rendering. Math text, non-antialiased text, OpenType features or a language tag, and
-    any failure of that path fall back to the stock renderer."""
+    laid out and rasterized in one piece per font, size and dpi (the FreeType calls of
+    ``RendererAgg.draw_text`` in matplotlib 3.10) and the bitmap and its metrics are reused: a
+    cached string draws exactly the pixels of a fresh one, so equal figures still give equal
+    bytes. Math text, non-antialiased text, OpenType features or a language tag, and any failure
+    of that path fall back to the stock renderer."""
 
     def _key(self, prop) -> tuple:
         return (tuple(prop.get_family()), prop.get_style(), prop.get_variant(), prop.get_weight(),
