@@ -13,6 +13,11 @@ so nothing leaks between assets or threads. What keeps a day of plots cheap (abo
   figure is redrawn for the fleet and every device class (:func:`gpu_timeline_heatmaps`).
 
 The caches are process-wide and bounded; they hold no figure, only strings' bitmaps and sizes.
+
+The text cache, the layout cache and the light ticks use matplotlib internals (the Agg renderer's
+text drawing, ``Text._get_layout``, Axis tick machinery) of the pinned ``matplotlib==3.11.2``: the
+text path falls back to matplotlib's own on any error; the others are covered by the plot tests,
+which must pass before the pin is moved.
 """
 
 from __future__ import annotations
