@@ -54,6 +54,25 @@ def prom_number(token: str) -> float:
         return float(token)
 
 
+def split_sample_line(line: str) -> tuple[str, float, float | None] | None:
+    """``(series, value, timestamp in seconds)`` of a stripped line ``<series> <value> [<ms>]``, the
+    numbers read by :func:`prom_number`; ``None`` for any other shape."""
+    brace = line.rfind("}")
+    if brace >= 0:
+        series, rest = line[: brace + 1], line[brace + 1:].split()
+    else:
+        parts = line.split()
+        series, rest = parts[0], parts[1:]
+    if len(rest) not in (1, 2):
+        return None
+    try:
+        value = prom_number(rest[0])
+        ts = prom_number(rest[1]) / 1000 if len(rest) == 2 else None
+    except ValueError:
+        return None
+    return series, value, ts
+
+
 class SeriesParser:
     """Reads sample lines, parsing each distinct series text with the library once."""
 
@@ -65,19 +84,10 @@ class SeriesParser:
         """A :class:`Sample` for a stripped line ``<series> <value> [<ts>]`` whose series the library
         accepts on its own; the library's reason when it rejects the series; ``None`` for any other
         shape (the caller then hands the whole line to the library)."""
-        brace = line.rfind("}")
-        if brace >= 0:
-            series, rest = line[: brace + 1], line[brace + 1:].split()
-        else:
-            parts = line.split()
-            series, rest = parts[0], parts[1:]
-        if len(rest) not in (1, 2):
+        parts = split_sample_line(line)
+        if parts is None:
             return None
-        try:
-            value = prom_number(rest[0])
-            ts = prom_number(rest[1]) / 1000 if len(rest) == 2 else None
-        except ValueError:
-            return None
+        series, value, ts = parts
         entry = self._series.get(series, False)
         if entry is False:
             entry = self._parse_series(series)

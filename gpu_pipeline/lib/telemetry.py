@@ -88,7 +88,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from prometheus_client.parser import text_fd_to_metric_families, text_string_to_metric_families
 
-from gpu_pipeline.lib.exposition import line_error, parser_reason, prom_number
+from gpu_pipeline.lib.exposition import line_error, parser_reason, split_sample_line
 from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE, TS, conform
 
 UTC = dt.UTC
@@ -952,19 +952,10 @@ class _DcgmPivot:
         """``(name, labels, signature, value, timestamp)`` for a line ``<series> <value> [<ts>]`` whose
         series the parser accepts on its own; a reason string when it rejects the series; ``None``
         for any other shape (the caller then hands the whole line to the parser)."""
-        brace = line.rfind("}")
-        if brace >= 0:
-            series, rest = line[: brace + 1], line[brace + 1:].split()
-        else:
-            parts = line.split()
-            series, rest = parts[0], parts[1:]
-        if len(rest) not in (1, 2):
+        parts = split_sample_line(line)
+        if parts is None:
             return None
-        try:
-            value = prom_number(rest[0])
-            ts = prom_number(rest[1]) / 1000 if len(rest) == 2 else None
-        except ValueError:
-            return None
+        series, value, ts = parts
         entry = cache.get(series, False)
         if entry is False:
             entry = cache[series] = _series_entry(series)
