@@ -134,8 +134,8 @@ class NormalizeResult:
     quarantine: list[QuarantinedDoc] = field(default_factory=list)
     duplicates: int = 0  #: exact duplicate documents dropped
     docs_in: int = 0  #: documents (or lines) read
-    #: documents not normalized because their run and queue wait start after the window (``starts_before``)
-    skipped_after_window: int = 0
+    #: documents not normalized because they lie outside the window (``window_s``)
+    skipped_outside_window: int = 0
 
     @property
     def quarantined_by_reason(self) -> dict[str, int]:
@@ -544,23 +544,27 @@ class _Item(NamedTuple):
     error: str | None = None  # a parse error found by the reader (quarantined as is)
 
 
-def _starts_after(doc: Any, end_s: int) -> bool:
-    """Whether a document's run and queue wait both start at or after ``end_s`` (epoch seconds), so
-    its row could not overlap a window ending there. Read from the exact HTCondor attributes
-    (``JobCurrentStartDate``, which the normalizer takes as the run start when it is set, and
-    ``QDate``) as positive epoch seconds; anything else answers False and the document is
-    normalized in full."""
+def _outside_window(doc: Any, start_s: int, end_s: int) -> bool:
+    """Whether a document's row could not overlap the window [start_s, end_s) (epoch seconds): its
+    run and queue wait both start at or after ``end_s``, or its run started and completed before
+    ``start_s`` (so did its queue wait). Read from the exact HTCondor attributes
+    (``JobCurrentStartDate``, which the normalizer takes as the run start when set, ``QDate``,
+    ``CompletionDate``, which it takes as the run end when not before the start) as positive epoch
+    seconds; anything else answers False and the document is normalized in full."""
     if not isinstance(doc, dict):
         return False
-    for attr in ("JobCurrentStartDate", "QDate"):
-        v = doc.get(attr)
-        if type(v) is not int or not 0 < v <= _MAX_EPOCH_S or v < end_s:
-            return False
-    return True
+    started = doc.get("JobCurrentStartDate")
+    if type(started) is not int or not 0 < started <= _MAX_EPOCH_S:
+        return False
+    queued = doc.get("QDate")
+    if started >= end_s and type(queued) is int and end_s <= queued <= _MAX_EPOCH_S:
+        return True
+    done = doc.get("CompletionDate")
+    return type(done) is int and started <= done < start_s
 
 
-def _normalize(items: Iterable[_Item], source: str, starts_before: int | None = None) -> NormalizeResult:
-    """``starts_before`` (epoch seconds): skip documents that :func:`_starts_after` it (counted, not
+def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | None = None) -> NormalizeResult:
+    """``window_s`` (epoch seconds): skip documents :func:`_outside_window` of it (counted, not
     normalized, not checked for duplicates)."""
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; expected one of {SOURCES}")
@@ -575,7 +579,7 @@ def _normalize(items: Iterable[_Item], source: str, starts_before: int | None = 
         if item.error is not None:
             quarantine.append(QuarantinedDoc(item.origin, item.position, item.error, item.doc))
             continue
-        if starts_before is not None and _starts_after(item.doc, starts_before):
+        if window_s is not None and _outside_window(item.doc, *window_s):
             skipped += 1
             continue
         fp = _fingerprint(item.doc)
@@ -611,7 +615,7 @@ def _normalize(items: Iterable[_Item], source: str, starts_before: int | None = 
         )
     rows = [best[k][1] for k in sorted(best)]
     return NormalizeResult(table=_to_table(rows), quarantine=quarantine, duplicates=duplicates, docs_in=n_in,
-                           skipped_after_window=skipped)
+                           skipped_outside_window=skipped)
 
 
 def _to_table(rows: list[dict]) -> pa.Table:
@@ -777,10 +781,10 @@ def file_items(path: str | Path) -> tuple[str, Iterator[_Item]]:
 
 
 def normalize_items(items: Iterable[tuple[str, int, Any, str | None]], source: str,
-                    starts_before: int | None = None) -> NormalizeResult:
+                    window_s: tuple[int, int] | None = None) -> NormalizeResult:
     """Normalize (origin, position, document, parse_error) tuples, e.g. rows of the raw table;
-    ``starts_before``: see :func:`_normalize`."""
-    return _normalize((_Item(*it) for it in items), source, starts_before)
+    ``window_s``: see :func:`_normalize`."""
+    return _normalize((_Item(*it) for it in items), source, window_s)
 
 
 def read_es_export(path: str | Path | Iterable[str | Path]) -> NormalizeResult:

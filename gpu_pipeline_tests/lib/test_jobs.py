@@ -333,12 +333,15 @@ def test_simulator_job_documents_match_its_ground_truth(tmp_path):
     assert checked > 0
 
 
-def test_documents_starting_after_the_day_are_skipped_without_changing_the_day(tmp_path, monkeypatch):
-    """clean_job_documents skips documents whose run and queue wait start after the window (the
-    look-ahead files) before normalizing them: the same table, quarantine and counts as normalizing
-    every document."""
+def test_documents_outside_the_day_are_skipped_without_changing_the_day(tmp_path, monkeypatch):
+    """clean_job_documents skips documents that cannot overlap the window (runs starting after it: the
+    look-ahead files; runs completed before it: the day-before file), from their text or after
+    parsing, before normalizing them: the same table, quarantine and counts as normalizing all."""
     import datetime as dt
 
+    import pyarrow as pa
+
+    from gpu_pipeline.lib import job_source
     from gpu_pipeline.lib import jobs as jobs_mod
     from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
     from gpu_pipeline.lib.simulate import SimConfig, simulate
@@ -348,26 +351,49 @@ def test_documents_starting_after_the_day_are_skipped_without_changing_the_day(t
                                  timezone="America/Chicago", telemetry_interval_s=0, kueue_interval_s=0))
     s, e = day_window("2025-08-05", "America/Chicago")
     raw = raw_docs_from_files(tmp_path / "jobs", s, e).table
-    calls = []
-    real = jobs_mod._starts_after
-    monkeypatch.setattr(jobs_mod, "_starts_after", lambda doc, end: calls.append(r := real(doc, end)) or r)
+    by_text = job_source._text_outside_window(raw, int(s.timestamp()), int(e.timestamp()))
     fast = clean_job_documents(raw, s, e)
-    monkeypatch.setattr(jobs_mod, "_starts_after", lambda doc, end: False)
+    # The same documents decided after parsing only ...
+    monkeypatch.setattr(job_source, "_text_outside_window", lambda raw, *w: pa.chunked_array([[False] * raw.num_rows]))
+    parsed = clean_job_documents(raw, s, e)
+    # ... and nothing skipped at all.
+    monkeypatch.setattr(jobs_mod, "_outside_window", lambda doc, *w: False)
     full = clean_job_documents(raw, s, e)
-    assert sum(calls) > 100  # the look-ahead files' documents were skipped
-    assert fast.table.num_rows > 100 and fast.table.equals(full.table)
-    assert fast.quarantine.equals(full.quarantine)
-    assert (fast.outside_window, fast.docs_in, fast.duplicates) == (full.outside_window, full.docs_in, full.duplicates)
+    assert pa.compute.sum(by_text).as_py() > 100  # documents were skipped from their text
+    assert fast.table.num_rows > 100
+    for result in (fast, parsed):
+        assert result.table.equals(full.table) and result.quarantine.equals(full.quarantine)
+        assert (result.outside_window, result.docs_in, result.duplicates) == (
+            full.outside_window, full.docs_in, full.duplicates)
 
 
-def test_only_documents_with_both_start_times_after_the_end_are_skipped():
-    from gpu_pipeline.lib.jobs import _starts_after
+def test_only_documents_that_cannot_overlap_are_skipped():
+    import json
 
-    end = 1_754_400_000
-    assert _starts_after({"JobCurrentStartDate": end, "QDate": end + 5}, end)
-    assert not _starts_after({"JobCurrentStartDate": end, "QDate": end - 1}, end)  # queued during the window
-    assert not _starts_after({"JobCurrentStartDate": end - 1, "QDate": end}, end)
-    assert not _starts_after({"QDate": end + 5}, end)  # no run start: normalized in full
-    assert not _starts_after({"JobCurrentStartDate": str(end + 5), "QDate": end + 5}, end)  # text: in full
-    assert not _starts_after({"JobCurrentStartDate": (end + 5) * 1000, "QDate": end + 5}, end)  # ms: in full
-    assert not _starts_after(["not", "a", "doc"], end)
+    import pyarrow as pa
+
+    from gpu_pipeline.lib.job_source import _text_outside_window
+    from gpu_pipeline.lib.jobs import _outside_window
+
+    start, end = 1_754_300_000, 1_754_400_000
+    cases = [
+        ({"JobCurrentStartDate": end, "QDate": end + 5}, True),  # starts after the window
+        ({"JobCurrentStartDate": 10, "QDate": 5, "CompletionDate": start - 1}, True),  # completed before it
+        ({"JobCurrentStartDate": end, "QDate": end - 1}, False),  # queued during the window
+        ({"JobCurrentStartDate": end - 1, "QDate": end}, False),
+        ({"JobCurrentStartDate": 10, "QDate": 5, "CompletionDate": start}, False),  # ends at the start
+        ({"JobCurrentStartDate": start - 1, "QDate": 5, "CompletionDate": start - 5}, False),  # completion < start
+        ({"QDate": end + 5}, False),  # no run start: normalized in full
+        ({"JobCurrentStartDate": str(end + 5), "QDate": end + 5}, False),  # text: in full
+        ({"JobCurrentStartDate": (end + 5) * 1000, "QDate": end + 5}, False),  # ms: in full
+        ({"JobCurrentStartDate": end + 5, "QDate": end + 5, "Env": {"QDate": 1}}, None),  # nested: parsed
+        (["not", "a", "doc"], False),
+    ]
+    docs = [json.dumps(d, sort_keys=True, separators=(",", ":")) for d, _ in cases]
+    raw = pa.table({"doc_json": docs, "parse_error": pa.nulls(len(docs), pa.string())})
+    by_text = _text_outside_window(raw, start, end).to_pylist()
+    for (doc, expected), text_says in zip(cases, by_text, strict=True):
+        if expected is None:
+            assert _outside_window(doc, start, end) and not text_says, doc
+        else:
+            assert _outside_window(doc, start, end) is expected and text_says is expected, doc
