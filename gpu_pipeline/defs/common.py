@@ -11,7 +11,7 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
-from gpu_pipeline.defs.partitions import TIMEZONE
+from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_partitions
 from gpu_pipeline.lib.schemas import TableSpec
 from gpu_pipeline.lib.store import WriteResult
 from gpu_pipeline.lib.timeutil import day_window
@@ -148,10 +148,21 @@ def table_key(spec: TableSpec) -> dg.AssetKey:
     return dg.AssetKey([spec.layer, spec.name])
 
 
+def daily_tables_asset(name: str, specs: list[dg.AssetSpec], check_specs: list[dg.AssetCheckSpec] | None = None):
+    """The decorator of a daily multi-asset writing several tables: subsettable, partitioned by day,
+    one run per partition range."""
+    return dg.multi_asset(
+        can_subset=True,
+        specs=specs,
+        partitions_def=daily_partitions,
+        backfill_policy=daily_backfill_policy,
+        check_specs=check_specs or [],
+        name=name,
+    )
+
+
 def table_spec_asset(spec: TableSpec, deps: list[dg.AssetKey], kinds: set[str] | None = None) -> dg.AssetSpec:
     """The AssetSpec of a daily table produced inside a multi-asset."""
-    from gpu_pipeline.defs.partitions import daily_partitions
-
     return dg.AssetSpec(
         key=table_key(spec),
         group_name=spec.layer,

@@ -332,7 +332,7 @@ def test_catalog_preview_and_a_three_day_backfill_from_the_asset_graph(ui: UI):
     assert chain <= selected, f"the backfill does not target {sorted(chain - selected)}: {sorted(selected)}"
     assert all(r["status"] == "SUCCESS" for r in runs), runs
     # BackfillPolicy.single_run on every asset: fewer runs than days (one range run), not one per day
-    assert 1 <= len(runs) < len(missing), (
+    assert 0 < len(runs) < len(missing), (
         f"the 3-day backfill ran as {len(runs)} runs, expected a single range run: "
         f"{[_tags(r) for r in runs]}")
     covered = {(_tags(r).get("dagster/asset_partition_range_start"),

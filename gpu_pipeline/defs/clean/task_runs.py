@@ -7,6 +7,7 @@ import pyarrow.compute as pc
 from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
+    daily_tables_asset,
     materialize_result,
     outcome,
     run_days_multi,
@@ -15,7 +16,6 @@ from gpu_pipeline.defs.common import (
     table_spec_asset,
     window,
 )
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
 from gpu_pipeline.lib.schemas import GPU_SAMPLES
 from gpu_pipeline.lib.terapixel import (
@@ -29,13 +29,7 @@ from gpu_pipeline.lib.terapixel import (
 RUNS_KEY, MEANS_KEY = table_key(TASK_RUNS), table_key(TASK_GPU_MEANS)
 
 
-@dg.multi_asset(
-    can_subset=True,
-    specs=[table_spec_asset(TASK_RUNS, [], {"csv", "parquet"}), table_spec_asset(TASK_GPU_MEANS, [SAMPLES_KEY])],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    name="task_runs",
-)
+@daily_tables_asset("task_runs", [table_spec_asset(TASK_RUNS, [], {"csv", "parquet"}), table_spec_asset(TASK_GPU_MEANS, [SAMPLES_KEY])])
 def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, telemetry: TelemetryResource):
     store = SelectedStore(data_store.store(), context)
     base = telemetry.terapixel_dir.strip()

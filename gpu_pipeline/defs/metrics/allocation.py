@@ -6,6 +6,7 @@ import pyarrow.compute as pc
 from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
+    daily_tables_asset,
     materialize_result,
     outcome,
     run_days_multi,
@@ -14,7 +15,6 @@ from gpu_pipeline.defs.common import (
     table_spec_asset,
     window,
 )
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.allocation import ALLOCATION_BUCKETS, ALLOCATION_DAILY, allocation_for_day
 
@@ -23,14 +23,7 @@ PCT_RANGE = dg.AssetCheckSpec("allocation_pct_in_range", asset=DAILY_KEY,
                               description="Every allocation_pct is within [0, 100] and claimed <= total.")
 
 
-@dg.multi_asset(
-    can_subset=True,
-    specs=[table_spec_asset(ALLOCATION_BUCKETS, [SLOTS_KEY]), table_spec_asset(ALLOCATION_DAILY, [SLOTS_KEY])],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    check_specs=[PCT_RANGE],
-    name="allocation",
-)
+@daily_tables_asset("allocation", [table_spec_asset(ALLOCATION_BUCKETS, [SLOTS_KEY]), table_spec_asset(ALLOCATION_DAILY, [SLOTS_KEY])], [PCT_RANGE])
 def allocation(context: dg.AssetExecutionContext, data_store: DataStoreResource):
     store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}

@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
+    daily_tables_asset,
     materialize_result,
     outcome,
     run_days_multi,
@@ -18,7 +19,6 @@ from gpu_pipeline.defs.common import (
     window,
 )
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.availability import (
     AVAILABILITY_PERIODS,
@@ -40,14 +40,10 @@ def _days_back(day: str, n: int) -> list[str]:
     return [(d - dt.timedelta(days=i)).isoformat() for i in range(n, -1, -1)]
 
 
-@dg.multi_asset(
-    can_subset=True,
-    specs=[table_spec_asset(AVAILABILITY_PERIODS, [STATES_KEY, SLOTS_KEY]),
-           table_spec_asset(AVAILABILITY_SUMMARY, [STATES_KEY])],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    check_specs=[VALID],
-    name="availability",
+@daily_tables_asset(
+    "availability",
+    [table_spec_asset(AVAILABILITY_PERIODS, [STATES_KEY, SLOTS_KEY]),
+     table_spec_asset(AVAILABILITY_SUMMARY, [STATES_KEY])], [VALID],
 )
 def availability(context: dg.AssetExecutionContext, data_store: DataStoreResource):
     store = SelectedStore(data_store.store(), context)

@@ -7,6 +7,7 @@ from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
 from gpu_pipeline.defs.clean.kueue_demand import KEY as KUEUE_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
+    daily_tables_asset,
     materialize_result,
     outcome,
     run_days_multi,
@@ -17,7 +18,6 @@ from gpu_pipeline.defs.common import (
 )
 from gpu_pipeline.defs.metrics.efficiency import KEYS as EFFICIENCY_KEYS
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.demand import (
     DEMAND_CAPACITY,
@@ -33,14 +33,7 @@ FINITE = dg.AssetCheckSpec("dcr_finite_and_shares_in_range", asset=CAP_KEY,
                            description="DCR is finite everywhere; contributor shares are within [0, 1].")
 
 
-@dg.multi_asset(
-    can_subset=True,
-    specs=[table_spec_asset(DEMAND_CAPACITY, DEPS), table_spec_asset(DEMAND_TOP_CONTRIBUTORS, DEPS)],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    check_specs=[FINITE],
-    name="demand_capacity",
-)
+@daily_tables_asset("demand_capacity", [table_spec_asset(DEMAND_CAPACITY, DEPS), table_spec_asset(DEMAND_TOP_CONTRIBUTORS, DEPS)], [FINITE])
 def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreResource):
     store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}

@@ -8,6 +8,7 @@ from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
 from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
+    daily_tables_asset,
     materialize_result,
     outcome,
     run_days_multi,
@@ -17,7 +18,6 @@ from gpu_pipeline.defs.common import (
     window,
 )
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.efficiency import (
     EFFICIENCY_DAILY,
@@ -38,14 +38,7 @@ SUBSET = dg.AssetCheckSpec(
 )
 
 
-@dg.multi_asset(
-    can_subset=True,
-    specs=[table_spec_asset(s, DEPS) for s in SPECS],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    check_specs=[SUBSET],
-    name="efficiency",
-)
+@daily_tables_asset("efficiency", [table_spec_asset(s, DEPS) for s in SPECS], [SUBSET])
 def efficiency(context: dg.AssetExecutionContext, data_store: DataStoreResource):
     store = SelectedStore(data_store.store(), context)
     strays: dict[str, list[str]] = {}

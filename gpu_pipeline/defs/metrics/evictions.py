@@ -9,6 +9,7 @@ from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
 from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
+    daily_tables_asset,
     materialize_result,
     outcome,
     run_days_multi,
@@ -18,7 +19,7 @@ from gpu_pipeline.defs.common import (
     window,
 )
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
-from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.partitions import TIMEZONE
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.evictions import EVICTION_RATES, EVICTIONS, compute_eviction_rates, compute_evictions
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_STATES, JOBS
@@ -30,14 +31,7 @@ RATES_OK = dg.AssetCheckSpec("rates_valid", asset=RATES_KEY,
                              description="Eviction rates are finite and >= 0; lost GPU-hours >= 0.")
 
 
-@dg.multi_asset(
-    can_subset=True,
-    specs=[table_spec_asset(EVICTIONS, DEPS), table_spec_asset(EVICTION_RATES, DEPS)],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    check_specs=[RATES_OK],
-    name="evictions",
-)
+@daily_tables_asset("evictions", [table_spec_asset(EVICTIONS, DEPS), table_spec_asset(EVICTION_RATES, DEPS)], [RATES_OK])
 def evictions(context: dg.AssetExecutionContext, data_store: DataStoreResource):
     store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}
