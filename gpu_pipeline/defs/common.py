@@ -213,6 +213,21 @@ class SelectedStore:
         return getattr(self._store, name)
 
 
+def violations_check(spec: dg.AssetCheckSpec, asset_key: dg.AssetKey, by_day: dict[str, Any],
+                     label: str = "violations_by_day") -> dg.AssetCheckResult:
+    """A check that passes when no day has violations (a count or a list per day, in its metadata)."""
+    return dg.AssetCheckResult(check_name=spec.name, asset_key=asset_key, passed=not any(by_day.values()),
+                               metadata={label: dg.MetadataValue.json(by_day)})
+
+
+def tables_results(context: dg.AssetExecutionContext, outcomes: dict[dg.AssetKey, list[DayOutcome]],
+                   specs: dict[dg.AssetKey, TableSpec], checks: list[dg.AssetCheckResult] | None = None) -> list:
+    """What a multi-asset writing several tables yields: one materialization per table (from the
+    outcomes of ``run_days_multi``) and its check results, limited to what the run selected."""
+    results: list = [materialize_result(spec, outcomes[key], asset_key=key) for key, spec in specs.items()]
+    return selected_results(context, results + (checks or []))
+
+
 def selected_results(context: dg.AssetExecutionContext, results: list) -> list:
     """Only the materializations and check results of what the run selected."""
     keys, checks = set(context.selected_asset_keys), set(context.selected_asset_check_keys)

@@ -8,12 +8,11 @@ from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
     daily_tables_asset,
-    materialize_result,
     outcome,
     run_days_multi,
-    selected_results,
     table_key,
     table_spec_asset,
+    tables_results,
     window,
 )
 from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
@@ -29,7 +28,10 @@ from gpu_pipeline.lib.terapixel import (
 RUNS_KEY, MEANS_KEY = table_key(TASK_RUNS), table_key(TASK_GPU_MEANS)
 
 
-@daily_tables_asset("task_runs", [table_spec_asset(TASK_RUNS, [], {"csv", "parquet"}), table_spec_asset(TASK_GPU_MEANS, [SAMPLES_KEY])])
+@daily_tables_asset(
+    "task_runs",
+    [table_spec_asset(TASK_RUNS, [], {"csv", "parquet"}), table_spec_asset(TASK_GPU_MEANS, [SAMPLES_KEY])],
+)
 def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, telemetry: TelemetryResource):
     store = SelectedStore(data_store.store(), context)
     base = telemetry.terapixel_dir.strip()
@@ -79,7 +81,4 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
         }
 
     out = run_days_multi(context, [RUNS_KEY, MEANS_KEY], one_day)
-    results: list = []
-    results.append(materialize_result(TASK_RUNS, out[RUNS_KEY], asset_key=RUNS_KEY))
-    results.append(materialize_result(TASK_GPU_MEANS, out[MEANS_KEY], asset_key=MEANS_KEY))
-    yield from selected_results(context, results)
+    yield from tables_results(context, out, {RUNS_KEY: TASK_RUNS, MEANS_KEY: TASK_GPU_MEANS})

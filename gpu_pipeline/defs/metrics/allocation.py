@@ -7,12 +7,12 @@ from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
     daily_tables_asset,
-    materialize_result,
     outcome,
     run_days_multi,
-    selected_results,
     table_key,
     table_spec_asset,
+    tables_results,
+    violations_check,
     window,
 )
 from gpu_pipeline.defs.resources import DataStoreResource
@@ -23,7 +23,11 @@ PCT_RANGE = dg.AssetCheckSpec("allocation_pct_in_range", asset=DAILY_KEY,
                               description="Every allocation_pct is within [0, 100] and claimed <= total.")
 
 
-@daily_tables_asset("allocation", [table_spec_asset(ALLOCATION_BUCKETS, [SLOTS_KEY]), table_spec_asset(ALLOCATION_DAILY, [SLOTS_KEY])], [PCT_RANGE])
+@daily_tables_asset(
+    "allocation",
+    [table_spec_asset(ALLOCATION_BUCKETS, [SLOTS_KEY]), table_spec_asset(ALLOCATION_DAILY, [SLOTS_KEY])],
+    [PCT_RANGE],
+)
 def allocation(context: dg.AssetExecutionContext, data_store: DataStoreResource):
     store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}
@@ -44,9 +48,5 @@ def allocation(context: dg.AssetExecutionContext, data_store: DataStoreResource)
         }
 
     out = run_days_multi(context, [BUCKETS_KEY, DAILY_KEY], one_day)
-    results: list = []
-    results.append(materialize_result(ALLOCATION_BUCKETS, out[BUCKETS_KEY], asset_key=BUCKETS_KEY))
-    results.append(materialize_result(ALLOCATION_DAILY, out[DAILY_KEY], asset_key=DAILY_KEY))
-    results.append(dg.AssetCheckResult(check_name=PCT_RANGE.name, asset_key=DAILY_KEY, passed=not any(bad.values()),
-                              metadata={"violations_by_day": dg.MetadataValue.json(bad)}))
-    yield from selected_results(context, results)
+    yield from tables_results(context, out, {BUCKETS_KEY: ALLOCATION_BUCKETS, DAILY_KEY: ALLOCATION_DAILY},
+                              [violations_check(PCT_RANGE, DAILY_KEY, bad)])

@@ -10,12 +10,12 @@ from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
     daily_tables_asset,
-    materialize_result,
     outcome,
     run_days_multi,
-    selected_results,
     table_key,
     table_spec_asset,
+    tables_results,
+    violations_check,
     window,
 )
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
@@ -79,9 +79,5 @@ def availability(context: dg.AssetExecutionContext, data_store: DataStoreResourc
         }
 
     out = run_days_multi(context, [PERIODS_KEY, SUMMARY_KEY], one_day)
-    results: list = []
-    results.append(materialize_result(AVAILABILITY_PERIODS, out[PERIODS_KEY], asset_key=PERIODS_KEY))
-    results.append(materialize_result(AVAILABILITY_SUMMARY, out[SUMMARY_KEY], asset_key=SUMMARY_KEY))
-    results.append(dg.AssetCheckResult(check_name=VALID.name, asset_key=PERIODS_KEY, passed=not any(bad.values()),
-                              metadata={"violations_by_day": dg.MetadataValue.json(bad)}))
-    yield from selected_results(context, results)
+    yield from tables_results(context, out, {PERIODS_KEY: AVAILABILITY_PERIODS, SUMMARY_KEY: AVAILABILITY_SUMMARY},
+                              [violations_check(VALID, PERIODS_KEY, bad)])

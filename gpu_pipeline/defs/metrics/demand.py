@@ -8,12 +8,12 @@ from gpu_pipeline.defs.clean.kueue_demand import KEY as KUEUE_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
     daily_tables_asset,
-    materialize_result,
     outcome,
     run_days_multi,
-    selected_results,
     table_key,
     table_spec_asset,
+    tables_results,
+    violations_check,
     window,
 )
 from gpu_pipeline.defs.metrics.efficiency import KEYS as EFFICIENCY_KEYS
@@ -33,7 +33,11 @@ FINITE = dg.AssetCheckSpec("dcr_finite_and_shares_in_range", asset=CAP_KEY,
                            description="DCR is finite everywhere; contributor shares are within [0, 1].")
 
 
-@daily_tables_asset("demand_capacity", [table_spec_asset(DEMAND_CAPACITY, DEPS), table_spec_asset(DEMAND_TOP_CONTRIBUTORS, DEPS)], [FINITE])
+@daily_tables_asset(
+    "demand_capacity",
+    [table_spec_asset(DEMAND_CAPACITY, DEPS), table_spec_asset(DEMAND_TOP_CONTRIBUTORS, DEPS)],
+    [FINITE],
+)
 def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreResource):
     store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}
@@ -54,9 +58,5 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
         }
 
     out = run_days_multi(context, [CAP_KEY, TOP_KEY], one_day)
-    results: list = []
-    results.append(materialize_result(DEMAND_CAPACITY, out[CAP_KEY], asset_key=CAP_KEY))
-    results.append(materialize_result(DEMAND_TOP_CONTRIBUTORS, out[TOP_KEY], asset_key=TOP_KEY))
-    results.append(dg.AssetCheckResult(check_name=FINITE.name, asset_key=CAP_KEY, passed=not any(bad.values()),
-                              metadata={"violations_by_day": dg.MetadataValue.json(bad)}))
-    yield from selected_results(context, results)
+    yield from tables_results(context, out, {CAP_KEY: DEMAND_CAPACITY, TOP_KEY: DEMAND_TOP_CONTRIBUTORS},
+                              [violations_check(FINITE, CAP_KEY, bad)])

@@ -9,12 +9,12 @@ from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
     daily_tables_asset,
-    materialize_result,
     outcome,
     run_days_multi,
-    selected_results,
     table_key,
     table_spec_asset,
+    tables_results,
+    violations_check,
     window,
 )
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
@@ -72,9 +72,5 @@ def efficiency(context: dg.AssetExecutionContext, data_store: DataStoreResource)
                 for key, spec, t in zip(KEYS, SPECS, tables, strict=True)}
 
     out = run_days_multi(context, KEYS, one_day)
-    results: list = []
-    for key, spec in zip(KEYS, SPECS, strict=True):
-        results.append(materialize_result(spec, out[key], asset_key=key))
-    results.append(dg.AssetCheckResult(check_name=SUBSET.name, asset_key=KEYS[0], passed=not any(strays.values()),
-                              metadata={"gpus_not_in_snapshots": dg.MetadataValue.json(strays)}))
-    yield from selected_results(context, results)
+    yield from tables_results(context, out, dict(zip(KEYS, SPECS, strict=True)),
+                              [violations_check(SUBSET, KEYS[0], strays, "gpus_not_in_snapshots")])

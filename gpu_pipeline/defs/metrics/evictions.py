@@ -10,12 +10,12 @@ from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
 from gpu_pipeline.defs.common import (
     SelectedStore,
     daily_tables_asset,
-    materialize_result,
     outcome,
     run_days_multi,
-    selected_results,
     table_key,
     table_spec_asset,
+    tables_results,
+    violations_check,
     window,
 )
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
@@ -31,7 +31,11 @@ RATES_OK = dg.AssetCheckSpec("rates_valid", asset=RATES_KEY,
                              description="Eviction rates are finite and >= 0; lost GPU-hours >= 0.")
 
 
-@daily_tables_asset("evictions", [table_spec_asset(EVICTIONS, DEPS), table_spec_asset(EVICTION_RATES, DEPS)], [RATES_OK])
+@daily_tables_asset(
+    "evictions",
+    [table_spec_asset(EVICTIONS, DEPS), table_spec_asset(EVICTION_RATES, DEPS)],
+    [RATES_OK],
+)
 def evictions(context: dg.AssetExecutionContext, data_store: DataStoreResource):
     store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}
@@ -68,9 +72,5 @@ def evictions(context: dg.AssetExecutionContext, data_store: DataStoreResource):
         }
 
     out = run_days_multi(context, [EVICTIONS_KEY, RATES_KEY], one_day)
-    results: list = []
-    results.append(materialize_result(EVICTIONS, out[EVICTIONS_KEY], asset_key=EVICTIONS_KEY))
-    results.append(materialize_result(EVICTION_RATES, out[RATES_KEY], asset_key=RATES_KEY))
-    results.append(dg.AssetCheckResult(check_name=RATES_OK.name, asset_key=RATES_KEY, passed=not any(bad.values()),
-                              metadata={"violations_by_day": dg.MetadataValue.json(bad)}))
-    yield from selected_results(context, results)
+    yield from tables_results(context, out, {EVICTIONS_KEY: EVICTIONS, RATES_KEY: EVICTION_RATES},
+                              [violations_check(RATES_OK, RATES_KEY, bad)])
