@@ -57,7 +57,7 @@ import duckdb
 import pyarrow as pa
 
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, TIERS, TS, TableSpec, _f, conform
-from gpu_pipeline.lib.states import BUCKET, LOOKBACK, STALE_FACTOR, STATE_SQL
+from gpu_pipeline.lib.states import BUCKET, LOOKBACK, STALE_FACTOR, with_bucket_snaps
 from gpu_pipeline.lib.store import Store, connect
 
 TOTAL_TIER = "TOTAL"
@@ -119,19 +119,20 @@ ALLOCATION_DAILY = TableSpec(
     ),
 )
 
-# The bucket -> snapshot assignment is states.py's own SQL (params, rows, snaps, cadence, buckets,
-# in_bucket, carried, bucket_snaps); only what follows it differs.
-_MARK = "\nranked AS ("
-if _MARK not in STATE_SQL or "bucket_snaps AS (" not in STATE_SQL.split(_MARK, 1)[0]:
-    raise ImportError("states.STATE_SQL no longer has the bucket_snaps CTE this module builds on")
-_BUCKET_SNAPS_SQL = STATE_SQL.split(_MARK, 1)[0]
+# Columns of the clean slot table the allocation reads (the temp table holds only these).
+ALLOCATION_COLUMNS = ("snapshot_utc", "gpu_id", "device_name", "tier", "slot_state")
 
 _TIER_ORDER = ", ".join(f"'{t}'" for t in ALLOCATION_TIERS)
 
+# The bucket -> snapshot assignment is states.py's own SQL; only what follows it differs.
 ALLOCATION_SQL = (
-    _BUCKET_SNAPS_SQL
-    + f"""
-gpu_dev AS (
+    with_bucket_snaps("""
+rows AS (
+    SELECT epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.device_name, r.tier, r.slot_state
+    FROM slot_rows r, params p
+    WHERE epoch_us(r.snapshot_utc) < p.e_us
+)""")
+    + f"""gpu_dev AS (
     SELECT gpu_id,
            coalesce(arg_max(device_name, (device_name IS NOT NULL, t_us)), '{UNKNOWN_DEVICE}') AS device_name
     FROM rows, params p
@@ -223,7 +224,7 @@ def compute_allocation_buckets(
     states). Uses (and replaces) the temp table ``slot_rows`` on ``con``, as the states do.
     """
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE slot_rows AS SELECT * FROM {rows_from_sql} "
+        f"CREATE OR REPLACE TEMP TABLE slot_rows AS SELECT {', '.join(ALLOCATION_COLUMNS)} FROM {rows_from_sql} "
         f"WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ) - to_microseconds(CAST(? AS BIGINT))",
         [*params, start_utc, _us(LOOKBACK)],
     )

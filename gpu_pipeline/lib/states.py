@@ -31,36 +31,17 @@ BUCKET = dt.timedelta(minutes=5)
 STALE_FACTOR = 1.5
 LOOKBACK = dt.timedelta(hours=1)
 
-STATE_SQL = """
-WITH
+# The bucket -> snapshot assignment, shared with allocation.py. It needs a CTE ``rows`` with the
+# snapshot time ``t_us`` (epoch microseconds) of every slot row before the window's end, and ``params``.
+PARAMS_SQL = """
 params AS (
     SELECT epoch_us(CAST($start AS TIMESTAMPTZ)) AS s_us,
            epoch_us(CAST($end AS TIMESTAMPTZ)) AS e_us,
            CAST($bucket_us AS BIGINT) AS b_us
-),
-rows AS (
-    -- (allocation.py's SQL reuses this prefix and reads tier and slot_state too)
-    SELECT r.rowid AS rid, epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.slot_name, r.host, r.device_name,
-        r.tier, r.slot_state,
-        CASE
-            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 5
-            WHEN r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 4
-            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Unclaimed' THEN 3
-            WHEN NOT r.is_backfill_slot THEN 2
-            WHEN r.slot_state = 'Unclaimed' THEN 1
-            ELSE 0
-        END AS rank_code
-    FROM slot_rows r, params p
-    WHERE epoch_us(r.snapshot_utc) < p.e_us
-),
+)"""
+
+BUCKET_SNAPS_SQL = """
 snaps AS (SELECT DISTINCT t_us FROM rows),
--- Order numbers of snapshot times and slot names, so that (rank, time, slot name) packs into one
--- BIGINT: rank_code * 2^48 + snapshot number * 2^24 + slot-name number.
-snap_no AS (SELECT t_us, row_number() OVER (ORDER BY t_us) AS snap_no FROM snaps),
-name_no AS (
-    SELECT slot_name, row_number() OVER (ORDER BY slot_name) AS name_no
-    FROM (SELECT DISTINCT slot_name FROM rows)
-),
 cadence AS (
     SELECT coalesce(median(d), (SELECT b_us FROM params)) AS c_us
     FROM (SELECT t_us - lag(t_us) OVER (ORDER BY t_us) AS d FROM snaps)
@@ -86,6 +67,37 @@ carried AS (
 ),
 bucket_snaps AS (
     SELECT * FROM in_bucket UNION ALL SELECT * FROM carried
+)"""
+
+
+def with_bucket_snaps(rows_cte: str) -> str:
+    """``WITH params, rows, <bucket assignment CTEs>,`` for a query that goes on with more CTEs."""
+    return "WITH" + PARAMS_SQL + ",\n" + rows_cte.strip("\n") + "," + BUCKET_SNAPS_SQL + ",\n"
+
+
+# Columns of the clean slot table the state SQL reads (the temp table holds only these).
+STATE_COLUMNS = ("snapshot_utc", "gpu_id", "slot_name", "host", "device_name", "tier", "is_backfill_slot",
+                 "slot_state", "global_job_id", "remote_owner", "gpu_usage_pct")
+
+STATE_SQL = with_bucket_snaps("""
+rows AS (
+    SELECT r.rowid AS rid, epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.slot_name, r.host, r.device_name,
+        CASE
+            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 5
+            WHEN r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 4
+            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Unclaimed' THEN 3
+            WHEN NOT r.is_backfill_slot THEN 2
+            WHEN r.slot_state = 'Unclaimed' THEN 1
+            ELSE 0
+        END AS rank_code
+    FROM slot_rows r, params p
+    WHERE epoch_us(r.snapshot_utc) < p.e_us
+)""") + """-- Order numbers of snapshot times and slot names, so that (rank, time, slot name) packs into one
+-- BIGINT: rank_code * 2^48 + snapshot number * 2^24 + slot-name number.
+snap_no AS (SELECT t_us, row_number() OVER (ORDER BY t_us) AS snap_no FROM snaps),
+name_no AS (
+    SELECT slot_name, row_number() OVER (ORDER BY slot_name) AS name_no
+    FROM (SELECT DISTINCT slot_name FROM rows)
 ),
 ranked AS (
     SELECT bs.b_start_us, r.gpu_id, r.rid,
@@ -107,12 +119,15 @@ winners AS (
     FROM best JOIN slot_rows r ON r.rowid = best.rid
 ),
 gpus AS (
-    SELECT gpu_id,
-           arg_max(host, t_us) AS host,
-           arg_max(device_name, (device_name IS NOT NULL, t_us)) AS device_name
-    FROM rows, params p
-    WHERE rows.t_us >= p.s_us
-    GROUP BY gpu_id
+    SELECT *, row_number() OVER (ORDER BY host, gpu_id) AS g_no  -- output order, sorted on integers
+    FROM (
+        SELECT gpu_id,
+               arg_max(host, t_us) AS host,
+               arg_max(device_name, (device_name IS NOT NULL, t_us)) AS device_name
+        FROM rows, params p
+        WHERE rows.t_us >= p.s_us
+        GROUP BY gpu_id
+    )
 ),
 covered AS (SELECT DISTINCT b_start_us FROM bucket_snaps)
 SELECT
@@ -147,7 +162,7 @@ FROM buckets b
 CROSS JOIN gpus g
 LEFT JOIN winners w ON w.b_start_us = b.b_start_us AND w.gpu_id = g.gpu_id
 LEFT JOIN covered cv ON cv.b_start_us = b.b_start_us
-ORDER BY g.host, g.gpu_id, b.b_start_us
+ORDER BY g.g_no, b.b_start_us
 """
 
 
@@ -165,7 +180,7 @@ def compute_gpu_states(
     include the hour before ``start_utc`` so the first bucket can carry an earlier snapshot.
     """
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE slot_rows AS SELECT * FROM {rows_from_sql} "
+        f"CREATE OR REPLACE TEMP TABLE slot_rows AS SELECT {', '.join(STATE_COLUMNS)} FROM {rows_from_sql} "
         f"WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ) - INTERVAL 1 HOUR",
         [*params, start_utc],
     )
