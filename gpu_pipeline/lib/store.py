@@ -81,18 +81,56 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
     _fsync_dir(target.parent)
 
 
+_PARQUET_OPTIONS = {"compression": "zstd", "write_statistics": True, "store_schema": True}
+
+
 def parquet_bytes(table: pa.Table) -> bytes:
     """Serialize deterministically: the same table gives the same bytes."""
     sink = io.BytesIO()
-    pq.write_table(
-        table,
-        sink,
-        compression="zstd",
-        row_group_size=ROW_GROUP_SIZE,
-        write_statistics=True,
-        store_schema=True,
-    )
+    pq.write_table(table, sink, row_group_size=ROW_GROUP_SIZE, **_PARQUET_OPTIONS)
     return sink.getvalue()
+
+
+def _row_groups(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.Table]:
+    """Re-cut a stream of batches into tables of exactly ROW_GROUP_SIZE rows (the last one shorter),
+    so a streamed file has the row groups -- and the bytes -- of ``parquet_bytes`` on the whole table."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        while batch.num_rows:
+            take = min(batch.num_rows, ROW_GROUP_SIZE - rows)
+            pending.append(batch.slice(0, take))
+            batch = batch.slice(take)
+            rows += take
+            if rows == ROW_GROUP_SIZE:
+                yield pa.Table.from_batches(pending, schema=schema)
+                pending, rows = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending, schema=schema)
+
+
+def atomic_write_parquet(target: Path, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> tuple[int, int]:
+    """Stream ``batches`` into a Parquet file at ``target`` (temp file + fsync + rename, as
+    :func:`atomic_write_bytes`); returns (rows, bytes). Holds one row group at a time."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    rows = 0
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            with pq.ParquetWriter(fh, schema, **_PARQUET_OPTIONS) as writer:
+                for group in _row_groups(batches, schema):
+                    writer.write_table(group, row_group_size=ROW_GROUP_SIZE)
+                    rows += group.num_rows
+            fh.flush()
+            os.fsync(fh.fileno())
+        size = os.path.getsize(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(target.parent)
+    return rows, size
 
 
 class Store:
@@ -138,6 +176,16 @@ class Store:
         with self._partition_lock(target.parent):
             atomic_write_bytes(target, data)
         return WriteResult(path=str(target), rows=table.num_rows, bytes=len(data))
+
+    def write_partition_batches(
+        self, spec: TableSpec, day: dt.date | str, batches: Iterable[pa.RecordBatch]
+    ) -> WriteResult:
+        """Replace one day of ``spec`` with a stream of record batches of exactly its schema, without
+        holding the table in memory; the file is the one :meth:`write_partition` would write."""
+        target = self.partition_file(spec, day)
+        with self._partition_lock(target.parent):
+            rows, size = atomic_write_parquet(target, batches, spec.schema)
+        return WriteResult(path=str(target), rows=rows, bytes=size)
 
     def write_plot(self, name: str, day: dt.date | str, png: bytes, variant: str | None = None) -> WriteResult:
         target = self.plot_file(name, day, variant)

@@ -95,3 +95,37 @@ def test_safe_name_never_escapes(name):
     s = safe_name(name)
     assert "/" not in s and ".." not in s and s
     assert os.path.basename(s) == s
+
+
+def test_streamed_partition_is_byte_identical_to_the_whole_table_write(data_root, monkeypatch):
+    """write_partition_batches re-cuts any stream of batches into the same row groups, so the file is
+    the one write_partition writes from the whole table (here with 10-row groups)."""
+    monkeypatch.setattr(store_mod, "ROW_GROUP_SIZE", 10)
+    store = Store(data_root)
+    table = store_mod.conform(q_rows(37, "x").append_column("source_row", pa.array(range(37), pa.int64())),
+                              QUARANTINE)
+    whole = store.write_partition(QUARANTINE, "2025-08-06", table)
+    expected = store.partition_file(QUARANTINE, "2025-08-06").read_bytes()
+    assert pq.ParquetFile(store.partition_file(QUARANTINE, "2025-08-06")).metadata.num_row_groups == 4
+    for sizes in ([37], [3, 3, 3, 20, 8], [10, 10, 10, 7], [1] * 37):
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        batches = [b for o, n in zip(offsets, sizes, strict=True) for b in table.slice(o, n).to_batches()]
+        streamed = store.write_partition_batches(QUARANTINE, "2025-08-07", iter(batches))
+        assert (streamed.rows, streamed.bytes) == (37, whole.bytes)
+        assert store.partition_file(QUARANTINE, "2025-08-07").read_bytes() == expected
+
+
+def test_a_stream_that_fails_midway_leaves_the_old_partition(data_root):
+    store = Store(data_root)
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(3, "old"))
+    before = store.partition_file(QUARANTINE, "2025-08-06").read_bytes()
+
+    def broken():
+        yield from store_mod.conform(q_rows(5, "new"), QUARANTINE).to_batches()
+        raise RuntimeError("source went away")
+
+    with pytest.raises(RuntimeError, match="source went away"):
+        store.write_partition_batches(QUARANTINE, "2025-08-06", broken())
+    assert store.partition_file(QUARANTINE, "2025-08-06").read_bytes() == before
+    assert [p.name for p in store.partition_file(QUARANTINE, "2025-08-06").parent.iterdir()
+            if p.name not in {"part-0.parquet", ".lock"}] == []
