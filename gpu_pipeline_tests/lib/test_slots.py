@@ -59,3 +59,73 @@ def test_tiers_hosts_exclusions_quarantine_and_duplicates():
     assert res.rows_in == len(rows)
     # every input row is accounted for
     assert t.num_rows + res.duplicates_dropped + len(q) + 1 == len(rows)
+
+
+def _many_snapshots(n_snaps=12, hosts=4, slots_per_host=3, seed=7):
+    """Raw rows of ``n_snaps`` snapshots in snapshot order, slots shuffled within each snapshot, with
+    exact copies of some rows (a snapshot written twice) and, in one snapshot, a second row of the same
+    (slot, GPU) that differs (a key repeated with other values)."""
+    import random
+
+    rng = random.Random(seed)
+    rows, copies = [], 0
+    for k in range(n_snaps):
+        t = T + dt.timedelta(minutes=5 * k)
+        snap = []
+        for h in range(hosts):
+            for s in range(slots_per_host):
+                snap.append({"snapshot_utc": t, "Name": f"slot1_{s}@gpu{h:02d}", "Machine": f"gpu{h:02d}",
+                             "AssignedGPUs": f"GPU-{h:02d}{s:02d}abcd", "State": rng.choice(["Claimed", "Unclaimed"]),
+                             "PrioritizedProjects": "Lab" if h == 0 else "", "GPUsAverageUsage": rng.random()})
+        if k % 4 == 1:  # exact copies
+            snap += [dict(r) for r in snap[:2]]
+            copies += 2
+        rng.shuffle(snap)
+        rows += snap
+    differing = dict(rows[-1], State="Drained")  # same key as the last row, other state
+    rows.append(differing)
+    base = {"timestamp_local": "x", "source_file": "f.db"}
+    table = conform(pa.Table.from_pylist([{**base, "source_rowid": i, **r} for i, r in enumerate(rows)]),
+                    RAW_CONDOR_SLOT_SNAPSHOTS)
+    return table, copies
+
+
+def test_cleaning_in_chunks_streams_the_same_table_as_in_one_piece():
+    raw_rows, copies = _many_snapshots()
+    whole = clean_slot_rows(raw_rows, batch_rows=10**9)
+    batches = []
+    streamed = clean_slot_rows(raw_rows, batch_rows=7, sink=lambda it: batches.extend(it) or "done")
+    assert streamed.table is None and streamed.written == "done"
+    assert len(batches) > 5 and max(b.num_rows for b in batches) <= 7 + 12  # chunks end at a snapshot
+    assert pa.Table.from_batches(batches).equals(whole.table)
+    t = whole.table.to_pandas()
+    # sorted on (snapshot, host, slot name, GPU), exact copies dropped, the differing row kept
+    assert t.equals(t.sort_values(["snapshot_utc", "host", "slot_name", "gpu_id"], kind="stable"))
+    for res in (whole, streamed):
+        assert res.duplicates_dropped == copies
+        assert res.rows_out == raw_rows.num_rows - copies == whole.table.num_rows
+        assert res.duplicate_keys == 1
+        assert res.gpus == 12
+    repeated = t[t.duplicated(["snapshot_utc", "slot_name", "gpu_id"], keep=False)]
+    assert sorted(repeated["slot_state"]) == sorted(raw_rows.column("State").to_pylist()[-2:])
+    assert "Drained" in set(repeated["slot_state"]) and len(repeated) == 2
+
+
+def test_rows_out_of_snapshot_order_are_cleaned_in_one_piece_with_the_same_result():
+    raw_rows, copies = _many_snapshots()
+    shuffled = raw_rows.take(pa.array(list(range(raw_rows.num_rows))[::-1]))
+    a = clean_slot_rows(raw_rows, batch_rows=7).table
+    b = clean_slot_rows(shuffled, batch_rows=7).table
+    assert a.equals(b)
+
+
+def test_chunks_never_split_a_snapshot():
+    from gpu_pipeline.lib.slots import _chunks
+
+    ts = pa.chunked_array([pa.array([T + dt.timedelta(minutes=m) for m in [0, 0, 0, 1, 1, 2, 2, 2, 2, 3]],
+                                    pa.timestamp("us", tz="UTC"))])
+    assert _chunks(ts, 4) == [(0, 3), (3, 5), (5, 9), (9, 10)]
+    assert _chunks(ts, 100) == [(0, 10)]
+    assert _chunks(ts, 1) == [(0, 3), (3, 5), (5, 9), (9, 10)]
+    assert _chunks(ts.take(pa.array([3, 0, 1, 2, 4, 5, 6, 7, 8, 9])), 4) == [(0, 10)]  # not in order
+    assert _chunks(ts.slice(0, 0), 4) == []

@@ -1,7 +1,6 @@
 """Clean layer: typed, UTC, tiered slot snapshots (one row per snapshot x slot x GPU)."""
 
 import dagster as dg
-import pyarrow.compute as pc
 
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
@@ -41,26 +40,27 @@ def slot_snapshots(
 
     def one_day(day: str) -> DayOutcome:
         # Only the columns cleaning reads, repetitive text dictionary-encoded (a 10,000-GPU day is
-        # 5.6 M rows); quarantined rows are re-read whole.
-        raw = store.read_table(RAW_CONDOR_SLOT_SNAPSHOTS, day, CLEAN_INPUT_COLUMNS, dictionary=DICTIONARY_COLUMNS)
-        cleaned = clean_slot_rows(raw, condor_archive.excluded_patterns(),
-                                  full_rows=lambda idx: store.read_table(RAW_CONDOR_SLOT_SNAPSHOTS, day).take(idx))
-        del raw
+        # 5.6 M rows); quarantined rows are re-read whole. The clean rows stream from DuckDB into
+        # the partition file, one row group at a time; the raw table is passed without a name here so
+        # that cleaning can let it go once the rows are classified.
+        cleaned = clean_slot_rows(
+            store.read_table(RAW_CONDOR_SLOT_SNAPSHOTS, day, CLEAN_INPUT_COLUMNS, dictionary=DICTIONARY_COLUMNS),
+            condor_archive.excluded_patterns(),
+            full_rows=lambda idx: store.read_table(RAW_CONDOR_SLOT_SNAPSHOTS, day).take(idx),
+            sink=lambda batches: store.write_partition_batches(SPEC, day, batches),
+        )
         store.write_partition(QUARANTINE, day, cleaned.quarantine)
-        result = store.write_partition(SPEC, day, cleaned.table)
-        keys = cleaned.table.select(["snapshot_utc", "slot_name", "gpu_id"])
-        dupes = keys.num_rows - keys.group_by(keys.column_names).aggregate([]).num_rows
-        duplicate_keys[day] = dupes
+        duplicate_keys[day] = cleaned.duplicate_keys
         return DayOutcome(
             day=day,
-            result=result,
+            result=cleaned.written,
             metrics={
                 "rows_in": cleaned.rows_in,
                 "rows_excluded_hosts": sum(cleaned.excluded_by_host.values()),
                 "rows_quarantined": cleaned.quarantine.num_rows,
                 "duplicate_rows_dropped": cleaned.duplicates_dropped,
                 "gpu_usage_out_of_range_nulled": cleaned.usage_out_of_range_nulled,
-                "gpus": pc.count_distinct(cleaned.table.column("gpu_id")).as_py(),
+                "gpus": cleaned.gpus,
             },
             details={
                 "excluded_rows_by_host": cleaned.excluded_by_host,
