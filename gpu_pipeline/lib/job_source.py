@@ -80,17 +80,50 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
     return picked
 
 
-def raw_docs_from_files(
-    files_dir: str | Path, start_utc: dt.datetime, end_utc: dt.datetime, lookahead_days: int = 7
-) -> RawDocs:
+def _file_table(path: Path) -> pa.Table:
+    """The raw-document rows of one job-record file."""
     rows: list[tuple[str, str, int, str, str | None]] = []
+    source, items = file_items(path)
+    for it in items:
+        text = it.doc if isinstance(it.doc, str) and it.error else _dumps(it.doc)
+        rows.append((source, it.origin, it.position, text, it.error))
+    return _raw_table(rows)
+
+
+class FileDocsCache:
+    """The rows of job-record files already read in this process, by path, size and modification
+    time (a file rewritten in between is read again). Every day reads the files from the day before
+    to ``lookahead_days`` after it, so a range run with one cache reads each file once instead of
+    up to ``lookahead_days + 2`` times. Only the files of the latest day are kept."""
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[str, int, int], pa.Table] = {}
+        self.reads = 0  #: files parsed (not taken from the cache)
+
+    def table(self, path: Path) -> pa.Table:
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = _file_table(path)
+            self.reads += 1
+        return table
+
+    def keep_only(self, paths: list[Path]) -> None:
+        names = {str(p) for p in paths}
+        self._tables = {k: t for k, t in self._tables.items() if k[0] in names}
+
+
+def raw_docs_from_files(
+    files_dir: str | Path, start_utc: dt.datetime, end_utc: dt.datetime, lookahead_days: int = 7,
+    cache: FileDocsCache | None = None,
+) -> RawDocs:
     files = select_files(Path(files_dir), start_utc, end_utc, lookahead_days)
-    for path in files:
-        source, items = file_items(path)
-        for it in items:
-            text = it.doc if isinstance(it.doc, str) and it.error else _dumps(it.doc)
-            rows.append((source, it.origin, it.position, text, it.error))
-    return RawDocs(table=_raw_table(rows), files=[str(p) for p in files])
+    cache = cache if cache is not None else FileDocsCache()
+    tables = [cache.table(path) for path in files]
+    cache.keep_only(files)
+    table = pa.concat_tables(tables).combine_chunks() if tables else _raw_table([])
+    return RawDocs(table=table, files=[str(p) for p in files])
 
 
 def raw_docs_from_es(cfg: EsConfig, start_utc: dt.datetime, end_utc: dt.datetime) -> RawDocs:

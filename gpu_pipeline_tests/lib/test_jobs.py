@@ -397,3 +397,40 @@ def test_only_documents_that_cannot_overlap_are_skipped():
             assert _outside_window(doc, start, end) and not text_says, doc
         else:
             assert _outside_window(doc, start, end) is expected and text_says is expected, doc
+
+
+def test_a_range_run_reads_each_job_file_once_with_the_same_days(tmp_path):
+    """With one FileDocsCache for the days of a range, each file is parsed once; every day's raw table
+    is the one a day read alone gets; a file rewritten in between is read again."""
+    import datetime as dt
+    import os
+
+    from gpu_pipeline.lib.job_source import FileDocsCache, raw_docs_from_files, select_files
+    from gpu_pipeline.lib.simulate import SimConfig, simulate
+    from gpu_pipeline.lib.timeutil import day_window
+
+    simulate(tmp_path, SimConfig(start=dt.date(2025, 8, 4), end=dt.date(2025, 8, 8), gpus=24, seed=5,
+                                 timezone="America/Chicago", telemetry_interval_s=0, kueue_interval_s=0))
+    jobs_dir = tmp_path / "jobs"
+    cache = FileDocsCache()
+    days = ["2025-08-04", "2025-08-05", "2025-08-06", "2025-08-07"]
+    wanted = set()
+    for day in days:
+        s, e = day_window(day, "America/Chicago")
+        wanted.update(str(p) for p in select_files(jobs_dir, s, e, 3))
+        cached = raw_docs_from_files(jobs_dir, s, e, 3, cache=cache)
+        alone = raw_docs_from_files(jobs_dir, s, e, 3)
+        assert cached.table.num_rows > 0 and cached.table.equals(alone.table) and cached.files == alone.files
+    assert cache.reads == len(wanted) < sum(len(raw_docs_from_files(jobs_dir, *day_window(d, "America/Chicago"),
+                                                                  3).files) for d in days)
+    # the same day again: nothing re-read; after a file changes, it is read again
+    s, e = day_window(days[-1], "America/Chicago")
+    before = cache.reads
+    raw_docs_from_files(jobs_dir, s, e, 3, cache=cache)
+    assert cache.reads == before
+    changed = select_files(jobs_dir, s, e, 3)[-1]
+    changed.write_text(changed.read_text().splitlines()[0] + "\n")
+    os.utime(changed, ns=(1, 1))
+    again = raw_docs_from_files(jobs_dir, s, e, 3, cache=cache)
+    assert cache.reads == before + 1
+    assert again.table.equals(raw_docs_from_files(jobs_dir, s, e, 3).table)

@@ -5,7 +5,7 @@ import dagster as dg
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, JobRecordsResource
-from gpu_pipeline.lib.job_source import RawDocs, raw_docs_from_es, raw_docs_from_files
+from gpu_pipeline.lib.job_source import FileDocsCache, RawDocs, raw_docs_from_es, raw_docs_from_files
 from gpu_pipeline.lib.schemas import RAW_JOB_DOCUMENTS as SPEC
 
 KEY = dg.AssetKey(["raw", "job_documents"])
@@ -37,12 +37,15 @@ def job_documents(
         context.log.info("no job-record source configured (GPU_PIPELINE_ES_HOSTS / GPU_PIPELINE_JOBS_DIR): "
                          "writing empty partitions")
 
+    files_cache = FileDocsCache()  # a range run reads each file once, though days' file sets overlap
+
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
         if mode == "elasticsearch":
             raw = raw_docs_from_es(job_records.es_config(), start, end)
         elif mode == "files":
-            raw = raw_docs_from_files(job_records.files_dir, start, end, int(job_records.lookahead_days))
+            raw = raw_docs_from_files(job_records.files_dir, start, end, int(job_records.lookahead_days),
+                                      cache=files_cache)
         else:
             raw = RawDocs(table=SPEC.empty())
         result = store.write_partition(SPEC, day, raw.table)
