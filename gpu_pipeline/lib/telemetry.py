@@ -77,7 +77,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import NamedTuple, Protocol
 from zoneinfo import ZoneInfo
@@ -873,9 +873,13 @@ class _ExpositionError(Exception):
         self.original = exc
 
 
+@lru_cache(maxsize=1 << 16)
 def _series_entry(series: str) -> tuple[str, dict[str, str], int] | str | None:
     """``(name, labels, signature)`` when the exposition parser reads ``series`` (``name{labels}``) on
-    its own as exactly one series; its reason when it rejects it; None for anything else."""
+    its own as exactly one series; its reason when it rejects it; None for anything else.
+
+    Remembered for the process (the same series recur in every file of a host, day after day, so a
+    range run parses each once); the labels dict is shared and never modified."""
     try:
         families = list(text_string_to_metric_families(series + " 0\n"))
     except Exception as exc:  # anything the parser raises
