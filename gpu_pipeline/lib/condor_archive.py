@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import queue
 import re
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,7 +167,11 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
             raise ArchiveError(f"{path}: table '{TABLE}' lacks required columns {missing_req}")
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
         try:
-            part = consume(_sqlite_batches(path, wanted, lo, hi))
+            ranges = _rowid_ranges(con, lo, hi)
+            # the first range's reader stays a few batches ahead; the second reads on meanwhile
+            readers = [_Prefetch(_sqlite_batches(path, wanted, lo, hi, rows), depth=2 if i == 0 else 64)
+                       for i, rows in enumerate(ranges)]
+            part = consume(_in_order(readers))
             part.read_path = "columnar"
         except _NotColumnar:
             part = consume(iter([_sqlite_rows(con, wanted, lo, hi)]))
@@ -200,9 +206,10 @@ def _read_types(wanted: list[str]) -> pa.Schema:
     ])
 
 
-def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str) -> Iterator[pa.RecordBatch]:
-    """The window's rows as Arrow record batches, straight from SQLite through the ADBC SQLite driver
-    (no Python object per value).
+def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str,
+                    rowids: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
+    """The window's rows (of the rowid range ``rowids``, inclusive, when given) as Arrow record
+    batches, straight from SQLite through the ADBC SQLite driver (no Python object per value).
 
     The driver fixes each result column's type from the values of its first rows, so the query
     returns no NULLs (a bit mask column says which values were NULL) and a value of another storage
@@ -221,8 +228,9 @@ def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str) -> Iterator
         else:
             exprs.append(f"CASE typeof({q}) WHEN 'text' THEN {q} WHEN 'null' THEN '' ELSE 0 END")
     mask = " | ".join(f"(({_q(c)} IS NULL) << {i})" for i, c in enumerate(sources))
+    in_range = "" if rowids is None else f" AND rowid >= {int(rowids[0])} AND rowid <= {int(rowids[1])}"
     query = (f"SELECT rowid, {mask}, {', '.join(exprs)} FROM {TABLE} "
-             f"WHERE {_q('timestamp')} >= ? AND {_q('timestamp')} < ? ORDER BY rowid")
+             f"WHERE {_q('timestamp')} >= ? AND {_q('timestamp')} < ?{in_range} ORDER BY rowid")
     try:
         con = adbc_sqlite.connect(f"file:{path}?mode=ro")
     except adbc_driver_manager.Error as exc:
@@ -252,6 +260,96 @@ def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str) -> Iterator
         raise _NotColumnar(str(exc)) from exc
     finally:
         con.close()
+
+
+_DONE = object()
+
+
+class _Prefetch:
+    """The batches of ``items`` produced by a background thread from the moment this is built, up to
+    ``depth`` ahead of the caller. The SQLite driver decodes without the GIL, so two of these read two
+    row ranges of a file on two cores while the caller localizes and filters. The producer's exception
+    is raised to the caller; :meth:`close` stops the producer, which closes ``items`` (and so its
+    connection) in its own thread."""
+
+    def __init__(self, items: Iterator[pa.RecordBatch], depth: int):
+        self._items = items
+        self._buffer: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._worker = threading.Thread(target=self._produce, name="archive-read", daemon=True)
+        self._worker.start()
+
+    def _put(self, entry: tuple) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._buffer.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        try:
+            for item in self._items:
+                if not self._put((item, None)):
+                    return
+            self._put((_DONE, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put((None, exc))
+        finally:
+            close = getattr(self._items, "close", None)
+            if close is not None:
+                close()
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            item, exc = self._buffer.get()
+            if exc is not None:
+                raise exc
+            if item is _DONE:
+                return
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._worker.join()
+
+
+def _in_order(readers: list[_Prefetch]) -> Iterator[pa.RecordBatch]:
+    """The readers' batches one reader after the other (so in rowid order), all of them reading at once."""
+    try:
+        for reader in readers:
+            yield from reader
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def _rowid_ranges(con: sqlite3.Connection, lo: str, hi: str) -> list[tuple[int, int] | None]:
+    """Two rowid ranges that together cover the table, split where the window's middle snapshot was
+    appended (found by bisection, as snapshots are appended in time order; if they are not, the
+    split is only less even: every row is still read once). ``[None]`` (one read of everything) for a
+    small table or anything unexpected."""
+    try:
+        first, last = con.execute(f"SELECT min(rowid), max(rowid) FROM {TABLE}").fetchone()
+        if first is None or last - first < 2 * _BATCH_ROWS:
+            return [None]
+        t_lo, t_hi = dt.datetime.fromisoformat(lo), dt.datetime.fromisoformat(hi)
+        middle = (t_lo + (t_hi - t_lo) / 2).isoformat(sep=" ")
+        a, b = first, last
+        while a < b:
+            m = (a + b) // 2
+            row = con.execute(f'SELECT "timestamp" FROM {TABLE} WHERE rowid >= ? ORDER BY rowid LIMIT 1',
+                              (m,)).fetchone()
+            if row is None or row[0] is None or str(row[0]) < middle:
+                a = m + 1
+            else:
+                b = m
+    except (sqlite3.Error, ValueError, TypeError):
+        return [None]
+    if not first < a <= last:
+        return [None]
+    return [(first, a - 1), (a, last)]
 
 
 def _sqlite_rows(con: sqlite3.Connection, wanted: list[str], lo: str, hi: str) -> pa.Table:

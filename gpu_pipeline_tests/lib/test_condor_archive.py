@@ -159,3 +159,78 @@ def test_columnar_read_hands_odd_values_to_the_row_by_row_rules(tmp_path, monkey
     assert fast.non_numeric == {"GPUs_GlobalMemoryMb": 1}
     assert fast.table.column("Name").to_pylist()[2] == "42"
     assert fast.table.column("State").to_pylist()[3] == "Claimed\ufffd"
+
+
+def _one_range(monkeypatch, archive_dir, start, end, tz):
+    """The columnar read with the file read as one rowid range (no second reader)."""
+    from gpu_pipeline.lib import condor_archive
+
+    with monkeypatch.context() as m:
+        m.setattr(condor_archive, "_rowid_ranges", lambda con, lo, hi: [None])
+        return read_window(archive_dir, start, end, tz)
+
+
+def test_two_readers_of_rowid_ranges_give_the_one_reader_table(tmp_path, monkeypatch):
+    """A file is read as two rowid ranges at once (split where the window's middle was appended):
+    the same table, rowid order kept, as one reader and as the row-by-row read."""
+    from gpu_pipeline.lib import condor_archive
+    from gpu_pipeline.lib.simulate import SimConfig, simulate
+
+    monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 700)  # many batches, and files "large" enough to split
+    simulate(tmp_path, SimConfig(start=dt.date(2025, 8, 4), end=dt.date(2025, 8, 6), gpus=16, seed=3,
+                                 timezone="America/Chicago", telemetry_interval_s=0, kueue_interval_s=0))
+    path = tmp_path / "condor" / "gpu_state_2025-08.db"
+    start, end = day_window("2025-08-05", "America/Chicago")
+    con = sqlite3.connect(path)
+    ranges = condor_archive._rowid_ranges(con, "2025-08-04 22:00:00", "2025-08-06 02:00:00")
+    (first, last), = con.execute("SELECT min(rowid), max(rowid) FROM gpu_state").fetchall()
+    con.close()
+    assert len(ranges) == 2 and ranges[0][0] == first and ranges[1][1] == last and ranges[0][1] + 1 == ranges[1][0]
+    split = read_window(tmp_path / "condor", start, end, "America/Chicago")
+    whole = _one_range(monkeypatch, tmp_path / "condor", start, end, "America/Chicago")
+    assert split.table.num_rows > 5_000 and split.table.equals(whole.table)
+    rowids = split.table.column("source_rowid").to_pylist()
+    assert rowids == sorted(rowids)
+    assert ranges[0][0] < rowids[0] <= ranges[0][1] < rowids[-1] <= ranges[1][1]  # both ranges contributed
+    fast, slow = _both_readers(monkeypatch, tmp_path / "condor", start, end, "America/Chicago")
+    assert fast.table.equals(slow.table)
+
+
+def test_rows_appended_out_of_time_order_are_read_whichever_range_holds_them(tmp_path, monkeypatch):
+    from gpu_pipeline.lib import condor_archive
+
+    monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 2)
+    stamps = [f"2025-08-05 {h:02d}:00:01.000000" for h in range(0, 24, 2)]
+    # a late-written row of the window's first hour at the end, and a next-day row in the middle
+    stamps = stamps[:6] + ["2025-08-06 12:00:00.000000"] + stamps[6:] + ["2025-08-05 00:30:00.000000"]
+    write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
+                       [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Claimed") for ts in stamps])
+    start, end = day_window("2025-08-05", "UTC")
+    split = read_window(tmp_path, start, end, "UTC")
+    assert split.table.equals(_one_range(monkeypatch, tmp_path, start, end, "UTC").table)
+    assert split.table.num_rows == 13
+    assert split.table.column("timestamp_local").to_pylist()[-1] == "2025-08-05 00:30:00.000000"
+
+
+def test_dst_hour_and_odd_values_across_two_readers(tmp_path, monkeypatch):
+    """The fall-back hour is still resolved by append order when its rows are split between the two
+    readers; an odd value met by the second reader sends the file to the row-by-row read."""
+    from gpu_pipeline.lib import condor_archive
+
+    monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 1)
+    rows = [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Unclaimed") for ts in (
+        "2025-11-02 01:25:00.000000", "2025-11-02 01:30:00.000000", "2025-11-02 01:55:00.000000",
+        "2025-11-02 01:05:00.000000", "2025-11-02 01:30:00.000001", "2025-11-02 02:00:00.000000")]
+    write_gpu_state_db(tmp_path / "gpu_state_2025-11.db", rows)
+    start, end = day_window("2025-11-02", "America/Chicago")
+    split = read_window(tmp_path, start, end, "America/Chicago")
+    assert split.table.equals(_one_range(monkeypatch, tmp_path, start, end, "America/Chicago").table)
+    assert split.table.column("snapshot_utc").to_pylist()[3] == dt.datetime(2025, 11, 2, 7, 5, tzinfo=UTC)
+
+    rows = [slot_row(f"2025-08-05 {h:02d}:00:01.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed") for h in range(8)]
+    rows[7]["GPUs_GlobalMemoryMb"] = "lots"  # in the second range only
+    write_gpu_state_db(tmp_path / "odd" / "gpu_state_2025-08.db", rows, OLD_COLUMNS)
+    start, end = day_window("2025-08-05", "UTC")
+    fast, slow = _both_readers(monkeypatch, tmp_path / "odd", start, end, "UTC")
+    assert set(fast.read_paths.values()) == {"row_by_row"} and fast.table.equals(slow.table)
+    assert fast.non_numeric == {"GPUs_GlobalMemoryMb": 1}
