@@ -168,8 +168,9 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
         try:
             ranges = _rowid_ranges(con, lo, hi)
-            # the first range's reader stays a few batches ahead; the second reads on meanwhile
-            readers = [_Prefetch(_sqlite_batches(path, wanted, lo, hi, rows), depth=2 if i == 0 else 64)
+            # The first range's reader stays a few batches ahead; the second reads on meanwhile, up to
+            # _AHEAD batches (about 0.5 M rows: all of a 1,000-GPU day's half; a bound on memory beyond).
+            readers = [_Prefetch(_sqlite_batches(path, wanted, lo, hi, rows), depth=2 if i == 0 else _AHEAD)
                        for i, rows in enumerate(ranges)]
             part = consume(_in_order(readers))
             part.read_path = "columnar"
@@ -193,6 +194,7 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
 # Rows per record batch of the columnar read (the driver's default, 1,024, makes the per-batch work
 # dominate); also the rows whose values fix each column's type.
 _BATCH_ROWS = 65_536
+_AHEAD = 8
 
 
 class _NotColumnar(Exception):

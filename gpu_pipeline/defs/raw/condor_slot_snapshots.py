@@ -8,6 +8,7 @@ from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
 from gpu_pipeline.lib.condor_archive import read_window, rejected_rows
 from gpu_pipeline.lib.schemas import QUARANTINE_CONDOR_RAW as QUARANTINE_RAW
 from gpu_pipeline.lib.schemas import RAW_CONDOR_SLOT_SNAPSHOTS as SPEC
+from gpu_pipeline.lib.schemas import conform
 
 KEY = dg.AssetKey(["raw", "condor_slot_snapshots"])
 HAS_SNAPSHOTS = dg.AssetCheckSpec(
@@ -39,7 +40,8 @@ def condor_slot_snapshots(
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
         read = read_window(condor_archive.path, start, end, condor_archive.source_timezone)
-        result = store.write_partition(SPEC, day, read.table)
+        # streamed into the file (no second copy of a 5 M-row day as Parquet bytes in memory)
+        result = store.write_partition_batches(SPEC, day, conform(read.table, SPEC).to_batches())
         store.write_partition(QUARANTINE_RAW, day, rejected_rows(read))
         details = {"source_files": read.files, "read_paths": read.read_paths}
         if read.missing_months:
