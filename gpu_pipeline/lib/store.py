@@ -64,13 +64,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(target: Path, data: bytes) -> None:
-    """Write ``data`` to ``target`` via temp file + fsync + rename in the same directory."""
+@contextlib.contextmanager
+def _atomic_file(target: Path) -> Iterator[io.BufferedWriter]:
+    """A temp file in ``target``'s directory to write into; when the block ends without error it is
+    flushed, fsynced and renamed over ``target`` (and the directory fsynced), otherwise removed,
+    leaving ``target`` as it was."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
@@ -79,6 +82,12 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(target.parent)
+
+
+def atomic_write_bytes(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` via temp file + fsync + rename in the same directory."""
+    with _atomic_file(target) as fh:
+        fh.write(data)
 
 
 _PARQUET_OPTIONS = {"compression": "zstd", "write_statistics": True, "store_schema": True}
@@ -112,25 +121,12 @@ def _row_groups(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterato
 def atomic_write_parquet(target: Path, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> tuple[int, int]:
     """Stream ``batches`` into a Parquet file at ``target`` (temp file + fsync + rename, as
     :func:`atomic_write_bytes`); returns (rows, bytes). Holds one row group at a time."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     rows = 0
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            with pq.ParquetWriter(fh, schema, **_PARQUET_OPTIONS) as writer:
-                for group in _row_groups(batches, schema):
-                    writer.write_table(group, row_group_size=ROW_GROUP_SIZE)
-                    rows += group.num_rows
-            fh.flush()
-            os.fsync(fh.fileno())
-        size = os.path.getsize(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(target.parent)
-    return rows, size
+    with _atomic_file(target) as fh, pq.ParquetWriter(fh, schema, **_PARQUET_OPTIONS) as writer:
+        for group in _row_groups(batches, schema):
+            writer.write_table(group, row_group_size=ROW_GROUP_SIZE)
+            rows += group.num_rows
+    return rows, target.stat().st_size
 
 
 class Store:
