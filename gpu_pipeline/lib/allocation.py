@@ -57,7 +57,7 @@ import duckdb
 import pyarrow as pa
 
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, TIERS, TS, TableSpec, _f, conform
-from gpu_pipeline.lib.states import BUCKET, LOOKBACK, STALE_FACTOR, with_bucket_snaps
+from gpu_pipeline.lib.states import BUCKET, LOOKBACK, PARQUET_LOOKBACK_WHERE, STALE_FACTOR, with_bucket_snaps
 from gpu_pipeline.lib.store import Store, connect
 
 TOTAL_TIER = "TOTAL"
@@ -125,14 +125,7 @@ ALLOCATION_COLUMNS = ("snapshot_utc", "gpu_id", "device_name", "tier", "slot_sta
 _TIER_ORDER = ", ".join(f"'{t}'" for t in ALLOCATION_TIERS)
 
 # The bucket -> snapshot assignment is states.py's own SQL; only what follows it differs.
-ALLOCATION_SQL = (
-    with_bucket_snaps("""
-rows AS (
-    SELECT epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.device_name, r.tier, r.slot_state
-    FROM slot_rows r, params p
-    WHERE epoch_us(r.snapshot_utc) < p.e_us
-)""")
-    + f"""gpu_dev AS (
+_ALLOCATION_REST = f"""gpu_dev AS (
     SELECT gpu_id,
            coalesce(arg_max(device_name, (device_name IS NOT NULL, t_us)), '{UNKNOWN_DEVICE}') AS device_name
     FROM rows, params p
@@ -185,7 +178,21 @@ LEFT JOIN counts c
 ORDER BY cv.b_start_us, list_position([{_TIER_ORDER}], cb.tier), cb.device_name = '{ALL_DEVICES}',
          cb.device_name
 """
-)
+
+
+def _allocation_sql(from_sql: str, where: str) -> str:
+    """The allocation SQL with its rows from ``from_sql`` (a temp table ``slot_rows`` of clean rows,
+    or the Parquet partitions as ``$files``)."""
+    return with_bucket_snaps(f"""
+rows AS (
+    SELECT epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.device_name, r.tier, r.slot_state
+    FROM {from_sql}, params p
+    WHERE epoch_us(r.snapshot_utc) < p.e_us{where}
+)""") + _ALLOCATION_REST
+
+
+ALLOCATION_SQL = _allocation_sql("slot_rows r", "")
+ALLOCATION_SQL_PARQUET = _allocation_sql("read_parquet($files, union_by_name=false) r", PARQUET_LOOKBACK_WHERE)
 
 DAILY_SQL = f"""
 SELECT
@@ -276,12 +283,16 @@ def allocation_for_day(
     store: Store, day: dt.date | str, start_utc: dt.datetime, end_utc: dt.datetime
 ) -> tuple[pa.Table, pa.Table]:
     """One partition: (bucket rows, daily rows) from the clean slot snapshots of the day and the day
-    before (for the carried-forward first bucket), as the state asset reads them."""
+    before (for the carried-forward first bucket), read straight from their Parquet files."""
     d = dt.date.fromisoformat(day) if isinstance(day, str) else day
+    files = store.files(CLEAN_SLOT_SNAPSHOTS, [(d - dt.timedelta(days=1)).isoformat(), d.isoformat()])
+    if not files:
+        return allocation_from_table(CLEAN_SLOT_SNAPSHOTS.empty(), start_utc, end_utc)
     con = connect()
     try:
-        sql, params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [(d - dt.timedelta(days=1)).isoformat(), d.isoformat()])
-        buckets = compute_allocation_buckets(con, sql, params, start_utc, end_utc)
+        params = {"start": start_utc, "end": end_utc, "bucket_us": _us(BUCKET), "stale_factor": STALE_FACTOR,
+                  "files": files, "lookback_us": _us(LOOKBACK)}
+        buckets = conform(con.sql(ALLOCATION_SQL_PARQUET, params=params).to_arrow_table(), ALLOCATION_BUCKETS)
     finally:
         con.close()
     return buckets, allocation_daily(buckets, start_utc, end_utc)
