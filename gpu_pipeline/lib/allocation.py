@@ -57,7 +57,7 @@ import duckdb
 import pyarrow as pa
 
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, TIERS, TS, TableSpec, _f, conform
-from gpu_pipeline.lib.states import BUCKET, LOOKBACK, PARQUET_LOOKBACK_WHERE, STALE_FACTOR, with_bucket_snaps
+from gpu_pipeline.lib.states import BUCKET, LOOKBACK, STALE_FACTOR, with_bucket_snaps
 from gpu_pipeline.lib.store import Store, connect
 
 TOTAL_TIER = "TOTAL"
@@ -192,7 +192,11 @@ rows AS (
 
 
 ALLOCATION_SQL = _allocation_sql("slot_rows r", "")
-ALLOCATION_SQL_PARQUET = _allocation_sql("read_parquet($files, union_by_name=false) r", PARQUET_LOOKBACK_WHERE)
+# Straight from the day's and the day before's Parquet partitions, from LOOKBACK before the window.
+ALLOCATION_SQL_PARQUET = _allocation_sql(
+    "read_parquet($files, union_by_name=false) r",
+    " AND r.snapshot_utc >= CAST($start AS TIMESTAMPTZ) - to_microseconds(CAST($lookback_us AS BIGINT))",
+)
 
 DAILY_SQL = f"""
 SELECT

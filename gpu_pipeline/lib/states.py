@@ -25,7 +25,6 @@ import duckdb
 import pyarrow as pa
 
 from gpu_pipeline.lib.db import connect as db_connect
-from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS as GPU_STATES_INPUT
 from gpu_pipeline.lib.schemas import GPU_STATES, conform
 
 BUCKET = dt.timedelta(minutes=5)
@@ -80,29 +79,9 @@ def with_bucket_snaps(rows_cte: str) -> str:
 STATE_COLUMNS = ("snapshot_utc", "gpu_id", "slot_name", "host", "device_name", "tier", "is_backfill_slot",
                  "slot_state", "global_job_id", "remote_owner", "gpu_usage_pct")
 
-# Where the rows come from: a temp table ``slot_rows`` of any clean rows (its rowid picks a winner's
-# row), or the day's Parquet files directly (file index and row number pick it; the winner's columns
-# travel in the ``rows`` CTE). FROM-clause, row id, extra columns, extra filter.
-_FROM_TEMP_TABLE = ("slot_rows r", "r.rowid", "", "")
-#: the rows of the Parquet path that a window needs: from LOOKBACK before its start ($lookback_us)
-PARQUET_LOOKBACK_WHERE = " AND r.snapshot_utc >= CAST($start AS TIMESTAMPTZ) - to_microseconds(CAST($lookback_us AS BIGINT))"
-_FROM_PARQUET = (
-    "read_parquet($files, union_by_name=false, file_row_number=true) r",
-    "r.file_index * 4294967296 + r.file_row_number",
-    " r.tier, r.slot_state, r.global_job_id, r.remote_owner, r.gpu_usage_pct, r.snapshot_utc,",
-    PARQUET_LOOKBACK_WHERE,
-)
-
-
-def _state_sql(source: tuple[str, str, str, str]) -> str:
-    from_sql, rid, payload, where = source
-    winner_rows = "slot_rows r ON r.rowid = best.rid" if from_sql.startswith("slot_rows") else "rows r ON r.rid = best.rid"
-    return _STATE_SQL.format(from_sql=from_sql, rid=rid, payload=payload, where=where, winner_rows=winner_rows)
-
-
-_STATE_SQL = with_bucket_snaps("""
+STATE_SQL = with_bucket_snaps("""
 rows AS (
-    SELECT {rid} AS rid, epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.slot_name, r.host, r.device_name,{payload}
+    SELECT r.rowid AS rid, epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.slot_name, r.host, r.device_name,
         CASE
             WHEN NOT r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 5
             WHEN r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 4
@@ -111,8 +90,8 @@ rows AS (
             WHEN r.slot_state = 'Unclaimed' THEN 1
             ELSE 0
         END AS rank_code
-    FROM {from_sql}, params p
-    WHERE epoch_us(r.snapshot_utc) < p.e_us{where}
+    FROM slot_rows r, params p
+    WHERE epoch_us(r.snapshot_utc) < p.e_us
 )""") + """-- Order numbers of snapshot times and slot names, so that (rank, time, slot name) packs into one
 -- BIGINT: rank_code * 2^48 + snapshot number * 2^24 + slot-name number.
 snap_no AS (SELECT t_us, row_number() OVER (ORDER BY t_us) AS snap_no FROM snaps),
@@ -137,7 +116,7 @@ winners AS (
     SELECT best.b_start_us, best.gpu_id, best.n_slot_rows,
         struct_pack(r.tier, r.slot_name, r.slot_state, r.global_job_id, r.remote_owner, r.gpu_usage_pct,
                     r.snapshot_utc, rank_code := best.win_key // 281474976710656) AS w
-    FROM best JOIN {winner_rows}
+    FROM best JOIN slot_rows r ON r.rowid = best.rid
 ),
 gpus AS (
     SELECT *, row_number() OVER (ORDER BY host, gpu_id) AS g_no  -- output order, sorted on integers
@@ -185,8 +164,6 @@ LEFT JOIN winners w ON w.b_start_us = b.b_start_us AND w.gpu_id = g.gpu_id
 LEFT JOIN covered cv ON cv.b_start_us = b.b_start_us
 ORDER BY g.g_no, b.b_start_us
 """
-STATE_SQL = _state_sql(_FROM_TEMP_TABLE)
-STATE_SQL_PARQUET = _state_sql(_FROM_PARQUET)
 
 
 def compute_gpu_states(
@@ -207,29 +184,16 @@ def compute_gpu_states(
         f"WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ) - INTERVAL 1 HOUR",
         [*params, start_utc],
     )
-    table = con.sql(STATE_SQL, params=_params(start_utc, end_utc, bucket)).to_arrow_table()
+    table = con.sql(
+        STATE_SQL,
+        params={
+            "start": start_utc,
+            "end": end_utc,
+            "bucket_us": int(bucket / dt.timedelta(microseconds=1)),
+            "stale_factor": STALE_FACTOR,
+        },
+    ).to_arrow_table()
     return conform(table, GPU_STATES)
-
-
-def _params(start_utc: dt.datetime, end_utc: dt.datetime, bucket: dt.timedelta) -> dict:
-    return {"start": start_utc, "end": end_utc, "bucket_us": int(bucket / dt.timedelta(microseconds=1)),
-            "stale_factor": STALE_FACTOR}
-
-
-def states_from_files(files: list[str], start_utc: dt.datetime, end_utc: dt.datetime,
-                      bucket: dt.timedelta = BUCKET) -> pa.Table:
-    """States for the buckets of [start_utc, end_utc) straight from clean Parquet partitions (the
-    day's and the day before's): the same table as :func:`compute_gpu_states` over them, without
-    first copying the rows into a temp table."""
-    if not files:
-        return states_from_table(GPU_STATES_INPUT.empty(), start_utc, end_utc, bucket)
-    con = db_connect()
-    try:
-        params = {**_params(start_utc, end_utc, bucket), "files": files,
-                  "lookback_us": int(LOOKBACK / dt.timedelta(microseconds=1))}
-        return conform(con.sql(STATE_SQL_PARQUET, params=params).to_arrow_table(), GPU_STATES)
-    finally:
-        con.close()
 
 
 def states_from_table(

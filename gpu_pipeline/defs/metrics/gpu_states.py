@@ -11,7 +11,8 @@ from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, STATES
 from gpu_pipeline.lib.schemas import GPU_STATES as SPEC
-from gpu_pipeline.lib.states import states_from_files
+from gpu_pipeline.lib.states import compute_gpu_states
+from gpu_pipeline.lib.store import connect
 
 KEY = dg.AssetKey(["metrics", "gpu_states"])
 CONSERVATION = dg.AssetCheckSpec(
@@ -40,7 +41,12 @@ def gpu_states(context: dg.AssetExecutionContext, data_store: DataStoreResource)
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
         previous = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
-        table = states_from_files(store.files(CLEAN_SLOT_SNAPSHOTS, [previous, day]), start, end)
+        con = connect()
+        try:
+            rows_sql, params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [previous, day])
+            table = compute_gpu_states(con, rows_sql, params, start, end)
+        finally:
+            con.close()
         result = store.write_partition(SPEC, day, table)
         n_buckets = int((end - start).total_seconds() // 300)
         gpus = len(pc.unique(table.column("gpu_id")))
