@@ -111,54 +111,44 @@ _CLEAN_UNIQUE_SQL = f"SELECT {_CLEAN_COLUMNS} FROM classified WHERE {_KEPT} ORDE
 _CLEAN_DISTINCT_SQL = f"SELECT DISTINCT {_CLEAN_COLUMNS} FROM classified WHERE {_KEPT} ORDER BY ALL"
 
 
-def _chunks(snapshots: pa.ChunkedArray, rows: int) -> list[tuple[int, int]]:
-    """Row ranges of about ``rows`` rows that never split a snapshot, when the raw rows come in
-    snapshot order (as the archive and the collector write them); else one range of everything."""
+def _chunks(snapshots: pa.ChunkedArray, rows: int, repeated: set[int]) -> list[tuple[int, int, bool]]:
+    """Row ranges ``(lo, hi, exact)`` of about ``rows`` rows that never split a snapshot, when the raw
+    rows come in snapshot order (as the archive and the collector write them), else one range of
+    everything; ``exact`` when the range holds a snapshot of ``repeated`` (epoch microseconds)."""
     n = len(snapshots)
     if n == 0:
         return []
     if snapshots.null_count:
-        return [(0, n)]
+        return [(0, n, bool(repeated))]
     ts = snapshots.cast(pa.int64()).to_numpy()
-    if not bool(np.all(ts[1:] >= ts[:-1])):
-        return [(0, n)]
-    bounds = [0]
-    while bounds[-1] + rows < n:
-        # the first row of the snapshot that row ``bounds[-1] + rows`` belongs to
-        cut = int(np.searchsorted(ts, ts[bounds[-1] + rows], side="left"))
-        if cut <= bounds[-1]:  # one snapshot larger than ``rows``: cut after it
-            cut = int(np.searchsorted(ts, ts[bounds[-1] + rows], side="right"))
-        bounds.append(cut)
-    if bounds[-1] < n:
-        bounds.append(n)
-    return list(zip(bounds[:-1], bounds[1:], strict=False))
+    bounds = [0, n]
+    if bool(np.all(ts[1:] >= ts[:-1])):
+        bounds = [0]
+        while bounds[-1] + rows < n:
+            # the first row of the snapshot that row ``bounds[-1] + rows`` belongs to
+            cut = int(np.searchsorted(ts, ts[bounds[-1] + rows], side="left"))
+            if cut <= bounds[-1]:  # one snapshot larger than ``rows``: cut after it
+                cut = int(np.searchsorted(ts, ts[bounds[-1] + rows], side="right"))
+            bounds.append(cut)
+        if bounds[-1] < n:
+            bounds.append(n)
+    marks = np.array(sorted(repeated), dtype=np.int64)
+    return [(lo, hi, bool(np.isin(ts[lo:hi], marks).any())) for lo, hi in zip(bounds[:-1], bounds[1:], strict=False)]
 
 
 class _CleanOutput:
     """The clean rows, chunk by chunk in table order: each chunk sorted on (snapshot, host, slot name,
     GPU id), so the chunks one after another are the whole table's order. Counts as it goes."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, chunks: list[tuple[int, int]], repeated: set[int],
-                 batch_rows: int):
+    def __init__(self, con: duckdb.DuckDBPyConnection, chunks: list[tuple[int, int, bool]], batch_rows: int):
         self.con, self.chunks, self.batch_rows = con, chunks, batch_rows
-        self.repeated = repeated  #: epoch microseconds of the snapshots with a repeated key
         self.rows = 0
         self.duplicate_keys = 0
 
-    def _has_repeats(self, lo: int, hi: int) -> bool:
-        if not self.repeated:
-            return False
-        if len(self.chunks) == 1:
-            return True
-        in_chunk = self.con.sql(
-            "SELECT DISTINCT epoch_us(snapshot_utc) FROM classified WHERE row_i >= $lo AND row_i < $hi",
-            params={"lo": lo, "hi": hi}).fetchall()
-        return any(t in self.repeated for (t,) in in_chunk)
-
     def batches(self) -> Iterator[pa.RecordBatch]:
-        for lo, hi in self.chunks:
+        for lo, hi, exact in self.chunks:
             params = {"lo": lo, "hi": hi}
-            if self._has_repeats(lo, hi):
+            if exact:
                 sql = _CLEAN_DISTINCT_SQL
                 [(keys,)] = self.con.sql(
                     f"SELECT count(DISTINCT (snapshot_utc, slot_name, gpu_id)) FROM ({sql})", params=params
@@ -268,7 +258,7 @@ def clean_slot_rows(
             quarantine = quarantine_rows(full_rows(q_idx), list(range(len(q_idx))), q_reason, "raw/condor_slot_snapshots")
         else:
             quarantine = quarantine_rows(raw, q_idx, q_reason, "raw/condor_slot_snapshots")
-        out = _CleanOutput(con, _chunks(raw.column("snapshot_utc"), batch_rows), repeated, batch_rows)
+        out = _CleanOutput(con, _chunks(raw.column("snapshot_utc"), batch_rows, repeated), batch_rows)
         # The raw rows are no longer needed: let them go before the output is built (when the
         # caller holds no other reference, as the asset does not).
         con.unregister("raw_rows")

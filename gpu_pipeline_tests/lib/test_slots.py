@@ -124,8 +124,14 @@ def test_chunks_never_split_a_snapshot():
 
     ts = pa.chunked_array([pa.array([T + dt.timedelta(minutes=m) for m in [0, 0, 0, 1, 1, 2, 2, 2, 2, 3]],
                                     pa.timestamp("us", tz="UTC"))])
-    assert _chunks(ts, 4) == [(0, 3), (3, 5), (5, 9), (9, 10)]
-    assert _chunks(ts, 100) == [(0, 10)]
-    assert _chunks(ts, 1) == [(0, 3), (3, 5), (5, 9), (9, 10)]
-    assert _chunks(ts.take(pa.array([3, 0, 1, 2, 4, 5, 6, 7, 8, 9])), 4) == [(0, 10)]  # not in order
-    assert _chunks(ts.slice(0, 0), 4) == []
+    assert [c[:2] for c in _chunks(ts, 4, set())] == [(0, 3), (3, 5), (5, 9), (9, 10)]
+    assert [c[:2] for c in _chunks(ts, 100, set())] == [(0, 10)]
+    assert [c[:2] for c in _chunks(ts, 1, set())] == [(0, 3), (3, 5), (5, 9), (9, 10)]
+    out_of_order = ts.take(pa.array([3, 0, 1, 2, 4, 5, 6, 7, 8, 9]))
+    assert [c[:2] for c in _chunks(out_of_order, 4, set())] == [(0, 10)]  # not in order
+    assert _chunks(ts.slice(0, 0), 4, set()) == []
+    # the chunks holding a snapshot with a repeated key are marked for the exact (DISTINCT) path
+    minute2 = int(pa.scalar(T + dt.timedelta(minutes=2), pa.timestamp("us", tz="UTC")).cast(pa.int64()).as_py())
+    assert [c[2] for c in _chunks(ts, 4, {minute2})] == [False, False, True, False]
+    assert [c[2] for c in _chunks(out_of_order, 4, {minute2})] == [True]
+    assert [c[2] for c in _chunks(ts, 4, set())] == [False] * 4
