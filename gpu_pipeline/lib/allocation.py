@@ -220,6 +220,11 @@ def _us(delta: dt.timedelta) -> int:
     return int(delta / dt.timedelta(microseconds=1))
 
 
+def _params(start_utc: dt.datetime, end_utc: dt.datetime, bucket: dt.timedelta) -> dict:
+    """The named parameters of the allocation SQL (both row sources)."""
+    return {"start": start_utc, "end": end_utc, "bucket_us": _us(bucket), "stale_factor": STALE_FACTOR}
+
+
 def compute_allocation_buckets(
     con: duckdb.DuckDBPyConnection,
     rows_from_sql: str,
@@ -240,15 +245,7 @@ def compute_allocation_buckets(
         [*params, start_utc, _us(LOOKBACK)],
     )
     try:
-        table = con.sql(
-            ALLOCATION_SQL,
-            params={
-                "start": start_utc,
-                "end": end_utc,
-                "bucket_us": _us(bucket),
-                "stale_factor": STALE_FACTOR,
-            },
-        ).to_arrow_table()
+        table = con.sql(ALLOCATION_SQL, params=_params(start_utc, end_utc, bucket)).to_arrow_table()
     finally:
         con.execute("DROP TABLE IF EXISTS slot_rows")
     return conform(table, ALLOCATION_BUCKETS)
@@ -294,8 +291,7 @@ def allocation_for_day(
         return allocation_from_table(CLEAN_SLOT_SNAPSHOTS.empty(), start_utc, end_utc)
     con = connect()
     try:
-        params = {"start": start_utc, "end": end_utc, "bucket_us": _us(BUCKET), "stale_factor": STALE_FACTOR,
-                  "files": files, "lookback_us": _us(LOOKBACK)}
+        params = {**_params(start_utc, end_utc, BUCKET), "files": files, "lookback_us": _us(LOOKBACK)}
         buckets = conform(con.sql(ALLOCATION_SQL_PARQUET, params=params).to_arrow_table(), ALLOCATION_BUCKETS)
     finally:
         con.close()
