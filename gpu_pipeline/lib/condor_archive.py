@@ -16,6 +16,12 @@ rows, not the month. The rare file whose values do not fit their column's type (
 column, a number in a text column, non-UTF-8 text) is read row by row with Python's ``sqlite3`` and
 per-value rules instead, giving the same table; ``ArchiveRead.read_paths`` says which way each file
 was read. Timestamps are localized once per distinct snapshot, not per row.
+
+A large SQLite file gets a time index in memory on first read: per block of rowids, the range of its
+text timestamps (one pass over the timestamps). A day then reads only the blocks that can hold its
+rows, split between two readers, so a range run reads each month once plus each day's rows instead of
+a whole month per day. The index is kept per state of the file (size, modification time, its
+write-ahead log's): a file that changed is indexed again.
 """
 
 from __future__ import annotations
@@ -167,9 +173,9 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
             raise ArchiveError(f"{path}: table '{TABLE}' lacks required columns {missing_req}")
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
         try:
-            ranges = _rowid_ranges(con, lo, hi)
-            # The first range's reader stays a few batches ahead; the second reads on meanwhile, up to
-            # _AHEAD batches (about 0.5 M rows: all of a 1,000-GPU day's half; a bound on memory beyond).
+            ranges = _reader_ranges(con, path, lo, hi)
+            # The first reader stays a few batches ahead; the second reads on meanwhile, up to _AHEAD
+            # batches (about 0.5 M rows: all of a 1,000-GPU day's half; a bound on memory beyond).
             readers = [_Prefetch(_sqlite_batches(path, wanted, lo, hi, rows), depth=2 if i == 0 else _AHEAD)
                        for i, rows in enumerate(ranges)]
             part = consume(_in_order(readers))
@@ -209,9 +215,10 @@ def _read_types(wanted: list[str]) -> pa.Schema:
 
 
 def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str,
-                    rowids: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
-    """The window's rows (of the rowid range ``rowids``, inclusive, when given) as Arrow record
-    batches, straight from SQLite through the ADBC SQLite driver (no Python object per value).
+                    rowids: list[tuple[int, int]] | None = None) -> Iterator[pa.RecordBatch]:
+    """The window's rows (of the rowid ranges ``rowids``, inclusive and ascending, when given) as
+    Arrow record batches, straight from SQLite through the ADBC SQLite driver (no Python object per
+    value).
 
     The driver fixes each result column's type from the values of its first rows, so the query
     returns no NULLs (a bit mask column says which values were NULL) and a value of another storage
@@ -230,38 +237,47 @@ def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str,
         else:
             exprs.append(f"CASE typeof({q}) WHEN 'text' THEN {q} WHEN 'null' THEN '' ELSE 0 END")
     mask = " | ".join(f"(({_q(c)} IS NULL) << {i})" for i, c in enumerate(sources))
-    in_range = "" if rowids is None else f" AND rowid >= {int(rowids[0])} AND rowid <= {int(rowids[1])}"
     query = (f"SELECT rowid, {mask}, {', '.join(exprs)} FROM {TABLE} "
-             f"WHERE {_q('timestamp')} >= ? AND {_q('timestamp')} < ?{in_range} ORDER BY rowid")
+             f"WHERE {_q('timestamp')} >= ? AND {_q('timestamp')} < ?")
+    queries = ([(query + " ORDER BY rowid", (lo, hi))] if rowids is None else
+               [(query + " AND rowid >= ? AND rowid <= ? ORDER BY rowid", (lo, hi, int(a), int(b))) for a, b in rowids])
     try:
         con = adbc_sqlite.connect(f"file:{path}?mode=ro")
     except adbc_driver_manager.Error as exc:
         raise _NotColumnar(str(exc)) from exc
     try:
-        cur = con.cursor()
-        try:
-            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(_BATCH_ROWS)})
-            cur.execute(query, (lo, hi))
-            for batch in cur.fetch_record_batch():
-                nulls = batch.column(1)
-                columns = [batch.column(0)]
-                for i, field in enumerate(schema):
-                    if i == 0:
-                        continue
-                    col = batch.column(i + 1)
-                    if col.type != (pa.float64() if field.type == pa.float64() else pa.string()):
-                        raise _NotColumnar(f"{field.name}: read as {col.type}")
-                    is_null = pc.not_equal(pc.bit_wise_and(nulls, 1 << (i - 1)), 0)
-                    columns.append(pc.if_else(is_null, pa.scalar(None, field.type), col))
-                out = pa.RecordBatch.from_arrays(columns, schema=schema)
-                out.validate(full=True)  # UTF-8 of every text
-                yield out
-        finally:
-            cur.close()
+        for sql, params in queries:
+            yield from _converted(con, sql, params, schema)
     except (adbc_driver_manager.Error, pa.ArrowException, OSError) as exc:
         raise _NotColumnar(str(exc)) from exc
     finally:
         con.close()
+
+
+def _converted(con: adbc_sqlite.Connection, sql: str, params: tuple, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The batches of one query of :func:`_sqlite_batches`, NULLs restored from the bit mask."""
+    cur = con.cursor()
+    try:
+        cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(_BATCH_ROWS)})
+        cur.execute(sql, params)
+        for batch in cur.fetch_record_batch():
+            if not batch.num_rows:  # an empty result's column types say nothing
+                continue
+            nulls = batch.column(1)
+            columns = [batch.column(0)]
+            for i, field in enumerate(schema):
+                if i == 0:
+                    continue
+                col = batch.column(i + 1)
+                if col.type != (pa.float64() if field.type == pa.float64() else pa.string()):
+                    raise _NotColumnar(f"{field.name}: read as {col.type}")
+                is_null = pc.not_equal(pc.bit_wise_and(nulls, 1 << (i - 1)), 0)
+                columns.append(pc.if_else(is_null, pa.scalar(None, field.type), col))
+            out = pa.RecordBatch.from_arrays(columns, schema=schema)
+            out.validate(full=True)  # UTF-8 of every text
+            yield out
+    finally:
+        cur.close()
 
 
 _DONE = object()
@@ -327,31 +343,132 @@ def _in_order(readers: list[_Prefetch]) -> Iterator[pa.RecordBatch]:
             reader.close()
 
 
-def _rowid_ranges(con: sqlite3.Connection, lo: str, hi: str) -> list[tuple[int, int] | None]:
-    """Two rowid ranges that together cover the table, split where the window's middle snapshot was
-    appended (found by bisection, as snapshots are appended in time order; if they are not, the
-    split is only less even: every row is still read once). ``[None]`` (one read of everything) for a
+# Rowids per block of the time index (``_blocks``): about 10 ms of SQLite scan per block, and the
+# precision with which a day's rows are located (a 1,000-GPU day is about 160 k rows).
+_BLOCK_SHIFT = 14
+_BLOCK_CACHE_FILES = 8
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One block of rowids: the first and last rowid present, and bounds of the text timestamps in it
+    (UTF-8 bytes): ``ts_min`` is the smallest (b"" when not known), ``ts_max`` the largest (None when
+    not known)."""
+
+    first: int
+    last: int
+    ts_min: bytes
+    ts_max: bytes | None
+
+
+_blocks_lock = threading.Lock()
+_blocks_cache: dict[tuple, list[_Block]] = {}
+
+
+def _file_key(path: Path) -> tuple | None:
+    """What identifies one state of a SQLite file: its size and modification time, and its
+    write-ahead log's (committed rows may sit there). None when the file cannot be stat'ed."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key: tuple = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    try:
+        wal = Path(f"{path}-wal").stat()
+        key += (wal.st_size, wal.st_mtime_ns)
+    except OSError:
+        pass
+    return key
+
+
+def _scan_blocks(con: sqlite3.Connection) -> list[_Block]:
+    """The time index of the table: one SQLite pass over the timestamps, a block of rowids at a time
+    (a rowid range is a B-tree seek: no sort, nothing decoded but the timestamp).
+
+    Only text timestamps can satisfy the window's text comparison. SQLite orders NULL < numbers <
+    text < blobs, so a block's ``min`` is its smallest text unless a number is there (then the lower
+    bound is unknown), its ``max`` the largest text unless a blob is there (then the upper bound is
+    unknown); a block whose ``max`` is a number or NULL has no text and is left out."""
+    ts = '"timestamp"'
+    step = 1 << _BLOCK_SHIFT
+    blocks: list[_Block] = []
+    (cursor,) = con.execute(f"SELECT min(rowid) FROM {TABLE}").fetchone()
+    while cursor is not None:
+        first, last, min_type, ts_min, max_type, ts_max = con.execute(
+            f"SELECT min(rowid), max(rowid), typeof(min({ts})), CAST(min({ts}) AS BLOB), "
+            f"typeof(max({ts})), CAST(max({ts}) AS BLOB) FROM {TABLE} WHERE rowid >= ? AND rowid < ?",
+            (cursor, cursor + step)).fetchone()
+        if max_type in ("text", "blob"):
+            blocks.append(_Block(first, last, ts_min if min_type == "text" else b"",
+                                 ts_max if max_type == "text" else None))
+        (cursor,) = con.execute(f"SELECT min(rowid) FROM {TABLE} WHERE rowid >= ?", (cursor + step,)).fetchone()
+    return blocks
+
+
+def _blocks(con: sqlite3.Connection, path: Path) -> list[_Block] | None:
+    """The file's time index, built once per state of the file in this process (a range run reads
+    every day of a month out of one scan), or None where it cannot be trusted: a database not in
+    UTF-8, or a timestamp column declared with a collation (the window's comparison would then not
+    be a byte comparison)."""
+    key = _file_key(path)
+    if key is None:
+        return None
+    with _blocks_lock:
+        if key in _blocks_cache:
+            return _blocks_cache[key]
+    (encoding,) = con.execute("PRAGMA encoding").fetchone()
+    ddl = con.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone()
+    if str(encoding).upper() != "UTF-8" or ddl is None or "COLLATE" in str(ddl[0]).upper():
+        return None
+    blocks = _scan_blocks(con)
+    with _blocks_lock:
+        while len(_blocks_cache) >= _BLOCK_CACHE_FILES:
+            _blocks_cache.pop(next(iter(_blocks_cache)))
+        _blocks_cache[key] = blocks
+    return blocks
+
+
+def _split_rows(ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """The rowid ranges cut into two consecutive halves of about equal rowid count (one part when
+    there is too little for a second reader to pay off)."""
+    total = sum(b - a + 1 for a, b in ranges)
+    if total < 2 * _BATCH_ROWS:
+        return [ranges]
+    half, seen = total // 2, 0
+    for i, (a, b) in enumerate(ranges):
+        if seen + (b - a + 1) > half:
+            cut = a + (half - seen)
+            head = [*ranges[:i], (a, cut - 1)] if cut > a else ranges[:i]
+            return [head, [(cut, b), *ranges[i + 1:]]]
+        seen += b - a + 1
+    return [ranges]
+
+
+def _reader_ranges(con: sqlite3.Connection, path: Path, lo: str, hi: str) -> list[list[tuple[int, int]] | None]:
+    """The rowid ranges each reader reads: the blocks whose timestamps can fall in ``[lo, hi)`` by
+    the time index, merged and split between two readers. Every row the window's query matches lies
+    in them, whatever order rows were appended in. ``[None]`` (one reader of the whole table) for a
     small table or anything unexpected."""
     try:
-        first, last = con.execute(f"SELECT min(rowid), max(rowid) FROM {TABLE}").fetchone()
+        (first,) = con.execute(f"SELECT min(rowid) FROM {TABLE}").fetchone()
+        (last,) = con.execute(f"SELECT max(rowid) FROM {TABLE}").fetchone()
         if first is None or last - first < 2 * _BATCH_ROWS:
             return [None]
-        t_lo, t_hi = dt.datetime.fromisoformat(lo), dt.datetime.fromisoformat(hi)
-        middle = (t_lo + (t_hi - t_lo) / 2).isoformat(sep=" ")
-        a, b = first, last
-        while a < b:
-            m = (a + b) // 2
-            row = con.execute(f'SELECT "timestamp" FROM {TABLE} WHERE rowid >= ? ORDER BY rowid LIMIT 1',
-                              (m,)).fetchone()
-            if row is None or row[0] is None or str(row[0]) < middle:
-                a = m + 1
-            else:
-                b = m
+        blocks = _blocks(con, path)
     except (sqlite3.Error, ValueError, TypeError):
         return [None]
-    if not first < a <= last:
+    if blocks is None:
         return [None]
-    return [(first, a - 1), (a, last)]
+    lo_b, hi_b = lo.encode(), hi.encode()
+    ranges: list[tuple[int, int]] = []
+    for block in blocks:
+        if block.ts_min >= hi_b or (block.ts_max is not None and block.ts_max < lo_b):
+            continue
+        if ranges and ranges[-1][1] + 1 >= block.first:
+            ranges[-1] = (ranges[-1][0], block.last)
+        else:
+            ranges.append((block.first, block.last))
+    return _split_rows(ranges)
 
 
 def _sqlite_rows(con: sqlite3.Connection, wanted: list[str], lo: str, hi: str) -> pa.Table:

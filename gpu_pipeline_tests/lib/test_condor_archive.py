@@ -166,34 +166,104 @@ def _one_range(monkeypatch, archive_dir, start, end, tz):
     from gpu_pipeline.lib import condor_archive
 
     with monkeypatch.context() as m:
-        m.setattr(condor_archive, "_rowid_ranges", lambda con, lo, hi: [None])
+        m.setattr(condor_archive, "_reader_ranges", lambda con, path, lo, hi: [None])
         return read_window(archive_dir, start, end, tz)
 
 
-def test_two_readers_of_rowid_ranges_give_the_one_reader_table(tmp_path, monkeypatch):
-    """A file is read as two rowid ranges at once (split where the window's middle was appended):
-    the same table, rowid order kept, as one reader and as the row-by-row read."""
+def test_two_readers_of_indexed_rowid_ranges_give_the_one_reader_table(tmp_path, monkeypatch):
+    """A file is read through its time index: only the rowid blocks that can hold the window, split
+    between two readers. The same table, rowid order kept, as one reader of the whole table and as
+    the row-by-row read."""
     from gpu_pipeline.lib import condor_archive
     from gpu_pipeline.lib.simulate import SimConfig, simulate
 
     monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 700)  # many batches, and files "large" enough to split
-    simulate(tmp_path, SimConfig(start=dt.date(2025, 8, 4), end=dt.date(2025, 8, 6), gpus=16, seed=3,
+    monkeypatch.setattr(condor_archive, "_BLOCK_SHIFT", 9)  # blocks of 512 rowids
+    simulate(tmp_path, SimConfig(start=dt.date(2025, 8, 3), end=dt.date(2025, 8, 7), gpus=16, seed=3,
                                  timezone="America/Chicago", telemetry_interval_s=0, kueue_interval_s=0))
     path = tmp_path / "condor" / "gpu_state_2025-08.db"
     start, end = day_window("2025-08-05", "America/Chicago")
     con = sqlite3.connect(path)
-    ranges = condor_archive._rowid_ranges(con, "2025-08-04 22:00:00", "2025-08-06 02:00:00")
+    lo, hi = "2025-08-04 22:00:00", "2025-08-06 02:00:00"
+    readers = condor_archive._reader_ranges(con, path, lo, hi)
     (first, last), = con.execute("SELECT min(rowid), max(rowid) FROM gpu_state").fetchall()
+    in_window = [r for r, in con.execute('SELECT rowid FROM gpu_state WHERE "timestamp" >= ? AND "timestamp" < ? '
+                                         "ORDER BY rowid", (lo, hi))]
     con.close()
-    assert len(ranges) == 2 and ranges[0][0] == first and ranges[1][1] == last and ranges[0][1] + 1 == ranges[1][0]
+    assert len(readers) == 2
+    ranges = [r for reader in readers for r in reader]
+    assert all(a <= b for a, b in ranges) and all(x[1] < y[0] for x, y in zip(ranges, ranges[1:]))
+    covered = sum(b - a + 1 for a, b in ranges)
+    assert covered < (last - first + 1) / 2  # most of the 5-day file is never read for this day
+    assert all(any(a <= r <= b for a, b in ranges) for r in in_window)  # every row of the window is
     split = read_window(tmp_path / "condor", start, end, "America/Chicago")
     whole = _one_range(monkeypatch, tmp_path / "condor", start, end, "America/Chicago")
     assert split.table.num_rows > 5_000 and split.table.equals(whole.table)
     rowids = split.table.column("source_rowid").to_pylist()
     assert rowids == sorted(rowids)
-    assert ranges[0][0] < rowids[0] <= ranges[0][1] < rowids[-1] <= ranges[1][1]  # both ranges contributed
+    assert readers[0][0][0] <= rowids[0] <= readers[0][-1][1] < rowids[-1] <= readers[1][-1][1]  # both contributed
     fast, slow = _both_readers(monkeypatch, tmp_path / "condor", start, end, "America/Chicago")
     assert fast.table.equals(slow.table)
+
+
+def test_time_index_is_rebuilt_when_the_file_changes(tmp_path, monkeypatch):
+    """The index is kept per state of the file: rows appended later (here, into a block the index
+    had seen without any row of the window) are read on the next call."""
+    from gpu_pipeline.lib import condor_archive
+
+    monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 2)
+    monkeypatch.setattr(condor_archive, "_BLOCK_SHIFT", 1)
+    stamps = [f"2025-08-{d:02d} {h:02d}:00:01.000000" for d in (4, 5, 6) for h in range(0, 24, 4)]
+    path = write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
+                              [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Claimed") for ts in stamps])
+    start, end = day_window("2025-08-05", "UTC")
+    assert read_window(tmp_path, start, end, "UTC").table.num_rows == 6
+    scans = []
+    real_scan = condor_archive._scan_blocks
+    monkeypatch.setattr(condor_archive, "_scan_blocks", lambda con: scans.append(1) or real_scan(con))
+    assert read_window(tmp_path, start, end, "UTC").table.num_rows == 6
+    assert scans == []  # the file did not change: the index was not rebuilt
+    con = sqlite3.connect(path)
+    con.execute('INSERT INTO gpu_state SELECT * FROM gpu_state WHERE rowid = 1')  # a day-4 row ...
+    con.execute('UPDATE gpu_state SET "timestamp" = ? WHERE rowid = (SELECT max(rowid) FROM gpu_state)',
+                ("2025-08-05 23:30:00.000000",))  # ... rewritten into the window, appended last
+    con.commit()
+    con.close()
+    again = read_window(tmp_path, start, end, "UTC")
+    assert scans == [1]
+    assert again.table.num_rows == 7
+    assert again.table.column("timestamp_local").to_pylist()[-1] == "2025-08-05 23:30:00.000000"
+
+
+def test_time_index_ignores_non_text_timestamps_like_the_window_query(tmp_path, monkeypatch):
+    """A block whose only timestamps are numbers, blobs or NULL holds no row of the window; a text
+    timestamp that is not a time but sorts inside the window is still read (and quarantined)."""
+    from gpu_pipeline.lib import condor_archive
+
+    monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 2)
+    monkeypatch.setattr(condor_archive, "_BLOCK_SHIFT", 1)
+    stamps = [f"2025-08-05 {h:02d}:00:01.000000" for h in range(0, 24, 2)]
+    path = write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
+                              [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Claimed") for ts in stamps])
+    con = sqlite3.connect(path)
+    con.execute('UPDATE gpu_state SET "timestamp" = 20250805 WHERE rowid IN (3, 7, 8)')
+    con.execute('UPDATE gpu_state SET "timestamp" = NULL WHERE rowid = 5')
+    con.execute('UPDATE gpu_state SET "timestamp" = X\'00\' WHERE rowid = 6')
+    con.execute('UPDATE gpu_state SET "timestamp" = \'2025-08-05 garbage\' WHERE rowid = 10')
+    con.commit()
+    blocks = condor_archive._scan_blocks(con)
+    con.close()
+    # blocks of two rowids; (7, 8) holds only numbers and is not indexed
+    assert [(b.first, b.last) for b in blocks] == [(1, 2), (3, 4), (5, 6), (9, 10), (11, 12)]
+    assert blocks[1].ts_min == b"" and blocks[1].ts_max == stamps[3].encode()  # a number below the text
+    assert blocks[2].ts_min == b"" and blocks[2].ts_max is None  # NULL and a blob: no bound known
+    assert blocks[3].ts_max == b"2025-08-05 garbage"
+    start, end = day_window("2025-08-05", "UTC")
+    indexed = read_window(tmp_path, start, end, "UTC")
+    whole = _one_range(monkeypatch, tmp_path, start, end, "UTC")
+    assert indexed.table.equals(whole.table)
+    assert indexed.table.column("source_rowid").to_pylist() == [1, 2, 4, 9, 11, 12]
+    assert indexed.rejected == whole.rejected and [r[1] for r in indexed.rejected] == [10]
 
 
 def test_rows_appended_out_of_time_order_are_read_whichever_range_holds_them(tmp_path, monkeypatch):
