@@ -122,6 +122,17 @@ def find_month_files(archive_dir: Path) -> dict[str, Path]:
     return found
 
 
+def _text_affinity(con: sqlite3.Connection) -> set[str]:
+    """Columns declared with TEXT affinity (SQLite's rules: no "INT", and "CHAR", "CLOB" or "TEXT" in
+    the declared type): a number written to one is stored as text."""
+    out = set()
+    for row in con.execute(f"PRAGMA table_info({TABLE})").fetchall():
+        declared = str(row[2] or "").upper()
+        if "INT" not in declared and any(k in declared for k in ("CHAR", "CLOB", "TEXT")):
+            out.add(row[1])
+    return out
+
+
 def _sqlite_columns(con: sqlite3.Connection, path: Path) -> list[str]:
     rows = con.execute(f"PRAGMA table_info({TABLE})").fetchall()
     if not rows:
@@ -174,12 +185,19 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
         try:
             ranges = _reader_ranges(con, path, lo, hi)
+            text_columns = frozenset(_text_affinity(con))
             # The first reader stays a few batches ahead; the second reads on meanwhile, up to _AHEAD
             # batches (about 0.5 M rows: all of a 1,000-GPU day's half; a bound on memory beyond).
-            readers = [_Prefetch(_sqlite_batches(path, wanted, lo, hi, rows), depth=2 if i == 0 else _AHEAD)
-                       for i, rows in enumerate(ranges)]
-            part = consume(_in_order(readers))
-            part.read_path = "columnar"
+            for masked in (False, True):
+                readers = [_Prefetch(_sqlite_batches(path, wanted, lo, hi, rows, masked, text_columns),
+                                     depth=2 if i == 0 else _AHEAD) for i, rows in enumerate(ranges)]
+                try:
+                    part = consume(_in_order(readers))
+                    part.read_path = "columnar_masked" if masked else "columnar"
+                    break
+                except _NotColumnar:
+                    if masked:
+                        raise
         except _NotColumnar:
             part = consume(iter([_sqlite_rows(con, wanted, lo, hi)]))
             part.read_path = "row_by_row"
@@ -215,29 +233,41 @@ def _read_types(wanted: list[str]) -> pa.Schema:
 
 
 def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str,
-                    rowids: list[tuple[int, int]] | None = None) -> Iterator[pa.RecordBatch]:
+                    rowids: list[tuple[int, int]] | None = None, masked: bool = False,
+                    text_columns: frozenset[str] = frozenset()) -> Iterator[pa.RecordBatch]:
     """The window's rows (of the rowid ranges ``rowids``, inclusive and ascending, when given) as
     Arrow record batches, straight from SQLite through the ADBC SQLite driver (no Python object per
     value).
 
-    The driver fixes each result column's type from the values of its first rows, so the query
-    returns no NULLs (a bit mask column says which values were NULL) and a value of another storage
-    class than its column's (text in a numeric column, a number or blob in a text column) comes
-    back as a value of the wrong type: the driver then stops. Raises :class:`_NotColumnar` in that
-    case, when the file is locked or damaged, or when a text is not valid UTF-8; the caller then
-    reads the file row by row with the per-value rules (identical table)."""
+    The driver fixes each result column's type from the values of its first batch; it stops at
+    text in a numeric column, but writes a number in a text column as SQLite's text for it (not
+    always Python's) and a blob as its bytes. The plain query reads numeric columns as they are
+    (integers as reals) and text columns as they are where the column has TEXT affinity
+    (``text_columns``: no number can be stored there; a blob's bytes are what the row-by-row read
+    decodes), else with anything but text or NULL turned into invalid UTF-8. A column whose first
+    batch is all NULL is typed wrongly, and the driver then stops at its first value. The ``masked``
+    query returns no NULLs (a bit mask column says which values were NULL) and turns a value of the
+    wrong storage class into a wrong type or invalid UTF-8, so that only odd values stop it. Raises
+    :class:`_NotColumnar` when the driver stops or returns a wrong type, when the file is locked or
+    damaged, or when a text is not valid UTF-8; the caller then tries the next way (masked, then
+    row by row with the per-value rules: the same table)."""
     schema = _read_types(wanted)
     sources = ["timestamp", *wanted]
     exprs = []
     for c in sources:
         q = _q(c)
         if c in _NUMERIC:
-            exprs.append(f"CASE typeof({q}) WHEN 'real' THEN {q} WHEN 'integer' THEN {q} * 1.0 "
+            exprs.append(f"CASE typeof({q}) WHEN 'integer' THEN {q} * 1.0 ELSE {q} END" if not masked else
+                         f"CASE typeof({q}) WHEN 'real' THEN {q} WHEN 'integer' THEN {q} * 1.0 "
                          f"WHEN 'null' THEN 0.0 ELSE 'not a number' END")
+        elif not masked:
+            exprs.append(q if c in text_columns else f"CASE typeof({q}) WHEN 'text' THEN {q} "
+                                                     f"WHEN 'null' THEN NULL ELSE X'FF' END")
         else:
-            exprs.append(f"CASE typeof({q}) WHEN 'text' THEN {q} WHEN 'null' THEN '' ELSE 0 END")
-    mask = " | ".join(f"(({_q(c)} IS NULL) << {i})" for i, c in enumerate(sources))
-    query = (f"SELECT rowid, {mask}, {', '.join(exprs)} FROM {TABLE} "
+            exprs.append(f"CASE typeof({q}) WHEN 'text' THEN {q} WHEN 'null' THEN '' ELSE X'FF' END")
+    if masked:
+        exprs.insert(0, " | ".join(f"(({_q(c)} IS NULL) << {i})" for i, c in enumerate(sources)))
+    query = (f"SELECT rowid, {', '.join(exprs)} FROM {TABLE} "
              f"WHERE {_q('timestamp')} >= ? AND {_q('timestamp')} < ?")
     queries = ([(query + " ORDER BY rowid", (lo, hi))] if rowids is None else
                [(query + " AND rowid >= ? AND rowid <= ? ORDER BY rowid", (lo, hi, int(a), int(b))) for a, b in rowids])
@@ -247,15 +277,17 @@ def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str,
         raise _NotColumnar(str(exc)) from exc
     try:
         for sql, params in queries:
-            yield from _converted(con, sql, params, schema)
+            yield from _converted(con, sql, params, schema, masked)
     except (adbc_driver_manager.Error, pa.ArrowException, OSError) as exc:
         raise _NotColumnar(str(exc)) from exc
     finally:
         con.close()
 
 
-def _converted(con: adbc_sqlite.Connection, sql: str, params: tuple, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """The batches of one query of :func:`_sqlite_batches`, NULLs restored from the bit mask."""
+def _converted(con: adbc_sqlite.Connection, sql: str, params: tuple, schema: pa.Schema,
+               masked: bool) -> Iterator[pa.RecordBatch]:
+    """The batches of one query of :func:`_sqlite_batches` in ``schema`` (NULLs restored from the
+    bit mask of the masked query)."""
     cur = con.cursor()
     try:
         cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(_BATCH_ROWS)})
@@ -263,16 +295,20 @@ def _converted(con: adbc_sqlite.Connection, sql: str, params: tuple, schema: pa.
         for batch in cur.fetch_record_batch():
             if not batch.num_rows:  # an empty result's column types say nothing
                 continue
-            nulls = batch.column(1)
+            skip = 2 if masked else 1
             columns = [batch.column(0)]
             for i, field in enumerate(schema):
                 if i == 0:
                     continue
-                col = batch.column(i + 1)
-                if col.type != (pa.float64() if field.type == pa.float64() else pa.string()):
-                    raise _NotColumnar(f"{field.name}: read as {col.type}")
-                is_null = pc.not_equal(pc.bit_wise_and(nulls, 1 << (i - 1)), 0)
-                columns.append(pc.if_else(is_null, pa.scalar(None, field.type), col))
+                col = batch.column(i - 1 + skip)
+                if col.type != field.type:
+                    if masked or col.null_count != len(col):
+                        raise _NotColumnar(f"{field.name}: read as {col.type}")
+                    col = pa.nulls(len(col), field.type)  # all NULL so far: typed by guess
+                if masked:
+                    is_null = pc.not_equal(pc.bit_wise_and(batch.column(1), 1 << (i - 1)), 0)
+                    col = pc.if_else(is_null, pa.scalar(None, field.type), col)
+                columns.append(col)
             out = pa.RecordBatch.from_arrays(columns, schema=schema)
             out.validate(full=True)  # UTF-8 of every text
             yield out
@@ -444,21 +480,40 @@ def _split_rows(ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     return [ranges]
 
 
+_PROBES = 32
+
+
+def _mostly_inside(con: sqlite3.Connection, first: int, last: int, lo: str, hi: str) -> bool:
+    """Whether most of the table looks to lie in the window, by the timestamps at a few evenly spaced
+    rowids (a seek each): then reading it all costs less than indexing it (a file of about one day).
+    A file already indexed in this process uses its index whatever this says."""
+    inside = 0
+    for k in range(_PROBES):
+        row = con.execute(f'SELECT "timestamp" FROM {TABLE} WHERE rowid >= ? ORDER BY rowid LIMIT 1',
+                          (first + (last - first) * k // (_PROBES - 1),)).fetchone()
+        inside += row is not None and isinstance(row[0], str) and lo <= row[0] < hi
+    return inside * 2 > _PROBES
+
+
 def _reader_ranges(con: sqlite3.Connection, path: Path, lo: str, hi: str) -> list[list[tuple[int, int]] | None]:
     """The rowid ranges each reader reads: the blocks whose timestamps can fall in ``[lo, hi)`` by
-    the time index, merged and split between two readers. Every row the window's query matches lies
-    in them, whatever order rows were appended in. ``[None]`` (one reader of the whole table) for a
-    small table or anything unexpected."""
+    the time index, merged and split between two readers; the whole table split in two where it
+    lies mostly in the window (no index is built then) or its index cannot be trusted. Every row the
+    window's query matches lies in them, whatever order rows were appended in. ``[None]`` (one
+    reader of the whole table) for a small table or anything unexpected."""
     try:
         (first,) = con.execute(f"SELECT min(rowid) FROM {TABLE}").fetchone()
         (last,) = con.execute(f"SELECT max(rowid) FROM {TABLE}").fetchone()
         if first is None or last - first < 2 * _BATCH_ROWS:
             return [None]
-        blocks = _blocks(con, path)
+        key = _file_key(path)
+        with _blocks_lock:
+            cached = _blocks_cache.get(key) if key is not None else None
+        blocks = cached if cached is not None or _mostly_inside(con, first, last, lo, hi) else _blocks(con, path)
     except (sqlite3.Error, ValueError, TypeError):
         return [None]
     if blocks is None:
-        return [None]
+        return _split_rows([(first, last)])
     lo_b, hi_b = lo.encode(), hi.encode()
     ranges: list[tuple[int, int]] = []
     for block in blocks:
@@ -611,6 +666,17 @@ def read_window(
     def consumer(path: Path) -> _Consume:
         def consume(batches: Iterator[pa.RecordBatch | pa.Table]) -> _FilePart:
             part, localize = _FilePart(), _Localizer(source_tz)
+            made: dict[str, pa.Array] = {}
+
+            def filled(f: pa.Field, n: int) -> pa.Array:
+                """The file's name (``source_file``) or nulls, n rows: slices of one array per file
+                (a 5 M-row day would otherwise hold 5 M copies of the path)."""
+                have = made.get(f.name)
+                if have is None or len(have) < n:
+                    value = pa.scalar(str(path) if f.name == "source_file" else None, f.type)
+                    have = made[f.name] = pa.repeat(value, max(n, _BATCH_ROWS))
+                return have.slice(0, n)
+
             for data in batches:
                 if not data.num_rows:
                     continue
@@ -622,8 +688,11 @@ def read_window(
                         part.rejected.append((str(path), rowid,
                                               "unparseable timestamp (expected YYYY-MM-DD HH:MM:SS.ffffff)", str(text)))
                 kept = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
-                kept = kept.append_column("snapshot_utc", utc).filter(
-                    pc.and_(pc.greater_equal(utc, lo_s), pc.less(utc, hi_s)))
+                kept = kept.append_column("snapshot_utc", utc)
+                inside = pc.and_(pc.greater_equal(utc, lo_s), pc.less(utc, hi_s))
+                # most batches lie wholly inside the day: no copy (an unreadable time is null: dropped)
+                if inside.null_count or not pc.all(inside).as_py():
+                    kept = kept.filter(inside)
                 for name in _NUMERIC:
                     flag = f"__lost_{name}"
                     if flag in kept.column_names:
@@ -635,8 +704,7 @@ def read_window(
                     part.tables.append(pa.Table.from_arrays(
                         [
                             kept.column(f.name) if f.name in kept.column_names
-                            else pa.repeat(str(path), n).cast(pa.string()) if f.name == "source_file"
-                            else pa.nulls(n, type=f.type)
+                            else filled(f, n)
                             for f in schema
                         ],
                         schema=schema,

@@ -161,6 +161,47 @@ def test_columnar_read_hands_odd_values_to_the_row_by_row_rules(tmp_path, monkey
     assert fast.table.column("State").to_pylist()[3] == "Claimed\ufffd"
 
 
+def test_plain_columnar_read_then_masked_then_row_by_row(tmp_path, monkeypatch):
+    """The plain columnar query reads what it can exactly (integers and reals mixed in a numeric
+    column, a blob of UTF-8 text in a text column, a column NULL throughout, text in a column
+    declared without a type); a column whose first batch is all NULL is re-read with the masked
+    query; an invalid-UTF-8 blob, or a number in a text column without TEXT affinity, goes row by
+    row. Each gives the row-by-row table."""
+    from gpu_pipeline.lib import condor_archive
+
+    rows = [dict(slot_row(f"2025-08-05 {h:02d}:00:01.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed"),
+                 GPUsAverageUsage=None) for h in range(10)]
+    rows[1]["GPUs_GlobalMemoryMb"] = 40960.5  # a real among integers
+    start, end = day_window("2025-08-05", "UTC")
+
+    def case(name, edit, read_path):
+        path = write_gpu_state_db(tmp_path / name / "gpu_state_2025-08.db", rows, OLD_COLUMNS)
+        con = sqlite3.connect(path)
+        for sql in edit:
+            con.execute(sql)
+        con.commit()
+        con.close()
+        monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 3)  # (_both_readers undoes it)
+        fast, slow = _both_readers(monkeypatch, tmp_path / name, start, end, "UTC")
+        assert set(fast.read_paths.values()) == {read_path}, name
+        assert fast.table.equals(slow.table), name
+        return fast.table
+
+    plain = case("plain", ["UPDATE gpu_state SET State = CAST('Claimed' AS BLOB) WHERE rowid = 5"], "columnar")
+    assert plain.column("State").to_pylist()[4] == "Claimed"
+    assert plain.column("GPUs_GlobalMemoryMb").to_pylist()[:2] == [81920.0, 40960.5]
+    assert plain.column("GPUsAverageUsage").null_count == 10
+    late = case("late", ["UPDATE gpu_state SET GlobalJobId = NULL", "UPDATE gpu_state SET GlobalJobId = 's#1.0#1' "
+                         "WHERE rowid = 4"], "columnar_masked")  # after a first batch (rows 1-3) of NULLs
+    assert late.column("GlobalJobId").to_pylist()[2:5] == [None, "s#1.0#1", None]
+    case("odd", ["UPDATE gpu_state SET State = X'436c61696d6564ff' WHERE rowid = 5"], "row_by_row")
+    # a text column declared without a type keeps numbers as numbers: SQLite's text for 1e20 is not Python's
+    untyped = ["ALTER TABLE gpu_state ADD COLUMN PreventJobsReason", "UPDATE gpu_state SET PreventJobsReason = 'x'"]
+    assert case("untyped", untyped, "columnar").column("PreventJobsReason").to_pylist() == ["x"] * 10
+    number = case("number", [*untyped, "UPDATE gpu_state SET PreventJobsReason = 1e20 WHERE rowid = 2"], "row_by_row")
+    assert number.column("PreventJobsReason").to_pylist()[:2] == ["x", "1e+20"]
+
+
 def _one_range(monkeypatch, archive_dir, start, end, tz):
     """The columnar read with the file read as one rowid range (no second reader)."""
     from gpu_pipeline.lib import condor_archive
@@ -235,6 +276,24 @@ def test_time_index_is_rebuilt_when_the_file_changes(tmp_path, monkeypatch):
     assert again.table.column("timestamp_local").to_pylist()[-1] == "2025-08-05 23:30:00.000000"
 
 
+def test_a_file_mostly_inside_the_window_is_read_whole_without_an_index(tmp_path, monkeypatch):
+    from gpu_pipeline.lib import condor_archive
+
+    monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 2)
+    monkeypatch.setattr(condor_archive, "_BLOCK_SHIFT", 1)
+    stamps = [f"2025-08-05 {h:02d}:00:01.000000" for h in range(0, 24, 2)] + ["2025-08-06 12:00:00.000000"]
+    path = write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
+                              [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Claimed") for ts in stamps])
+    monkeypatch.setattr(condor_archive, "_scan_blocks", lambda con: pytest.fail("indexed a one-day file"))
+    con = sqlite3.connect(path)
+    assert condor_archive._reader_ranges(con, path, "2025-08-04 22:00:00", "2025-08-06 02:00:00") == [
+        [(1, 6)], [(7, 13)]]
+    con.close()
+    start, end = day_window("2025-08-05", "UTC")
+    read = read_window(tmp_path, start, end, "UTC")
+    assert read.table.column("source_rowid").to_pylist() == list(range(1, 13))
+
+
 def test_time_index_ignores_non_text_timestamps_like_the_window_query(tmp_path, monkeypatch):
     """A block whose only timestamps are numbers, blobs or NULL holds no row of the window; a text
     timestamp that is not a time but sorts inside the window is still read (and quarantined)."""
@@ -242,6 +301,7 @@ def test_time_index_ignores_non_text_timestamps_like_the_window_query(tmp_path, 
 
     monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 2)
     monkeypatch.setattr(condor_archive, "_BLOCK_SHIFT", 1)
+    monkeypatch.setattr(condor_archive, "_mostly_inside", lambda *a: False)  # index even a one-day file
     stamps = [f"2025-08-05 {h:02d}:00:01.000000" for h in range(0, 24, 2)]
     path = write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
                               [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Claimed") for ts in stamps])
