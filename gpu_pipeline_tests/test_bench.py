@@ -212,6 +212,7 @@ def test_bench_smoke_writes_json(tmp_path, capsys):
     assert all(s.get("peak_rss_mib") for s in steps.values())
     sq = result["sqlite_archive"]
     assert sq["archive_rows"] > 0 and sq["day_rows"] > 0 and sq["read_window_s"] > 0 and sq["archive_bytes"] > 0
+    assert sq["read_window_indexed_rows"] > 0 and sq["read_window_indexed_s"] > 0
     es = result["elasticsearch"]
     assert es["documents_fetched"] == es["documents_indexed"] == es["total_reported"] == 300 and es["pages"] >= 3
     assert es["docs_per_s"] > 0

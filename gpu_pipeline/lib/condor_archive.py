@@ -464,6 +464,12 @@ def _blocks(con: sqlite3.Connection, path: Path) -> list[_Block] | None:
     return blocks
 
 
+def forget_time_indexes() -> None:
+    """Drop the time indexes built in this process (the next read of each file builds its own)."""
+    with _blocks_lock:
+        _blocks_cache.clear()
+
+
 def _split_rows(ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     """The rowid ranges cut into two consecutive halves of about equal rowid count (one part when
     there is too little for a second reader to pay off)."""
