@@ -73,9 +73,11 @@ import datetime as dt
 import io
 import json
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
@@ -1293,6 +1295,8 @@ def _count(counters: Counter[str], **masks: np.ndarray) -> None:
 # Directory of telemetry logs (the simulator's layout)
 # ----------------------------------------------------------------------------------------------
 
+# Threads that parse telemetry files at once (a file's parse is mostly Arrow kernels, which release the GIL).
+_READ_THREADS = min(4, os.cpu_count() or 1)
 _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
@@ -1350,47 +1354,54 @@ def read_telemetry_dir(
     counters: Counter[str] = Counter()
     files: list[str] = []
     fast_parsed = 0
+    tasks: list[tuple[str, str, Path, dt.date | None]] = []
     for kind, pattern in (("nvidia-smi", "*.csv"), ("dcgm", "*.prom")):
         base = root / kind
         if not base.is_dir():
             continue
         for host_dir in sorted(p for p in base.iterdir() if p.is_dir()):
-            host = host_dir.name
             for path in sorted(host_dir.glob(pattern)):
                 day = _file_day(path.name)
                 if day is not None and not lo <= day <= hi:
                     counters["files_outside_window"] += 1
                     continue
-                rel = path.relative_to(root).as_posix()
-                if kind == "nvidia-smi":
-                    stage = partial(_NvsmiFast.read, path, zone, host, rel, None)
-                    slow = partial(parse_nvidia_smi_csv, path, source_tz, host=host, source_file=rel,
-                                   ambiguous=ambiguous, fast=False)
-                else:
-                    mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
-                    stage = partial(_DcgmFast.read, path, host, rel)
-                    slow = partial(parse_dcgm_text, path, host=host, default_time_utc=mtime, source_file=rel,
-                                   fast=False)
-                staged = _try_fast(stage) if fast else None
-                margin = day is not None and not first_day <= day <= last_day
-                if margin and staged is not None and not np.any(
-                    (staged.sample_us >= lo_us) & (staged.sample_us < hi_us)
-                ):
-                    counters["files_outside_window"] += 1
-                    continue
-                part = _finish_or_slow(staged, slow)
-                del staged
-                files.append(rel)
-                fast_parsed += part.fast_parsed
-                counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
-                quarantine.extend(part.quarantine)
-                ts = part.table.column("sample_utc")
-                mask = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))
-                kept = part.table.filter(mask)
-                counters["rows_outside_window"] += part.table.num_rows - kept.num_rows
-                if kept.num_rows:
-                    tables.append(kept)
-                del part
+                tasks.append((kind, host_dir.name, path, day))
+
+    def parse(task: tuple[str, str, Path, dt.date | None]) -> ParseResult | None:
+        """One file's rows, or None for a margin file without a timestamp in the window."""
+        kind, host, path, day = task
+        rel = path.relative_to(root).as_posix()
+        if kind == "nvidia-smi":
+            stage = partial(_NvsmiFast.read, path, zone, host, rel, None)
+            slow = partial(parse_nvidia_smi_csv, path, source_tz, host=host, source_file=rel,
+                           ambiguous=ambiguous, fast=False)
+        else:
+            mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
+            stage = partial(_DcgmFast.read, path, host, rel)
+            slow = partial(parse_dcgm_text, path, host=host, default_time_utc=mtime, source_file=rel, fast=False)
+        staged = _try_fast(stage) if fast else None
+        margin = day is not None and not first_day <= day <= last_day
+        if margin and staged is not None and not np.any((staged.sample_us >= lo_us) & (staged.sample_us < hi_us)):
+            return None
+        return _finish_or_slow(staged, slow)
+
+    # Files are parsed on a few threads (Arrow's kernels run without the GIL) and taken in order.
+    with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
+        for (kind, _host, path, _day), part in zip(tasks, pool.map(parse, tasks), strict=True):
+            if part is None:
+                counters["files_outside_window"] += 1
+                continue
+            files.append(path.relative_to(root).as_posix())
+            fast_parsed += part.fast_parsed
+            counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
+            quarantine.extend(part.quarantine)
+            ts = part.table.column("sample_utc")
+            mask = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))
+            kept = part.table.filter(mask)
+            counters["rows_outside_window"] += part.table.num_rows - kept.num_rows
+            if kept.num_rows:
+                tables.append(kept)
+            del part
     table = pa.concat_tables(tables) if tables else GPU_SAMPLES.empty()
     counters["files_read"] = len(files)
     return _result(table, quarantine, counters, files, fast_parsed)

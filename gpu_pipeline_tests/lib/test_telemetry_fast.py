@@ -348,6 +348,20 @@ def test_read_telemetry_dir_fast_equals_slow_for_each_day(sim_telemetry, window_
     assert skipped > 0  # margin files without a sample in the window were not parsed
 
 
+def test_read_telemetry_dir_on_several_threads_equals_one_thread(sim_telemetry, monkeypatch):
+    """Files parsed on several threads come back in the one-thread order: the same rows, quarantine,
+    counters and file list."""
+    from gpu_pipeline.lib import telemetry
+
+    start, end = day_window(SIM_DAYS[1], SIM_TZ)
+    results = []
+    for threads in (1, 4):
+        monkeypatch.setattr(telemetry, "_READ_THREADS", threads)
+        results.append(read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1))
+    assert results[0].rows > 0 and results[0].counters["files_read"] > 2
+    assert results[0] == results[1] and results[0].files == results[1].files
+
+
 def test_read_telemetry_dir_parses_a_margin_file_holding_an_in_window_sample(sim_telemetry, tmp_path):
     root = tmp_path / "telemetry"
     shutil.copytree(sim_telemetry, root)
