@@ -243,7 +243,7 @@ def choose_telemetry_interval(
                 f"{requested_s} s exceed the benchmark's budget of {max_samples:,} samples per size"
                 + ("" if free_bytes is None else f" or the {free_bytes / 1024**3:.0f} GiB free")
                 + "); the telemetry steps' cost at "
-                f"{requested_s} s is extrapolated linearly in samples"
+                f"{requested_s} s is measured on a slice of the GPUs and scaled to all of them"
             )
     step = candidates[-1]
     return step, f"{gpus} GPUs x {days} day(s): telemetry at the coarsest step tried ({step} s); still over budget"
@@ -760,13 +760,19 @@ def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reu
         "log": run["log"],
     }
     if interval and interval != cfg.telemetry_interval_s and cfg.telemetry_interval_s:
-        scale = interval / cfg.telemetry_interval_s
-        extra = tele_s * (scale - 1)
+        measured = bench_telemetry_slice(gpus, cfg, scratch, reuse)
+        # the run's telemetry steps replaced by the measured per-day cost at the requested cadence
+        extra = measured["per_day_scaled_s"] * cfg.days - tele_s
         pipeline["at_requested_telemetry_estimate"] = {
             "telemetry_interval_s": cfg.telemetry_interval_s,
             "per_day_s": (run_wall + extra) / cfg.days,
             "per_day_excl_plots_s": (run_wall - plot_s + extra) / cfg.days,
-            "method": f"telemetry steps x {scale:g} (samples scale with 1 / interval)",
+            "telemetry_per_day_s": measured["per_day_scaled_s"],
+            "slice": measured,
+            "method": (f"telemetry steps' library calls measured on {measured['gpus']} of the {gpus} GPUs at "
+                       f"{cfg.telemetry_interval_s} s for one day ({measured['samples']:,} samples, "
+                       f"{measured['seconds']:.2f} s), scaled x {measured['scale']:g}; the samples' other reader "
+                       "(efficiency) is not scaled"),
         }
     if profile_to is not None:
         pipeline["profile"] = str(profile_to)
@@ -779,6 +785,46 @@ def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reu
         _log(f"[{gpus} GPUs] state + allocation: pipeline vs baseline vs bare scan on {end}")
         result["ratios"] = _ratios(base, end, cfg, gpus)
     return result
+
+
+# -- telemetry at the requested cadence, on a slice of the cluster ----------------------------------
+
+
+def bench_telemetry_slice(gpus: int, cfg: BenchConfig, scratch: Path, reuse: bool) -> dict[str, Any]:
+    """One day of telemetry at the requested cadence for as many of the GPUs as the sample budget
+    allows, through the library calls the telemetry assets make (raw read, clean, both partitions
+    written); the per-day cost for ``gpus`` is that times ``gpus / slice`` (the work is per file and
+    per sample, both in proportion to GPUs)."""
+    from gpu_pipeline.lib.samples import clean_samples, raw_samples
+    from gpu_pipeline.lib.schemas import GPU_SAMPLES, RAW_GPU_TELEMETRY
+    from gpu_pipeline.lib.simulate import SimConfig
+    from gpu_pipeline.lib.store import Store
+    from gpu_pipeline.lib.timeutil import day_window
+
+    per_gpu = 86400 // cfg.telemetry_interval_s
+    n = max(1, min(gpus, cfg.max_telemetry_samples // per_gpu))
+    dest = scratch / f"telemetry-slice-{n}"
+    _log(f"[{gpus} GPUs] telemetry at {cfg.telemetry_interval_s} s: one day of {n} GPUs")
+    summary, _, _ = _simulate(dest / "sources", SimConfig(
+        start=cfg.start, end=cfg.start, gpus=n, seed=cfg.seed, timezone=SIM_TZ,
+        telemetry_interval_s=cfg.telemetry_interval_s, kueue_interval_s=0), reuse)
+    start, end = day_window(cfg.start, SIM_TZ)
+    shutil.rmtree(dest / "data", ignore_errors=True)
+    store = Store(dest / "data")
+    day = cfg.start.isoformat()
+
+    def both() -> int:
+        raw = raw_samples(dest / "sources" / "telemetry", start, end, SIM_TZ, 0)
+        store.write_partition(RAW_GPU_TELEMETRY, day, raw.table)
+        cleaned = clean_samples(store.read_table(RAW_GPU_TELEMETRY, day))
+        store.write_partition(GPU_SAMPLES, day, cleaned.table)
+        return raw.table.num_rows
+
+    seconds, samples = _timed(both)
+    scale = gpus / n
+    return {"gpus": n, "telemetry_interval_s": cfg.telemetry_interval_s, "samples": samples,
+            "simulated_samples": summary.get("telemetry_samples"), "seconds": seconds, "scale": scale,
+            "per_day_scaled_s": seconds * scale, "samples_per_s": samples / seconds if seconds else None}
 
 
 # -- raw ingestion: the SQLite archive and Elasticsearch ---------------------------------------------
@@ -1138,7 +1184,11 @@ def format_report(result: dict[str, Any]) -> str:
                      f"launch {p['launch_overhead_s']:.1f} s, peak RSS {max(p['peak_rss_mib'].values()):,.0f} MiB")
         est = p.get("at_requested_telemetry_estimate")
         if est:
-            lines.append(f"   at {est['telemetry_interval_s']} s telemetry (estimate): {est['per_day_s']:.1f} s/day")
+            sl = est["slice"]
+            lines.append(f"   at {est['telemetry_interval_s']} s telemetry (estimate): {est['per_day_s']:.1f} s/day, "
+                         f"{est['per_day_excl_plots_s']:.1f} without plots; telemetry "
+                         f"{est['telemetry_per_day_s']:.1f} s/day (measured on {sl['gpus']} GPUs: "
+                         f"{_fmt(sl['samples'])} samples in {sl['seconds']:.2f} s, x {sl['scale']:g})")
         if p["failed_checks"]:
             lines.append(f"   failed checks: {', '.join(p['failed_checks'])}")
         lines.append(f"   {'step':32s} {'s/day':>8s} {'wall s':>8s} {'rows in':>12s} {'rows out':>12s} {'rows/s':>11s} "

@@ -182,8 +182,10 @@ def test_baseline_reproduces_the_original_tools_reference_figures():
 @pytest.mark.slow
 def test_bench_smoke_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
+    # 20 GPUs x 144 samples a day at 600 s exceed a budget of 2,000: the run is coarsened to 900 s and
+    # the cost at 600 s is measured on a slice of 13 GPUs (13 x 144 <= 2,000)
     args = argparse.Namespace(gpus="20", days=1, out=str(out), work_dir=None, telemetry_interval=600,
-                              max_telemetry_samples=None, sqlite_rows=20_000, es_docs=300, es_page_size=100,
+                              max_telemetry_samples=2_000, sqlite_rows=20_000, es_docs=300, es_page_size=100,
                               baseline_max_gpus=0, repeats=1, profile=False)
     assert main_bench(args) == 0
     printed = capsys.readouterr().out
@@ -191,8 +193,13 @@ def test_bench_smoke_writes_json(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert {"machine", "config", "sizes", "sqlite_archive", "elasticsearch", "linear_fit", "targets", "notes"} <= set(result)
     (size,) = result["sizes"]
-    assert (size["gpus"], size["days"], size["telemetry_interval_s"]) == (20, 1, 600)
+    assert (size["gpus"], size["days"], size["telemetry_interval_s"]) == (20, 1, 900)
     p = size["pipeline"]
+    est = p["at_requested_telemetry_estimate"]
+    sl = est["slice"]
+    assert (est["telemetry_interval_s"], sl["gpus"], sl["telemetry_interval_s"]) == (600, 13, 600)
+    assert sl["samples"] > 13 * 100 and sl["seconds"] > 0 and sl["per_day_scaled_s"] == pytest.approx(sl["seconds"] * 20 / 13)
+    assert est["per_day_s"] > est["per_day_excl_plots_s"] > 0
     assert p["success"] is True and p["runs_in_instance"] == 1 and p["step_starts_total"] == p["steps_count"]
     assert p["peak_rss_mib"]["self"] > 0 and p["run_wall_s"] > 0 and p["per_day_s"] > 0
     steps = {s["step"]: s for s in p["steps"]}
