@@ -1385,8 +1385,10 @@ def read_telemetry_dir(
             return None
         return _finish_or_slow(staged, slow)
 
-    # Files are parsed on a few threads (Arrow's kernels run without the GIL) and taken in order.
-    with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
+    # Files are parsed on a few threads (Arrow's kernels run without the GIL) and taken in order; a
+    # file that fails stops the read (the files not yet started are not parsed).
+    pool = ThreadPoolExecutor(max_workers=_READ_THREADS)
+    try:
         for (kind, _host, path, _day), part in zip(tasks, pool.map(parse, tasks), strict=True):
             if part is None:
                 counters["files_outside_window"] += 1
@@ -1402,6 +1404,8 @@ def read_telemetry_dir(
             if kept.num_rows:
                 tables.append(kept)
             del part
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     table = pa.concat_tables(tables) if tables else GPU_SAMPLES.empty()
     counters["files_read"] = len(files)
     return _result(table, quarantine, counters, files, fast_parsed)
