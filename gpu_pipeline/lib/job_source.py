@@ -30,6 +30,7 @@ from gpu_pipeline.lib.jobs import (
     jobs_overlapping,
     normalize_items,
     quarantine_table,
+    text_fingerprint,
 )
 from gpu_pipeline.lib.schemas import JOBS, QUARANTINE_JOBS, RAW_JOB_DOCUMENTS, conform
 
@@ -179,16 +180,19 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
     text_skipped = int(pc.sum(outside).as_py() or 0)
     if text_skipped:
         raw = raw.filter(pc.invert(outside))
-    by_source: dict[str, list[tuple[str, int, object, str | None]]] = {}
+    # The raw text is the canonical JSON the raw asset writes (``_dumps``: sorted keys, no spaces), so
+    # the duplicate check fingerprints the text instead of serializing each parsed document again.
+    by_source: dict[str, list[tuple[str, int, object, str | None, bytes | None]]] = {}
     for r in raw.to_pylist():
         doc: object = r["doc_json"]
-        error = r["parse_error"]
+        error, fingerprint = r["parse_error"], None
         if error is None:
             try:
                 doc = json.loads(r["doc_json"])
+                fingerprint = text_fingerprint(r["doc_json"])
             except json.JSONDecodeError as exc:
                 error = f"invalid_json: {exc.msg} (column {exc.colno})"
-        by_source.setdefault(r["source"], []).append((r["origin"], r["position"], doc, error))
+        by_source.setdefault(r["source"], []).append((r["origin"], r["position"], doc, error, fingerprint))
 
     tables, quarantined, reasons = [], [], Counter()
     docs_in, duplicates, skipped = text_skipped, 0, text_skipped

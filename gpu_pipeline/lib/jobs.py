@@ -529,8 +529,13 @@ def _row(raw: Any, source: str) -> dict:
 
 
 def _fingerprint(raw: Any) -> bytes:
-    text = json.dumps(raw, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+    return text_fingerprint(json.dumps(raw, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False))
+
+
+def text_fingerprint(canonical_json: str) -> bytes:
+    """The fingerprint of a document given as canonical JSON text (sorted keys, no spaces): equal
+    documents have equal text, so equal fingerprints."""
+    return hashlib.blake2b(canonical_json.encode("utf-8"), digest_size=16).digest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,6 +547,9 @@ class _Item(NamedTuple):
     position: int
     doc: Any
     error: str | None = None  # a parse error found by the reader (quarantined as is)
+    #: the document's fingerprint when the reader has it (e.g. from canonical JSON text); all items of
+    #: one normalization have it or none do
+    fingerprint: bytes | None = None
 
 
 def _outside_window(doc: Any, start_s: int, end_s: int) -> bool:
@@ -582,7 +590,7 @@ def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | 
         if window_s is not None and _outside_window(item.doc, *window_s):
             skipped += 1
             continue
-        fp = _fingerprint(item.doc)
+        fp = item.fingerprint if item.fingerprint is not None else _fingerprint(item.doc)
         if fp in seen:
             duplicates += 1
             continue
@@ -780,10 +788,10 @@ def file_items(path: str | Path) -> tuple[str, Iterator[_Item]]:
     raise JobsFileError(f"{p}: not a job-record file (expected .ndjson, .jsonl, .es.json or .json)")
 
 
-def normalize_items(items: Iterable[tuple[str, int, Any, str | None]], source: str,
+def normalize_items(items: Iterable[tuple], source: str,
                     window_s: tuple[int, int] | None = None) -> NormalizeResult:
-    """Normalize (origin, position, document, parse_error) tuples, e.g. rows of the raw table;
-    ``window_s``: see :func:`_normalize`."""
+    """Normalize (origin, position, document, parse_error[, fingerprint]) tuples, e.g. rows of the raw
+    table; ``window_s``: see :func:`_normalize`; ``fingerprint``: see :class:`_Item`."""
     return _normalize((_Item(*it) for it in items), source, window_s)
 
 

@@ -434,3 +434,27 @@ def test_a_range_run_reads_each_job_file_once_with_the_same_days(tmp_path):
     again = raw_docs_from_files(jobs_dir, s, e, 3, cache=cache)
     assert cache.reads == before + 1
     assert again.table.equals(raw_docs_from_files(jobs_dir, s, e, 3).table)
+
+
+def test_duplicates_found_from_the_raw_text_as_from_the_parsed_documents(tmp_path, monkeypatch):
+    """The clean step fingerprints the raw table's canonical JSON text; the result (rows, quarantine,
+    duplicates dropped) is the one fingerprinting each parsed document gives, exact duplicates
+    included."""
+    import datetime as dt
+
+    from gpu_pipeline.lib import job_source
+    from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
+    from gpu_pipeline.lib.simulate import SimConfig, simulate
+    from gpu_pipeline.lib.timeutil import day_window
+
+    simulate(tmp_path, SimConfig(start=dt.date(2025, 8, 4), end=dt.date(2025, 8, 5), gpus=24, seed=5,
+                                 timezone="America/Chicago", telemetry_interval_s=0, kueue_interval_s=0))
+    s, e = day_window("2025-08-05", "America/Chicago")
+    raw = raw_docs_from_files(tmp_path / "jobs", s, e, 3).table
+    raw = pa.concat_tables([raw, raw.slice(0, 40)])  # exact duplicates (another position, same text)
+    by_text = clean_job_documents(raw, s, e)
+    monkeypatch.setattr(job_source, "text_fingerprint", lambda text: None)  # fingerprint the parsed documents
+    by_doc = clean_job_documents(raw, s, e)
+    assert by_text.table.num_rows > 0 and by_text.table.equals(by_doc.table)
+    assert by_text.quarantine.equals(by_doc.quarantine)
+    assert by_text.duplicates == by_doc.duplicates > 0
