@@ -379,7 +379,7 @@ def _in_order(readers: list[_Prefetch]) -> Iterator[pa.RecordBatch]:
             reader.close()
 
 
-# Rowids per block of the time index (``_blocks``): about 10 ms of SQLite scan per block, and the
+# Rowids per block of the time index (``_build_index``): about 10 ms of SQLite scan per block, and the
 # precision with which a day's rows are located (a 1,000-GPU day is about 160 k rows).
 _BLOCK_SHIFT = 14
 _BLOCK_CACHE_FILES = 8
@@ -441,20 +441,23 @@ def _scan_blocks(con: sqlite3.Connection) -> list[_Block]:
     return blocks
 
 
-def _blocks(con: sqlite3.Connection, path: Path) -> list[_Block] | None:
-    """The file's time index, built once per state of the file in this process (a range run reads
-    every day of a month out of one scan), or None where it cannot be trusted: a database not in
-    UTF-8, or a timestamp column declared with a collation (the window's comparison would then not
-    be a byte comparison)."""
+def _cached_index(path: Path) -> list[_Block] | None:
+    """The time index built for the file's present state in this process, if any."""
     key = _file_key(path)
     if key is None:
         return None
     with _blocks_lock:
-        if key in _blocks_cache:
-            return _blocks_cache[key]
+        return _blocks_cache.get(key)
+
+
+def _build_index(con: sqlite3.Connection, path: Path) -> list[_Block] | None:
+    """The file's time index, kept for its present state (a range run reads every day of a month out
+    of one scan), or None where it cannot be trusted: a database not in UTF-8, or a timestamp column
+    declared with a collation (the window's comparison would then not be a byte comparison)."""
+    key = _file_key(path)
     (encoding,) = con.execute("PRAGMA encoding").fetchone()
     ddl = con.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone()
-    if str(encoding).upper() != "UTF-8" or ddl is None or "COLLATE" in str(ddl[0]).upper():
+    if key is None or str(encoding).upper() != "UTF-8" or ddl is None or "COLLATE" in str(ddl[0]).upper():
         return None
     blocks = _scan_blocks(con)
     with _blocks_lock:
@@ -512,10 +515,9 @@ def _reader_ranges(con: sqlite3.Connection, path: Path, lo: str, hi: str) -> lis
         (last,) = con.execute(f"SELECT max(rowid) FROM {TABLE}").fetchone()
         if first is None or last - first < 2 * _BATCH_ROWS:
             return [None]
-        key = _file_key(path)
-        with _blocks_lock:
-            cached = _blocks_cache.get(key) if key is not None else None
-        blocks = cached if cached is not None or _mostly_inside(con, first, last, lo, hi) else _blocks(con, path)
+        blocks = _cached_index(path)
+        if blocks is None and not _mostly_inside(con, first, last, lo, hi):
+            blocks = _build_index(con, path)
     except (sqlite3.Error, ValueError, TypeError):
         return [None]
     if blocks is None:
