@@ -122,22 +122,16 @@ def find_month_files(archive_dir: Path) -> dict[str, Path]:
     return found
 
 
-def _text_affinity(con: sqlite3.Connection) -> set[str]:
-    """Columns declared with TEXT affinity (SQLite's rules: no "INT", and "CHAR", "CLOB" or "TEXT" in
-    the declared type): a number written to one is stored as text."""
-    out = set()
-    for row in con.execute(f"PRAGMA table_info({TABLE})").fetchall():
-        declared = str(row[2] or "").upper()
-        if "INT" not in declared and any(k in declared for k in ("CHAR", "CLOB", "TEXT")):
-            out.add(row[1])
-    return out
-
-
-def _sqlite_columns(con: sqlite3.Connection, path: Path) -> list[str]:
+def _sqlite_columns(con: sqlite3.Connection, path: Path) -> tuple[list[str], frozenset[str]]:
+    """The table's columns, and those declared with TEXT affinity (SQLite's rules: no "INT", and
+    "CHAR", "CLOB" or "TEXT" in the declared type), where a number written is stored as text."""
     rows = con.execute(f"PRAGMA table_info({TABLE})").fetchall()
     if not rows:
         raise ArchiveError(f"{path}: no table '{TABLE}' in the archive")
-    return [r[1] for r in rows]
+    declared = {r[1]: str(r[2] or "").upper() for r in rows}
+    text = frozenset(c for c, d in declared.items()
+                     if "INT" not in d and any(k in d for k in ("CHAR", "CLOB", "TEXT")))
+    return list(declared), text
 
 
 def _decode(raw: bytes) -> str:
@@ -178,14 +172,13 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
     except sqlite3.Error as exc:
         raise ArchiveError(f"{path}: cannot open SQLite archive: {exc}") from exc
     try:
-        cols = _sqlite_columns(con, path)
+        cols, text_columns = _sqlite_columns(con, path)
         missing_req = [c for c in REQUIRED_COLUMNS if c not in cols]
         if missing_req:
             raise ArchiveError(f"{path}: table '{TABLE}' lacks required columns {missing_req}")
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
         try:
             ranges = _reader_ranges(con, path, lo, hi)
-            text_columns = frozenset(_text_affinity(con))
             # The first reader stays a few batches ahead; the second reads on meanwhile, up to _AHEAD
             # batches (about 0.5 M rows: all of a 1,000-GPU day's half; a bound on memory beyond).
             for masked in (False, True):

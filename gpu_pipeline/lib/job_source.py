@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from gpu_pipeline.lib.es_source import EsConfig, fetch_jobs
 from gpu_pipeline.lib.jobs import (
     _MAX_EPOCH_S,
+    canonical_json,
     file_items,
     jobs_overlapping,
     normalize_items,
@@ -45,10 +46,6 @@ class RawDocs:
     es_total: int | None = None
     es_pages: int | None = None
     es_retries: int | None = None
-
-
-def _dumps(doc: object) -> str:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _raw_table(rows: list[tuple[str, str, int, str, str | None]]) -> pa.Table:
@@ -86,7 +83,7 @@ def _file_table(path: Path) -> pa.Table:
     rows: list[tuple[str, str, int, str, str | None]] = []
     source, items = file_items(path)
     for it in items:
-        text = it.doc if isinstance(it.doc, str) and it.error else _dumps(it.doc)
+        text = it.doc if isinstance(it.doc, str) and it.error else canonical_json(it.doc)
         rows.append((source, it.origin, it.position, text, it.error))
     return _raw_table(rows)
 
@@ -129,7 +126,7 @@ def raw_docs_from_files(
 
 def raw_docs_from_es(cfg: EsConfig, start_utc: dt.datetime, end_utc: dt.datetime) -> RawDocs:
     result = fetch_jobs(cfg, start_utc, end_utc)
-    rows = [("elasticsearch", cfg.index, i, _dumps(doc), None) for i, doc in enumerate(result.docs)]
+    rows = [("elasticsearch", cfg.index, i, canonical_json(doc), None) for i, doc in enumerate(result.docs)]
     return RawDocs(
         table=_raw_table(rows), es_total=result.total, es_pages=result.pages, es_retries=result.retries
     )
@@ -180,8 +177,8 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
     text_skipped = int(pc.sum(outside).as_py() or 0)
     if text_skipped:
         raw = raw.filter(pc.invert(outside))
-    # The raw text is the canonical JSON the raw asset writes (``_dumps``: sorted keys, no spaces), so
-    # the duplicate check fingerprints the text instead of serializing each parsed document again.
+    # The raw text is the document's ``canonical_json`` (what the raw asset writes), so the duplicate
+    # check fingerprints the text instead of serializing each parsed document again.
     by_source: dict[str, list[tuple[str, int, object, str | None, bytes | None]]] = {}
     for r in raw.to_pylist():
         doc: object = r["doc_json"]

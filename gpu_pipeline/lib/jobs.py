@@ -528,14 +528,19 @@ def _row(raw: Any, source: str) -> dict:
     }
 
 
+def canonical_json(doc: Any) -> str:
+    """A document as canonical JSON text (sorted keys, no spaces, other values as ``str``): equal
+    documents give equal text. The raw job-document table stores this text."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+
+
 def _fingerprint(raw: Any) -> bytes:
-    return text_fingerprint(json.dumps(raw, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False))
+    return text_fingerprint(canonical_json(raw))
 
 
-def text_fingerprint(canonical_json: str) -> bytes:
-    """The fingerprint of a document given as canonical JSON text (sorted keys, no spaces): equal
-    documents have equal text, so equal fingerprints."""
-    return hashlib.blake2b(canonical_json.encode("utf-8"), digest_size=16).digest()
+def text_fingerprint(text: str) -> bytes:
+    """The fingerprint of a document given as :func:`canonical_json` text."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
 # ---------------------------------------------------------------------------------------------
