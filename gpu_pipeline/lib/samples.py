@@ -14,13 +14,19 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig, fetch_dcgm_range
-from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE_GPU_SAMPLES, RAW_GPU_TELEMETRY, conform
+from gpu_pipeline.lib.schemas import (
+    GPU_SAMPLES,
+    QUARANTINE_GPU_SAMPLES,
+    RAW_GPU_TELEMETRY,
+    conform,
+    sorted_rows,
+)
 from gpu_pipeline.lib.telemetry import read_telemetry_dir
 from gpu_pipeline.lib.terapixel import parse_gpu_csv
 
@@ -109,8 +115,7 @@ def raw_samples(
         parts.append(conform(fetched.table, RAW_GPU_TELEMETRY))
         counters.update({f"prometheus_{k}": v for k, v in fetched.counters.items()})
     table = pa.concat_tables(parts) if parts else RAW_GPU_TELEMETRY.empty()
-    table = table.sort_by([("sample_utc", "ascending"), ("host", "ascending"), ("gpu_id", "ascending"),
-                           ("source", "ascending")])
+    table = sorted_rows(table, _KEY)
     return RawSamples(table=table, files=files, quarantine=quarantine, counters=counters)
 
 
@@ -123,41 +128,67 @@ class CleanSamples:
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
 
 
-def _violation_sql() -> str:
-    parts = []
+# The duplicate key, in the output's sort order; among rows of one key the first by source_file
+# (nulls last) is the one kept.
+_KEY = ("sample_utc", "host", "gpu_id", "source")
+
+
+def _out_of_range(table: pa.Table) -> dict[str, np.ndarray]:
+    """Per checked column with some violation: which rows hold a value outside ``RANGES`` (NaN
+    included; null is not a violation)."""
+    masks = {}
     for col, (lo, hi) in RANGES.items():
-        conds = [f"isnan({col})"]
-        if lo is not None:
-            conds.append(f"{col} < {lo}")
-        if hi is not None:
-            conds.append(f"{col} > {hi}")
-        parts.append(f"CASE WHEN {col} IS NOT NULL AND ({' OR '.join(conds)}) THEN '{col}' END")
-    return f"concat_ws(',', {', '.join(parts)})"
+        if col not in table.column_names:
+            continue
+        column = table[col]
+        values = column.to_numpy()  # float64; nulls read as NaN and are masked out below
+        with np.errstate(invalid="ignore"):
+            out = np.isnan(values)
+            if lo is not None:
+                out |= values < lo
+            if hi is not None:
+                out |= values > hi
+        out &= column.is_valid().to_numpy(zero_copy_only=False)
+        if out.any():
+            masks[col] = out
+    return masks
+
+
+def _repeats_previous(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
+    """Per row of a table sorted on ``columns``: whether it has the previous row's key (two nulls
+    are equal, as in GROUP BY)."""
+    n = table.num_rows
+    same = np.zeros(n, dtype=bool)
+    if n < 2:
+        return same
+    same[1:] = True
+    for col in columns:
+        arr = table[col].combine_chunks()
+        later, earlier = arr.slice(1), arr.slice(0, n - 1)
+        equal = pc.fill_null(pc.equal(later, earlier), False).to_numpy(zero_copy_only=False)
+        both_null = pc.and_(pc.is_null(later), pc.is_null(earlier)).to_numpy(zero_copy_only=False)
+        same[1:] &= equal | both_null
+    return same
 
 
 def clean_samples(raw: pa.Table) -> CleanSamples:
-    con = db_connect()
-    try:
-        con.register("raw_samples", raw)
-        checked = con.sql(
-            f"""
-            SELECT *, {_violation_sql()} AS bad,
-                   row_number() OVER (PARTITION BY sample_utc, source, host, gpu_id
-                                      ORDER BY source_file NULLS LAST) AS dup
-            FROM raw_samples
-            """
-        ).to_arrow_table()
-    finally:
-        con.close()
-    bad = checked["bad"]
-    is_bad = pc.not_equal(bad, "")
-    dup = pc.greater(checked["dup"], 1)
-    good = checked.filter(pc.and_(pc.invert(is_bad), pc.invert(dup)))
-    rejected = checked.filter(is_bad)
+    """Quarantine out-of-range rows and drop repeated keys, with the output sorted on ``_KEY``.
+
+    One sort on ``_KEY`` + source_file (nulls last) puts a key's rows together with the one to keep
+    first; a later row of the key is a duplicate unless it is quarantined itself (a quarantined first
+    row still takes the key, as before)."""
+    table = sorted_rows(raw, (*_KEY, "source_file"))
+    violations = _out_of_range(table)
+    is_bad = np.zeros(table.num_rows, dtype=bool)
+    for mask in violations.values():
+        is_bad |= mask
+    dup = _repeats_previous(table, _KEY)
+    good = table.filter(pa.array(~is_bad & ~dup))
     reasons: dict[str, int] = {}
     q_rows = []
-    for r in rejected.drop_columns(["dup"]).to_pylist():
-        cols = r.pop("bad").split(",")
+    bad_rows = np.flatnonzero(is_bad)
+    for i, r in zip(bad_rows.tolist(), table.take(pa.array(bad_rows)).to_pylist(), strict=True):
+        cols = [c for c, mask in violations.items() if mask[i]]
         for c in cols:
             reasons[f"{c} out of range"] = reasons.get(f"{c} out of range", 0) + 1
         detail = ", ".join(f"{c}={r[c]!r} (allowed {RANGES[c][0]}..{RANGES[c][1]})" for c in cols)
@@ -170,10 +201,7 @@ def clean_samples(raw: pa.Table) -> CleanSamples:
             "row_json": json.dumps(r, default=str, sort_keys=True),
         })
     quarantine = pa.Table.from_pylist(q_rows, schema=QUARANTINE_GPU_SAMPLES.schema) if q_rows else QUARANTINE_GPU_SAMPLES.empty()
-    dups = int(pc.sum(pc.and_(dup, pc.invert(is_bad))).as_py() or 0)
-    good = good.drop_columns(["bad", "dup"]).sort_by(
-        [("sample_utc", "ascending"), ("host", "ascending"), ("gpu_id", "ascending"), ("source", "ascending")]
-    )
+    dups = int(np.count_nonzero(dup & ~is_bad))
     return CleanSamples(
         table=conform(good, GPU_SAMPLES),
         quarantine=quarantine,

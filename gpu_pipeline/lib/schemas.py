@@ -11,9 +11,12 @@ A schema change bumps ``TableSpec.version`` and is listed in ``SCHEMA_CHANGES`` 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -358,6 +361,17 @@ def all_tables() -> dict[str, TableSpec]:
 
 # Versioned schema history: (table path, version, change). Every table is at version 1.
 SCHEMA_CHANGES: list[tuple[str, int, str]] = [("*", 1, "initial schemas")]
+
+
+def sorted_rows(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``table`` sorted ascending on ``keys`` (nulls last, stable), as ``Table.sort_by``; the table
+    itself, without a copy, when it is already in that order."""
+    if table.num_rows < 2:
+        return table
+    order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_end") for k in keys])
+    if np.array_equal(order.to_numpy(), np.arange(table.num_rows)):
+        return table
+    return table.take(order)
 
 
 def conform(table: pa.Table, spec: TableSpec) -> pa.Table:

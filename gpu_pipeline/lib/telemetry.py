@@ -91,7 +91,7 @@ import pyarrow.csv as pacsv
 from prometheus_client.parser import text_fd_to_metric_families, text_string_to_metric_families
 
 from gpu_pipeline.lib.exposition import line_error, parser_reason, split_sample_line
-from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE, TS, conform
+from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE, TS, conform, sorted_rows
 
 UTC = dt.UTC
 
@@ -233,7 +233,7 @@ def _result(table: pa.Table, quarantine: list[QuarantinedLine], counters: Counte
 def _sorted(table: pa.Table) -> pa.Table:
     if table.num_rows < 2:
         return table
-    return table.sort_by([("sample_utc", "ascending"), ("host", "ascending"), ("gpu_id", "ascending")])
+    return sorted_rows(table, ("sample_utc", "host", "gpu_id"))
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)

@@ -1,0 +1,147 @@
+"""clean_samples: range quarantine, duplicate keys, output order; and the sort helper it uses."""
+
+import datetime as dt
+import json
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from gpu_pipeline.lib.samples import RANGES, clean_samples
+from gpu_pipeline.lib.schemas import GPU_SAMPLES, RAW_GPU_TELEMETRY, conform, sorted_rows
+
+T0 = dt.datetime(2025, 8, 4, 12, 0, tzinfo=dt.UTC)
+
+
+def raw(rows: list[dict]) -> pa.Table:
+    base = {"source": "dcgm", "host": "h1", "gpu_id": "GPU-aaaaaaaa", "util_pct": 50.0, "power_w": 100.0,
+            "source_file": "dcgm/h1/dcgm-2025-08-04.prom"}
+    return conform(pa.Table.from_pylist([{**base, **r} for r in rows]), RAW_GPU_TELEMETRY)
+
+
+def test_out_of_range_values_are_quarantined_with_the_column_and_the_allowed_range():
+    t = raw([
+        {"sample_utc": T0, "util_pct": 101.0},
+        {"sample_utc": T0 + dt.timedelta(seconds=30), "util_pct": float("nan"), "power_w": -1.0},
+        {"sample_utc": T0 + dt.timedelta(seconds=60), "util_pct": None},  # null is no violation
+        {"sample_utc": T0 + dt.timedelta(seconds=90), "util_pct": 100.0},  # the bound is inclusive
+    ])
+    out = clean_samples(t)
+    assert out.table.num_rows == 2
+    assert out.table["util_pct"].to_pylist() == [None, 100.0]
+    assert out.quarantined_by_reason == {"power_w out of range": 1, "util_pct out of range": 2}
+    reasons = out.quarantine["reason"].to_pylist()
+    assert reasons[0] == "value out of range: util_pct=101.0 (allowed 0..100)"
+    assert reasons[1] == "value out of range: util_pct=nan (allowed 0..100), power_w=-1.0 (allowed 0..None)"
+    assert out.quarantine["source_file"].to_pylist() == ["dcgm/h1/dcgm-2025-08-04.prom"] * 2
+    assert json.loads(out.quarantine["row_json"][0].as_py())["util_pct"] == 101.0
+
+
+def test_a_repeated_key_keeps_the_row_of_the_first_source_file_nulls_last():
+    t = raw([
+        {"sample_utc": T0, "util_pct": 3.0, "source_file": None},
+        {"sample_utc": T0, "util_pct": 2.0, "source_file": "b.prom"},
+        {"sample_utc": T0, "util_pct": 1.0, "source_file": "a.prom"},
+        {"sample_utc": T0, "util_pct": 9.0, "source": "nvidia-smi"},  # another source: another key
+    ])
+    out = clean_samples(t)
+    assert out.duplicates_dropped == 2
+    assert out.table["source"].to_pylist() == ["dcgm", "nvidia-smi"]
+    assert out.table["util_pct"].to_pylist() == [1.0, 9.0]
+    assert out.table["source_file"][0].as_py() == "a.prom"
+
+
+def test_a_quarantined_first_row_still_takes_its_key_and_is_not_counted_as_a_duplicate():
+    t = raw([
+        {"sample_utc": T0, "util_pct": 500.0, "source_file": "a.prom"},
+        {"sample_utc": T0, "util_pct": 5.0, "source_file": "b.prom"},
+        {"sample_utc": T0, "util_pct": 700.0, "source_file": "c.prom"},
+    ])
+    out = clean_samples(t)
+    assert out.table.num_rows == 0
+    assert out.duplicates_dropped == 1
+    assert out.quarantined_by_reason == {"util_pct out of range": 2}
+
+
+def test_output_is_sorted_on_time_host_gpu_source_with_null_hosts_one_key_and_last():
+    t = raw([
+        {"sample_utc": T0 + dt.timedelta(seconds=30), "host": "h0"},
+        {"sample_utc": T0, "host": None, "util_pct": 1.0},
+        {"sample_utc": T0, "host": "h2"},
+        {"sample_utc": T0, "host": None, "util_pct": 2.0, "source_file": "z.prom"},
+        {"sample_utc": T0, "host": "h1", "gpu_id": "GPU-bbbbbbbb"},
+        {"sample_utc": T0, "host": "h1"},
+    ])
+    out = clean_samples(t)
+    got = [(r["sample_utc"], r["host"], r["gpu_id"]) for r in out.table.select(["sample_utc", "host", "gpu_id"])
+           .to_pylist()]
+    assert got == [(T0, "h1", "GPU-aaaaaaaa"), (T0, "h1", "GPU-bbbbbbbb"), (T0, "h2", "GPU-aaaaaaaa"),
+                   (T0, None, "GPU-aaaaaaaa"), (T0 + dt.timedelta(seconds=30), "h0", "GPU-aaaaaaaa")]
+    assert out.duplicates_dropped == 1
+    assert out.table.filter(pa.compute.is_null(out.table["host"]))["util_pct"].to_pylist() == [1.0]
+    assert out.table.schema == GPU_SAMPLES.schema
+
+
+# The same rules as one SQL query (a window over the key, ranked by source_file NULLS LAST): the
+# formulation the Arrow implementation replaced, kept here as an independent oracle; ties (equal
+# source_file) go to the earlier input row, as the stable sort gives them.
+def _sql_oracle(t: pa.Table) -> tuple[pa.Table, int, dict[str, int]]:
+    checks = []
+    for col, (lo, hi) in RANGES.items():
+        conds = [f"isnan({col})"] + ([f"{col} < {lo}"] if lo is not None else []) + (
+            [f"{col} > {hi}"] if hi is not None else [])
+        checks.append(f"CASE WHEN {col} IS NOT NULL AND ({' OR '.join(conds)}) THEN '{col}' END")
+    con = duckdb.connect()
+    con.register("t", t.append_column("input_row", pa.array(np.arange(t.num_rows))))
+    checked = con.sql(f"""
+        SELECT * EXCLUDE (input_row), concat_ws(',', {', '.join(checks)}) AS bad,
+               row_number() OVER (PARTITION BY sample_utc, source, host, gpu_id
+                                  ORDER BY source_file NULLS LAST, input_row) AS dup
+        FROM t""").to_arrow_table()
+    bad = np.array([b != "" for b in checked["bad"].to_pylist()])
+    dup = np.array(checked["dup"].to_pylist()) > 1
+    good = checked.filter(pa.array(~bad & ~dup)).drop_columns(["bad", "dup"])
+    good = good.sort_by([(c, "ascending") for c in ("sample_utc", "host", "gpu_id", "source")])
+    reasons: dict[str, int] = {}
+    for b in checked["bad"].to_pylist():
+        for c in filter(None, b.split(",")):
+            reasons[f"{c} out of range"] = reasons.get(f"{c} out of range", 0) + 1
+    return conform(good, GPU_SAMPLES), int((dup & ~bad).sum()), dict(sorted(reasons.items()))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_the_sql_formulation_on_shuffled_rows_with_faults(seed):
+    rng = np.random.default_rng(seed)
+    n = 4000
+    rows = []
+    for _ in range(n):
+        rows.append({
+            "sample_utc": T0 + dt.timedelta(seconds=30 * int(rng.integers(0, 40))),
+            "host": None if rng.random() < 0.05 else f"h{rng.integers(0, 5)}",
+            "gpu_id": f"GPU-{rng.integers(0, 4):08x}",
+            "source": ["dcgm", "nvidia-smi"][int(rng.integers(0, 2))],
+            "util_pct": [float(rng.uniform(0, 100)), 150.0, float("nan"), None][int(rng.choice(4, p=[.9, .04, .03, .03]))],
+            "power_w": float(rng.uniform(-5, 300)),
+            "source_file": None if rng.random() < 0.2 else f"f{rng.integers(0, 50)}.prom",
+        })
+    t = raw(rows)
+    out = clean_samples(t)
+    table, dups, reasons = _sql_oracle(t)
+    assert out.table.equals(table)
+    assert out.duplicates_dropped == dups > 0
+    assert out.quarantined_by_reason == reasons
+    assert out.quarantine.num_rows == sum(1 for r in t.to_pylist()
+                                          if any(r[c] is not None and not (
+                                              (RANGES[c][0] is None or r[c] >= RANGES[c][0])
+                                              and (RANGES[c][1] is None or r[c] <= RANGES[c][1]))
+                                                 for c in RANGES))
+
+
+def test_sorted_rows_returns_the_same_table_when_in_order_and_sorts_like_sort_by_otherwise():
+    t = pa.table({"a": [1, 1, None, 2, 1], "b": ["y", "x", "x", None, "x"], "i": [0, 1, 2, 3, 4]})
+    expected = t.sort_by([("a", "ascending"), ("b", "ascending")])
+    got = sorted_rows(t, ["a", "b"])
+    assert got.equals(expected)
+    assert got["i"].to_pylist() == [1, 4, 0, 3, 2]  # stable among equal keys, nulls last
+    assert sorted_rows(got, ["a", "b"]) is got
