@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from gpu_pipeline.bench import compare_with_pipeline, main_bench
+from gpu_pipeline.bench import _best_interleaved, compare_with_pipeline, main_bench
 from gpu_pipeline.lib import baseline
 from gpu_pipeline.lib.allocation import allocation_for_day, allocation_from_table
 from gpu_pipeline.lib.condor_archive import read_window
@@ -225,3 +225,22 @@ def test_bench_smoke_writes_json(tmp_path, capsys):
     assert es["docs_per_s"] > 0
     assert any(t["target"].startswith("one day out of") for t in result["targets"])
     assert result["scratch_dir"] is None  # the scratch data is removed without --work-dir
+
+
+def test_ratio_timings_run_in_interleaved_rounds_and_keep_each_ones_best():
+    calls: list[str] = []
+    durations = {"a": iter([0.15, 0.0, 0.08]), "b": iter([0.0, 0.15, 0.08])}
+
+    def fn(name):
+        def go():
+            calls.append(name)
+            import time
+            time.sleep(next(durations[name]))
+            return name.upper()
+        return go
+
+    out = _best_interleaved(3, {"a": fn("a"), "b": fn("b")})
+    assert calls == ["a", "b", "a", "b", "a", "b"]  # round by round, not all of a then all of b
+    assert [len(out[k][1]) for k in "ab"] == [3, 3] and out["a"][2] == "A"
+    assert out["a"][0] == min(out["a"][1]) and out["a"][1].index(out["a"][0]) == 1
+    assert out["b"][1].index(out["b"][0]) == 0
