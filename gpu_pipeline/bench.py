@@ -380,8 +380,9 @@ def _run_summary(instance: Any, asset_graph: Any) -> dict[str, Any]:
 
 
 class _RssSampler:
-    """Samples this process's resident set size every ``interval`` s (Linux ``/proc``), so that the
-    peak can be attributed to the step that was running."""
+    """Samples the resident set size of this process plus its live child processes (the plot
+    helper) every ``interval`` s (Linux ``/proc``), so that the peak of the whole run -- and of each
+    step -- counts every process working at that moment."""
 
     def __init__(self, interval: float = 0.05):
         import threading
@@ -392,12 +393,34 @@ class _RssSampler:
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
+    def _statm(self, pid: str) -> int:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * self._page
+
+    def _children(self, pid: str) -> list[str]:
+        kids: list[str] = []
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as fh:
+                    kids += fh.read().split()
+        except OSError:  # the process (or a thread) ended meanwhile
+            pass
+        return kids
+
     def _rss(self) -> int | None:
         try:
-            with open("/proc/self/statm") as fh:
-                return int(fh.read().split()[1]) * self._page
+            total = self._statm("self")
         except (OSError, ValueError, IndexError):
             return None
+        pending = self._children(str(os.getpid()))
+        while pending:
+            pid = pending.pop()
+            try:
+                total += self._statm(pid)
+            except (OSError, ValueError, IndexError):  # ended meanwhile
+                continue
+            pending += self._children(pid)
+        return total
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -406,6 +429,9 @@ class _RssSampler:
                 return
             self.samples.append((time.time(), rss))
             self._stop.wait(self.interval)
+
+    def peak(self) -> int | None:
+        return max((rss for _, rss in self.samples), default=None)
 
     def __enter__(self) -> _RssSampler:
         self._thread.start()
@@ -465,7 +491,7 @@ def _child_main(argv: list[str]) -> int:
     summary.update(
         success=bool(ok),
         call_wall_s=wall,
-        peak_rss_bytes={"self": self_rss, "children": children_rss},
+        peak_rss_bytes={"self": self_rss, "children": children_rss, "process_tree": sampler.peak() or 0},
     )
     out.write_text(json.dumps(summary, default=str))
     return 0 if ok else 1
