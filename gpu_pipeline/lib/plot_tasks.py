@@ -1,27 +1,16 @@
 """The metric plots as (day, plot) tasks, rendered by this process and a helper process at once.
 
-Matplotlib holds the GIL while it draws, so a second core only helps from another process. The
-helper is started with ``spawn`` (a fresh interpreter that imports only this module's
-dependencies, never a fork of a process holding DuckDB and Arrow threads); it reads its input
-tables from the store itself, so only the finished PNG bytes travel back.
-
-Work is shared by stealing: every task of the range is queued for the helper up front, in day
-order; when this process takes a day, it renders from the end of that day's list every task the
-helper has not started yet (a queued task can be cancelled, a started one cannot), then waits for
-the helper's share. The result of a task does not depend on which process rendered it.
+Matplotlib holds the GIL while it draws, so a second core only helps from another process
+(:mod:`gpu_pipeline.lib.helper_pool`). Each process reads a day's input tables from the store
+itself, once, so only the finished PNG bytes travel back. Every task of the range is queued for the
+helper up front, in day order; when this process takes a day, it renders from the end of that day's
+list what the helper has not started, then takes the helper's share.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import multiprocessing
-import os
-import sys
-import types
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -32,6 +21,7 @@ from gpu_pipeline.lib.availability import AVAILABILITY_PERIODS
 from gpu_pipeline.lib.demand import DEMAND_CAPACITY, DEMAND_TOP_CONTRIBUTORS
 from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
 from gpu_pipeline.lib.evictions import EVICTION_RATES, EVICTIONS
+from gpu_pipeline.lib.helper_pool import HelperPool, Task, cpu_helpers
 from gpu_pipeline.lib.plot_style import Rendered
 from gpu_pipeline.lib.schemas import GPU_STATES, TableSpec
 from gpu_pipeline.lib.store import Store
@@ -74,15 +64,9 @@ PLOT_WORKERS_ENV = "GPU_PIPELINE_PLOT_WORKERS"
 
 
 def default_workers() -> int:
-    """Helper processes: ``GPU_PIPELINE_PLOT_WORKERS`` if set (0 = render everything here), else
-    one when the machine has a second core."""
-    value = os.environ.get(PLOT_WORKERS_ENV, "").strip()
-    if value:
-        n = int(value)
-        if n < 0:
-            raise ValueError(f"{PLOT_WORKERS_ENV}={value!r}: expected 0 or more")
-        return n
-    return 1 if (os.cpu_count() or 1) > 1 else 0
+    """Helper processes for the plots: ``GPU_PIPELINE_PLOT_WORKERS`` if set (0 = render everything
+    here), else one when the machine has a second core."""
+    return cpu_helpers(PLOT_WORKERS_ENV)
 
 
 class _DayTables:
@@ -106,85 +90,49 @@ class _DayTables:
         return self.tables[key]
 
 
-def render_plot(tables: _DayTables, name: str, day: str, tz: str) -> Rendered:
+_tables: _DayTables | None = None  # this process's tables of the day it renders
+
+
+def render_plot(root: str, name: str, day: str, tz: str) -> Rendered:
+    """Plot ``name`` of ``day`` from the tables under the data root ``root`` (a day's tables are
+    kept for its next plot)."""
+    global _tables
+    if _tables is None or str(_tables.store.root) != root:
+        _tables = _DayTables(Store(root))
     plot = PLOTS[name]
     columns = plot.columns or {}
-    return plot.render(*(tables.get(spec, day, columns.get(spec.path)) for spec in plot.inputs),
+    return plot.render(*(_tables.get(spec, day, columns.get(spec.path)) for spec in plot.inputs),
                        dt.date.fromisoformat(day), tz)
-
-
-_helper_tables: _DayTables | None = None
-
-
-def _helper_render(root: str, name: str, day: str, tz: str) -> Rendered:
-    """A task in the helper process (its tables are kept for the day's next task)."""
-    global _helper_tables
-    if _helper_tables is None or str(_helper_tables.store.root) != root:
-        _helper_tables = _DayTables(Store(root))
-    return render_plot(_helper_tables, name, day, tz)
-
-
-@contextlib.contextmanager
-def _bare_main() -> Iterator[None]:
-    """A spawned process first re-imports the parent's ``__main__`` (for functions pickled from
-    there); the helper's functions live in this module, so it is started from an empty main instead
-    (under Dagster the main module is its CLI, whose import would cost the helper seconds and memory)."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
 
 
 class PlotRenderer:
     """Renders the ``names`` plots of ``days`` here and in ``workers`` helper processes.
 
     Use as a context manager; :meth:`day` returns one day's ``{name: Rendered}`` (days in any
-    order, each once) and raises the first error of the day's plots, wherever it was rendered."""
+    order, each once) and raises the first error of the day's plots, wherever it was rendered.
+    ``rendered`` counts plots by where they were drawn."""
 
     def __init__(self, store: Store, days: Iterable[str], names: Iterable[str], tz: str, workers: int | None = None):
-        self.store, self.tz = store, tz
+        self.root, self.tz = str(store.root), tz
         self.days, self.names = list(days), list(names)
-        self.workers = default_workers() if workers is None else workers
-        self._tables = _DayTables(store)
-        self._pool: ProcessPoolExecutor | None = None
-        self._queued: dict[str, list[tuple[str, Future]]] = {}
-        self.rendered = {"here": 0, "helpers": 0}  # plots by where they were drawn
+        self._helpers = HelperPool(default_workers() if workers is None else workers)
+        self._queued: dict[str, list[Task]] = {}
+        self.rendered = self._helpers.ran
 
     def __enter__(self) -> PlotRenderer:
-        if self.workers > 0 and self.names and self.days:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
-            with _bare_main():  # the helpers start at their first task
-                for day in self.days:
-                    self._queued[day] = [(name, self._pool.submit(_helper_render, str(self.store.root), name, day,
-                                                                  self.tz))
-                                         for name in self.names]
+        self._helpers.__enter__()
+        for day in self.days:  # the helper starts at its first task
+            self._queued[day] = [self._helpers.submit(render_plot, self.root, name, day, self.tz) for name in self.names]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        global _tables
+        self._helpers.__exit__(*exc)
+        _tables = None  # the last day's tables are not kept past the step
 
     def day(self, day: str) -> dict[str, Rendered]:
-        queued = self._queued.pop(day, None)
-        if queued is None:  # no helper: everything here
-            return {name: self._here(name, day) for name in self.names}
-        done: dict[str, Rendered] = {}
-        for name, future in reversed(queued):  # steal from the end what the helper has not started
-            if future.cancel():
-                done[name] = self._here(name, day)
-        for name, future in queued:
-            if name not in done:
-                try:
-                    done[name] = future.result()
-                    self.rendered["helpers"] += 1
-                except BrokenProcessPool:  # the helper died (e.g. killed for memory): render it here
-                    done[name] = self._here(name, day)
-        return {name: done[name] for name in self.names}
-
-    def _here(self, name: str, day: str) -> Rendered:
-        rendered = render_plot(self._tables, name, day, self.tz)
-        self.rendered["here"] += 1
-        return rendered
+        outcomes = self._helpers.run_all(self._queued.pop(day))
+        for _, error in outcomes:
+            if error is not None:
+                raise error
+        return {name: rendered for name, (rendered, _) in zip(self.names, outcomes, strict=True)}

@@ -233,7 +233,7 @@ def test_two_readers_of_indexed_rowid_ranges_give_the_one_reader_table(tmp_path,
     con.close()
     assert len(readers) == 2
     ranges = [r for reader in readers for r in reader]
-    assert all(a <= b for a, b in ranges) and all(x[1] < y[0] for x, y in zip(ranges, ranges[1:]))
+    assert all(a <= b for a, b in ranges) and all(x[1] < y[0] for x, y in zip(ranges, ranges[1:], strict=False))
     covered = sum(b - a + 1 for a, b in ranges)
     assert covered < (last - first + 1) / 2  # most of the 5-day file is never read for this day
     assert all(any(a <= r <= b for a, b in ranges) for r in in_window)  # every row of the window is
