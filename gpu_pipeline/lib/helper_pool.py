@@ -25,8 +25,10 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+HELPERS_ENV = "GPU_PIPELINE_HELPERS"
 
-def cpu_helpers(env: str) -> int:
+
+def default_helpers(env: str = HELPERS_ENV) -> int:
     """Helper processes: the environment variable ``env`` if set (0 = everything in this process),
     else one when the machine has a second core."""
     value = os.environ.get(env, "").strip()

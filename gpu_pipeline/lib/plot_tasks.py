@@ -21,7 +21,7 @@ from gpu_pipeline.lib.availability import AVAILABILITY_PERIODS
 from gpu_pipeline.lib.demand import DEMAND_CAPACITY, DEMAND_TOP_CONTRIBUTORS
 from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
 from gpu_pipeline.lib.evictions import EVICTION_RATES, EVICTIONS
-from gpu_pipeline.lib.helper_pool import HelperPool, Task, cpu_helpers
+from gpu_pipeline.lib.helper_pool import HelperPool, Task, default_helpers
 from gpu_pipeline.lib.plot_style import Rendered
 from gpu_pipeline.lib.schemas import GPU_STATES, TableSpec
 from gpu_pipeline.lib.store import Store
@@ -60,15 +60,6 @@ PLOTS: dict[str, PlotDef] = {
     "top_contributors": PlotDef(P.top_contributors, (DEMAND_TOP_CONTRIBUTORS,), "Top contributors to idle demand."),
 }
 
-PLOT_WORKERS_ENV = "GPU_PIPELINE_PLOT_WORKERS"
-
-
-def default_workers() -> int:
-    """Helper processes for the plots: ``GPU_PIPELINE_PLOT_WORKERS`` if set (0 = render everything
-    here), else one when the machine has a second core."""
-    return cpu_helpers(PLOT_WORKERS_ENV)
-
-
 class _DayTables:
     """A day's input tables, each read once (missing partitions read as empty tables)."""
 
@@ -106,7 +97,8 @@ def render_plot(root: str, name: str, day: str, tz: str) -> Rendered:
 
 
 class PlotRenderer:
-    """Renders the ``names`` plots of ``days`` here and in ``workers`` helper processes.
+    """Renders the ``names`` plots of ``days`` here and in ``workers`` helper processes (default:
+    ``GPU_PIPELINE_HELPERS``, see :func:`~gpu_pipeline.lib.helper_pool.default_helpers`).
 
     Use as a context manager; :meth:`day` returns one day's ``{name: Rendered}`` (days in any
     order, each once) and raises the first error of the day's plots, wherever it was rendered.
@@ -115,7 +107,7 @@ class PlotRenderer:
     def __init__(self, store: Store, days: Iterable[str], names: Iterable[str], tz: str, workers: int | None = None):
         self.root, self.tz = str(store.root), tz
         self.days, self.names = list(days), list(names)
-        self._helpers = HelperPool(default_workers() if workers is None else workers)
+        self._helpers = HelperPool(default_helpers() if workers is None else workers)
         self._queued: dict[str, list[Task]] = {}
         self.rendered = self._helpers.ran
 
@@ -136,3 +128,4 @@ class PlotRenderer:
             if error is not None:
                 raise error
         return {name: rendered for name, (rendered, _) in zip(self.names, outcomes, strict=True)}
+

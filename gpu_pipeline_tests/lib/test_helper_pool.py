@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from gpu_pipeline.lib.helper_pool import HelperPool, cpu_helpers
+from gpu_pipeline.lib.helper_pool import HelperPool, default_helpers
 
 
 def square_and_pid(x: int) -> tuple[int, int]:
@@ -56,11 +56,11 @@ def test_a_dead_helper_costs_time_not_results():
 
 def test_helper_count_from_the_environment(monkeypatch):
     monkeypatch.setenv("X_HELPERS", "0")
-    assert cpu_helpers("X_HELPERS") == 0
+    assert default_helpers("X_HELPERS") == 0
     monkeypatch.setenv("X_HELPERS", "3")
-    assert cpu_helpers("X_HELPERS") == 3
+    assert default_helpers("X_HELPERS") == 3
     monkeypatch.delenv("X_HELPERS")
-    assert cpu_helpers("X_HELPERS") == (1 if (os.cpu_count() or 1) > 1 else 0)
+    assert default_helpers("X_HELPERS") == (1 if (os.cpu_count() or 1) > 1 else 0)
     monkeypatch.setenv("X_HELPERS", "-1")
     with pytest.raises(ValueError, match="X_HELPERS"):
-        cpu_helpers("X_HELPERS")
+        default_helpers("X_HELPERS")

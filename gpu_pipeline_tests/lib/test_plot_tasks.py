@@ -9,7 +9,8 @@ from gpu_pipeline.lib.availability import AVAILABILITY_PERIODS
 from gpu_pipeline.lib.demand import DEMAND_CAPACITY, DEMAND_TOP_CONTRIBUTORS
 from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
 from gpu_pipeline.lib.evictions import EVICTION_RATES, EVICTIONS
-from gpu_pipeline.lib.plot_tasks import PLOT_WORKERS_ENV, PLOTS, PlotRenderer, default_workers
+from gpu_pipeline.lib.helper_pool import HELPERS_ENV
+from gpu_pipeline.lib.plot_tasks import PLOTS, PlotRenderer
 from gpu_pipeline.lib.schemas import GPU_STATES
 from gpu_pipeline.lib.store import Store
 from gpu_pipeline_tests.lib import test_metric_plots as M
@@ -74,8 +75,8 @@ def test_a_dead_helper_costs_time_not_plots(store):
     assert out[DAY]["allocation_over_day"].numbers["allocation_pct_priority"] == pytest.approx(25.0)
 
 
-def test_plot_helpers_from_the_environment(monkeypatch):
-    monkeypatch.setenv(PLOT_WORKERS_ENV, "0")
-    assert default_workers() == 0
-    monkeypatch.setenv(PLOT_WORKERS_ENV, "2")
-    assert default_workers() == 2
+def test_plot_helpers_from_the_environment(monkeypatch, store):
+    monkeypatch.setenv(HELPERS_ENV, "0")
+    with PlotRenderer(store, [DAY], ["time_to_claim"], M.TZ) as r:
+        r.day(DAY)
+    assert r.rendered == {"here": 1, "helpers": 0}

@@ -53,7 +53,7 @@ def metric_plots(context: dg.AssetExecutionContext, data_store: DataStoreResourc
                                          details={"path": result.path})
         return out
 
-    # This process and a helper process render the range's plots at once (GPU_PIPELINE_PLOT_WORKERS).
+    # This process and a helper process render the range's plots at once (GPU_PIPELINE_HELPERS).
     with heap_frozen(), PlotRenderer(data_store.store(), context.partition_keys, names, TIMEZONE) as renderer:
         outcomes = run_days_multi(context, list(KEYS.values()), one_day)
     results: list = []
