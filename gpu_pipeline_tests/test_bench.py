@@ -199,6 +199,11 @@ def test_bench_smoke_writes_json(tmp_path, capsys):
     sl = est["slice"]
     assert (est["telemetry_interval_s"], sl["gpus"], sl["telemetry_interval_s"]) == (600, 13, 600)
     assert sl["samples"] > 13 * 100 and sl["seconds"] > 0 and sl["per_day_scaled_s"] == pytest.approx(sl["seconds"] * 20 / 13)
+    assert sl["one_time_s"] == pytest.approx(max(0.0, sl["first_seconds"] - sl["seconds"]))
+    run_tele = p["telemetry_steps_per_day_s"] * size["days"]
+    assert est["per_day_s"] == pytest.approx(
+        (p["run_wall_s"] + sl["per_day_scaled_s"] * size["days"] + sl["one_time_s"] - run_tele) / size["days"])
+    assert p["peak_rss_mib"]["process_tree"] >= p["peak_rss_mib"]["self"] * 0.5 > 0
     assert est["per_day_s"] > est["per_day_excl_plots_s"] > 0
     assert p["success"] is True and p["runs_in_instance"] == 1 and p["step_starts_total"] == p["steps_count"]
     assert p["peak_rss_mib"]["self"] > 0 and p["run_wall_s"] > 0 and p["per_day_s"] > 0
