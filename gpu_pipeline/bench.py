@@ -711,6 +711,14 @@ def _ratios(base: Path, day: dt.date, cfg: BenchConfig, gpus: int) -> dict[str, 
     return out
 
 
+def peak_rss_mib(pipeline: dict[str, Any]) -> float:
+    """The run's peak: of the process alone (``ru_maxrss``) or of the process tree (sampled: the run
+    process plus its helper processes at the same moment), whichever is higher. ``children`` is left
+    out: the kernel's figure for a spawned child counts the copy of the parent it was forked from."""
+    rss = pipeline["peak_rss_mib"]
+    return max(rss["self"], rss.get("process_tree", 0.0))
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if not a or not b else a / b
 
@@ -1109,7 +1117,8 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         if est:
             out.append(_target("1,000 GPUs: with plots, wall per day at 30 s telemetry (estimate)", est["per_day_s"], 8,
                                "s", detail=est["method"]))
-        out.append(_target("1,000 GPUs: peak RSS", max(p["peak_rss_mib"].values()), 1024, "MiB"))
+        out.append(_target("1,000 GPUs: peak RSS", peak_rss_mib(p), 1024, "MiB",
+                           detail="this process and its helper processes together"))
         r = s1k.get("ratios", {})
         # The issue's baseline is the tool's approach: its loop nesting (tier -> device -> bucket). The
         # variant with the bucket selected once is faster than the tool and is reported beside it; the
@@ -1128,7 +1137,8 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     if s10k:
         p = s10k["pipeline"]
         out.append(_target("10,000 GPUs: wall per day", p["per_day_s"], 60, "s"))
-        out.append(_target("10,000 GPUs: peak RSS", max(p["peak_rss_mib"].values()), 3072, "MiB"))
+        out.append(_target("10,000 GPUs: peak RSS", peak_rss_mib(p), 3072, "MiB",
+                           detail="this process and its helper processes together"))
     elif "extrapolated_10000_gpus_per_day_excl_telemetry_s" in fit:
         out.append(_target("10,000 GPUs: wall per day without the telemetry steps (EXTRAPOLATED, not measured)",
                            fit["extrapolated_10000_gpus_per_day_excl_telemetry_s"], 60, "s",
@@ -1232,7 +1242,7 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(f"   run {'SUCCESS' if p['success'] else 'FAILURE'}: {p['run_wall_s']:.1f} s run wall "
                      f"({p['per_day_s']:.1f} s/day, {p['per_day_excl_plots_s']:.1f} s/day without plots), "
                      f"{p['steps_count']} steps, overhead outside steps {p['orchestration_overhead_s']:.1f} s, "
-                     f"launch {p['launch_overhead_s']:.1f} s, peak RSS {max(p['peak_rss_mib'].values()):,.0f} MiB")
+                     f"launch {p['launch_overhead_s']:.1f} s, peak RSS {peak_rss_mib(p):,.0f} MiB (with helpers)")
         est = p.get("at_requested_telemetry_estimate")
         if est:
             sl = est["slice"]
