@@ -1,7 +1,7 @@
 """A list of independent tasks done by this process and helper processes at once.
 
-Python code that holds the GIL (matplotlib drawing, per-file parsing around the Arrow kernels) only
-uses a second core from another process. Helpers are started with ``spawn``: a fresh interpreter
+Python code that holds the GIL (matplotlib drawing, say) only uses a second core from another
+process. Helpers are started with ``spawn``: a fresh interpreter
 that imports only what the task function's module needs, never a fork of a process that holds
 DuckDB and Arrow threads. Task functions must be module-level and their arguments and results
 picklable; a helper reads its own inputs (files, tables) rather than receiving them.
@@ -33,10 +33,9 @@ def default_helpers(env: str = HELPERS_ENV) -> int:
     else one when the machine has a second core."""
     value = os.environ.get(env, "").strip()
     if value:
-        n = int(value)
-        if n < 0:
-            raise ValueError(f"{env}={value!r}: expected 0 or more")
-        return n
+        if not value.isdigit():
+            raise ValueError(f"{env}={value!r}: expected a number of helper processes, 0 or more")
+        return int(value)
     return 1 if (os.cpu_count() or 1) > 1 else 0
 
 
@@ -89,23 +88,21 @@ class HelperPool:
                 future = self._pool.submit(fn, *args)
         return Task(fn, args, future)
 
-    def steal(self, task: Task) -> bool:
+    def _steal(self, task: Task) -> bool:
         """Whether ``task`` is free to run here (no helper has started it; it is no longer queued)."""
         return task.future is None or task.future.cancel()
 
-    def run_here(self, task: Task) -> Any:
+    def _run_here(self, task: Task) -> Any:
         self.ran["here"] += 1
         return task.fn(*task.args)
 
-    def result(self, task: Task, stolen: bool = False) -> Any:
-        """The task's result: run here when ``stolen``, else the helper's (its exception raised here),
-        or run here after all when the helper died."""
-        if stolen or task.future is None:
-            return self.run_here(task)
+    def _helper_result(self, task: Task) -> Any:
+        """The helper's result (its exception raised here), or the task run here after all when the
+        helper died."""
         try:
             value = task.future.result()
         except BrokenProcessPool:
-            return self.run_here(task)
+            return self._run_here(task)
         self.ran["helpers"] += 1
         return value
 
@@ -115,12 +112,12 @@ class HelperPool:
         out: list[tuple[Any, BaseException | None] | None] = [None] * len(tasks)
         here = set()
         for i in range(len(tasks) - 1, -1, -1):
-            if self.steal(tasks[i]):
+            if self._steal(tasks[i]):
                 here.add(i)
-                out[i] = _outcome(self.run_here, tasks[i])
+                out[i] = _outcome(self._run_here, tasks[i])
         for i, task in enumerate(tasks):
             if i not in here:
-                out[i] = _outcome(self.result, task)
+                out[i] = _outcome(self._helper_result, task)
         return out  # type: ignore[return-value]
 
 

@@ -61,6 +61,7 @@ def test_helper_count_from_the_environment(monkeypatch):
     assert default_helpers("X_HELPERS") == 3
     monkeypatch.delenv("X_HELPERS")
     assert default_helpers("X_HELPERS") == (1 if (os.cpu_count() or 1) > 1 else 0)
-    monkeypatch.setenv("X_HELPERS", "-1")
-    with pytest.raises(ValueError, match="X_HELPERS"):
-        default_helpers("X_HELPERS")
+    for bad in ("-1", "two"):
+        monkeypatch.setenv("X_HELPERS", bad)
+        with pytest.raises(ValueError, match=f"X_HELPERS='{bad}': expected a number of helper processes"):
+            default_helpers("X_HELPERS")
