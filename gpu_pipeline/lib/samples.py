@@ -175,8 +175,8 @@ def clean_samples(raw: pa.Table) -> CleanSamples:
     """Quarantine out-of-range rows and drop repeated keys, with the output sorted on ``_KEY``.
 
     One sort on ``_KEY`` + source_file (nulls last) puts a key's rows together with the one to keep
-    first; a later row of the key is a duplicate unless it is quarantined itself (a quarantined first
-    row still takes the key, as before)."""
+    first; a later row of the key is a duplicate unless it is quarantined itself. A quarantined first
+    row still takes the key: the key's other rows are dropped as duplicates."""
     table = sorted_rows(raw, (*_KEY, "source_file"))
     violations = _out_of_range(table)
     is_bad = np.zeros(table.num_rows, dtype=bool)
