@@ -412,7 +412,7 @@ class _RssSampler:
             total = self._statm("self")
         except (OSError, ValueError, IndexError):
             return None
-        pending = self._children(str(os.getpid()))
+        pending = self._children("self")
         while pending:
             pid = pending.pop()
             try:

@@ -60,6 +60,7 @@ PLOTS: dict[str, PlotDef] = {
     "top_contributors": PlotDef(P.top_contributors, (DEMAND_TOP_CONTRIBUTORS,), "Top contributors to idle demand."),
 }
 
+
 class _DayTables:
     """A day's input tables, each read once (missing partitions read as empty tables)."""
 

@@ -231,8 +231,6 @@ def _result(table: pa.Table, quarantine: list[QuarantinedLine], counters: Counte
 
 
 def _sorted(table: pa.Table) -> pa.Table:
-    if table.num_rows < 2:
-        return table
     return sorted_rows(table, ("sample_utc", "host", "gpu_id"))
 
 

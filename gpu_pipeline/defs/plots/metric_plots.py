@@ -4,7 +4,6 @@ import dagster as dg
 
 from gpu_pipeline.defs.common import (
     DayOutcome,
-    SelectedStore,
     materialize_result,
     run_days_multi,
     selected_results,
@@ -37,24 +36,22 @@ KEYS = {name: dg.AssetKey(["plots", name]) for name in PLOTS}
     name="metric_plots",
 )
 def metric_plots(context: dg.AssetExecutionContext, data_store: DataStoreResource):
-    store = SelectedStore(data_store.store(), context)
+    store = data_store.store()
     selected = set(context.selected_asset_keys)
-    names = [name for name in PLOTS if KEYS[name] in selected]  # not rendered when the run did not select it
+    names = [name for name in PLOTS if KEYS[name] in selected]  # only the plots the run selected
     previews: dict[str, str] = {}
 
     def one_day(day: str):
         out = {}
         for name, rendered in renderer.day(day).items():
             result = store.write_plot(name, day, rendered.png)
-            if result is None:  # not selected in this run
-                continue
             previews[f"{name}/{day}"] = rendered.preview_markdown(f"{name} {day}")
             out[KEYS[name]] = DayOutcome(day=day, result=result, metrics=rendered.numbers,
                                          details={"path": result.path})
         return out
 
     # This process and a helper process render the range's plots at once (GPU_PIPELINE_HELPERS).
-    with heap_frozen(), PlotRenderer(data_store.store(), context.partition_keys, names, TIMEZONE) as renderer:
+    with heap_frozen(), PlotRenderer(store, context.partition_keys, names, TIMEZONE) as renderer:
         outcomes = run_days_multi(context, list(KEYS.values()), one_day)
     results: list = []
     for name, key in KEYS.items():
