@@ -25,7 +25,6 @@ import pyarrow.compute as pc
 
 from gpu_pipeline.lib.es_source import EsConfig, fetch_jobs
 from gpu_pipeline.lib.jobs import (
-    _MAX_EPOCH_S,
     canonical_json,
     file_items,
     jobs_overlapping,
@@ -33,6 +32,7 @@ from gpu_pipeline.lib.jobs import (
     quarantine_table,
     text_fingerprint,
 )
+from gpu_pipeline.lib.jobs_fast import FastRows, fast_rows, outside_window
 from gpu_pipeline.lib.schemas import JOBS, QUARANTINE_JOBS, RAW_JOB_DOCUMENTS, conform
 
 _DATE_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
@@ -142,59 +142,48 @@ class CleanJobs:
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
 
 
-def _text_outside_window(raw: pa.Table, start_s: int, end_s: int) -> pa.ChunkedArray:
-    """Rows whose document text shows, without parsing it, what ``jobs._outside_window`` decides: a
-    flat JSON object (one ``{``, first and last characters braces) whose ``JobCurrentStartDate``,
-    ``QDate`` and ``CompletionDate`` each appear at most once, as plain positive integers. The raw
-    table's documents are ``json.dumps`` output, so a key inside a string value has escaped quotes
-    and cannot match."""
-    text = raw.column("doc_json")
-    flat = pc.and_(pc.and_(pc.is_null(raw.column("parse_error")), pc.starts_with(text, "{")),
-                   pc.and_(pc.ends_with(text, "}"), pc.equal(pc.count_substring(text, "{"), 1)))
-
-    def value(key: str) -> pa.ChunkedArray:
-        """The key's integer value; null when absent, repeated or not a plain positive integer."""
-        digits = pc.struct_field(pc.extract_regex(text, f'[{{,]"{key}":(?P<v>[1-9][0-9]{{0,11}})[,}}]'), "v")
-        number = pc.cast(digits, pa.int64())
-        once = pc.equal(pc.count_substring(text, f'"{key}":'), 1)
-        return pc.if_else(pc.and_(once, pc.less_equal(number, _MAX_EPOCH_S)), number, None)
-
-    started, queued, done = value("JobCurrentStartDate"), value("QDate"), value("CompletionDate")
-    after = pc.and_kleene(pc.greater_equal(started, end_s), pc.greater_equal(queued, end_s))
-    before = pc.and_kleene(pc.less_equal(started, done), pc.less(done, start_s))
-    return pc.fill_null(pc.and_kleene(flat, pc.or_kleene(after, before)), False)
-
-
 def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> CleanJobs:
     """Normalize the raw documents of a day; keep the runs overlapping [start_utc, end_utc).
 
     Documents of runs that start after the day (the look-ahead files are mostly those) cannot overlap
     it, nor can those of runs that started and completed before it (the files of the day before): they
     are counted as outside the window without being normalized -- recognised from their text where
-    it is plain (:func:`_text_outside_window`), else after parsing (``jobs._outside_window``)."""
+    read by Arrow's JSON reader for the three dates the rule needs (``jobs_fast.outside_window``),
+    else after parsing (``jobs._outside_window``)."""
     window_s = (math.floor(start_utc.timestamp()), math.ceil(end_utc.timestamp()))
-    outside = _text_outside_window(raw, *window_s) if raw.num_rows else pa.chunked_array([], pa.bool_())
-    text_skipped = int(pc.sum(outside).as_py() or 0)
+    plain = pc.if_else(pc.is_null(raw.column("parse_error")), raw.column("doc_json"), None)
+    outside = outside_window(plain, window_s)
+    text_skipped = int(outside.sum())
     if text_skipped:
-        raw = raw.filter(pc.invert(outside))
+        raw = raw.filter(pa.array(~outside))
     # The raw text is the document's ``canonical_json`` (what the raw asset writes), so the duplicate
-    # check fingerprints the text instead of serializing each parsed document again.
-    by_source: dict[str, list[tuple[str, int, object, str | None, bytes | None]]] = {}
-    for r in raw.to_pylist():
-        doc: object = r["doc_json"]
-        error, fingerprint = r["parse_error"], None
-        if error is None:
-            try:
-                doc = json.loads(r["doc_json"])
-                fingerprint = text_fingerprint(r["doc_json"])
-            except json.JSONDecodeError as exc:
-                error = f"invalid_json: {exc.msg} (column {exc.colno})"
-        by_source.setdefault(r["source"], []).append((r["origin"], r["position"], doc, error, fingerprint))
+    # check fingerprints the text instead of serializing each parsed document again, and the documents
+    # that take the plain way through the row rules are normalized over columns (``jobs_fast``).
+    by_source: dict[str, tuple[list[tuple], FastRows]] = {}
+    sources = raw.column("source")
+    for source in sorted(set(sources.unique().to_pylist())):
+        part = raw.filter(pc.equal(sources, source))
+        fast = fast_rows(pc.if_else(pc.is_null(part.column("parse_error")), part.column("doc_json"), None),
+                         source, window_s)
+        items: list[tuple] = []
+        for i, r in enumerate(part.select(["origin", "position", "doc_json", "parse_error"]).to_pylist()):
+            doc: object = r["doc_json"]
+            error, fingerprint, j = r["parse_error"], None, int(fast.index[i])
+            if error is None:
+                try:
+                    if j < 0:
+                        doc = json.loads(r["doc_json"])
+                    fingerprint = text_fingerprint(r["doc_json"])
+                except json.JSONDecodeError as exc:
+                    error = f"invalid_json: {exc.msg} (column {exc.colno})"
+            items.append((r["origin"], r["position"], doc, error, fingerprint, j))
+        by_source[source] = (items, fast)
 
     tables, quarantined, reasons = [], [], Counter()
     docs_in, duplicates, skipped = text_skipped, 0, text_skipped
     for source in sorted(by_source):
-        result = normalize_items(by_source[source], source, window_s)
+        items, fast = by_source[source]
+        result = normalize_items(items, source, window_s, fast)
         tables.append(result.table)
         quarantined.extend(result.quarantine)
         reasons.update(result.quarantined_by_reason)

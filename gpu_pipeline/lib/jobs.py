@@ -237,9 +237,19 @@ def _looks_numeric(s: str) -> bool:
     return bool(_NUMERIC_RE.match(s))
 
 
+def _checked_text(s: str, attr: str) -> str:
+    """``s``, if it can be stored (a lone surrogate, which JSON's ``\\ud800`` escapes can carry, cannot)."""
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _BadValue(f"{attr}={_short(s)} is not valid Unicode (a lone surrogate)") from None
+    return s
+
+
 def _to_str(v: Any, attr: str) -> str:
     if isinstance(v, str):
-        return v.strip()
+        return _checked_text(v.strip(), attr)
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -379,7 +389,7 @@ class _Doc:
                     if sv and sv[0] != "/" and sv.lower() not in _UNSET_STRINGS and not (
                         name in _HOST_FIELDS and sv.lower() in _PLACEHOLDERS
                     ):
-                        return sv
+                        return _checked_text(sv, attr)
                 values = [v]
             else:
                 values = self.candidates(attr, al)
@@ -451,7 +461,7 @@ def _row(raw: Any, source: str) -> dict:
     gjid = gj[0]
     if not isinstance(gjid, str):
         raise _NotJobAd(f"missing_global_job_id: GlobalJobId is a {type(gjid).__name__}, not a string")
-    gjid = gjid.strip()
+    gjid = _checked_text(gjid.strip(), "GlobalJobId")
     try:
         my_type = d.get("my_type")
     except _BadValue:
@@ -555,6 +565,13 @@ class _Item(NamedTuple):
     #: the document's fingerprint when the reader has it (e.g. from canonical JSON text); all items of
     #: one normalization have it or none do
     fingerprint: bytes | None = None
+    #: the document's row in the normalizer's ``fast`` rows (:mod:`gpu_pipeline.lib.jobs_fast`), -1 for
+    #: none; ``doc`` is then its JSON text, parsed only if the document is quarantined
+    fast_index: int = -1
+
+
+def _raw_doc(item: _Item) -> Any:
+    return json.loads(item.doc) if item.fast_index >= 0 else item.doc
 
 
 def _outside_window(doc: Any, start_s: int, end_s: int) -> bool:
@@ -576,23 +593,26 @@ def _outside_window(doc: Any, start_s: int, end_s: int) -> bool:
     return type(done) is int and started <= done < start_s
 
 
-def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | None = None) -> NormalizeResult:
+def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | None = None,
+               fast: Any = None) -> NormalizeResult:
     """``window_s`` (epoch seconds): skip documents :func:`_outside_window` of it (counted, not
-    normalized, not checked for duplicates)."""
+    normalized, not checked for duplicates). ``fast``: a :class:`jobs_fast.FastRows` holding the
+    rows of the items whose ``fast_index`` points into it (each as :func:`_row` gives it)."""
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; expected one of {SOURCES}")
     quarantine: list[QuarantinedDoc] = []
     seen: set[bytes] = set()
     duplicates = skipped = 0
     n_in = 0
-    best: dict[tuple, tuple[tuple, dict, _Item]] = {}
+    best: dict[tuple, tuple[tuple, dict | int, _Item]] = {}
     order = 0
     for item in items:
         n_in += 1
         if item.error is not None:
             quarantine.append(QuarantinedDoc(item.origin, item.position, item.error, item.doc))
             continue
-        if window_s is not None and _outside_window(item.doc, *window_s):
+        i = item.fast_index
+        if window_s is not None and (fast.outside[i] if i >= 0 else _outside_window(item.doc, *window_s)):
             skipped += 1
             continue
         fp = item.fingerprint if item.fingerprint is not None else _fingerprint(item.doc)
@@ -600,17 +620,21 @@ def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | 
             duplicates += 1
             continue
         seen.add(fp)
-        try:
-            row = _row(item.doc, source)
-        except _NotJobAd as exc:
-            quarantine.append(QuarantinedDoc(item.origin, item.position, str(exc), item.doc))
-            continue
-        except _BadValue as exc:
-            quarantine.append(QuarantinedDoc(item.origin, item.position, f"bad_value: {exc}", item.doc))
-            continue
+        row: dict | int
+        if i >= 0:
+            row, key, record = i, fast.keys[i], fast.record_us[i]
+        else:
+            try:
+                row = _row(item.doc, source)
+            except _NotJobAd as exc:
+                quarantine.append(QuarantinedDoc(item.origin, item.position, str(exc), item.doc))
+                continue
+            except _BadValue as exc:
+                quarantine.append(QuarantinedDoc(item.origin, item.position, f"bad_value: {exc}", item.doc))
+                continue
+            key, record = (row["global_job_id"], row["run_index"], row["doc_kind"]), row["record_utc"]
         order += 1
-        key = (row["global_job_id"], row["run_index"], row["doc_kind"])
-        rank = (row["record_utc"] if row["record_utc"] is not None else -(2**63), order)
+        rank = (record if record is not None else -(2**63), order)
         prev = best.get(key)
         if prev is None:
             best[key] = (rank, row, item)
@@ -623,12 +647,32 @@ def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | 
                 drop[2].position,
                 "duplicate_key: superseded by a later document for the same "
                 f"(global_job_id, run_index, doc_kind) = {key!r} from {keep[2].origin} #{keep[2].position}",
-                drop[2].doc,
+                _raw_doc(drop[2]),
             )
         )
     rows = [best[k][1] for k in sorted(best)]
-    return NormalizeResult(table=_to_table(rows), quarantine=quarantine, duplicates=duplicates, docs_in=n_in,
-                           skipped_outside_window=skipped)
+    return NormalizeResult(table=_rows_table(rows, fast), quarantine=quarantine, duplicates=duplicates,
+                           docs_in=n_in, skipped_outside_window=skipped)
+
+
+def _rows_table(rows: list[dict | int], fast: Any) -> pa.Table:
+    """The table of ``rows`` in their order: dicts, or indexes into ``fast.table``."""
+    dicts = [r for r in rows if isinstance(r, dict)]
+    if len(dicts) == len(rows):
+        return _to_table(rows)
+    taken = fast.table.take(pa.array([r for r in rows if not isinstance(r, dict)], pa.int64()))
+    if not dicts:
+        return taken
+    n_dicts, d, f = len(dicts), 0, 0
+    order = []
+    for r in rows:
+        if isinstance(r, dict):
+            order.append(d)
+            d += 1
+        else:
+            order.append(n_dicts + f)
+            f += 1
+    return pa.concat_tables([_to_table(dicts), taken]).take(pa.array(order, pa.int64()))
 
 
 def _to_table(rows: list[dict]) -> pa.Table:
@@ -794,10 +838,10 @@ def file_items(path: str | Path) -> tuple[str, Iterator[_Item]]:
 
 
 def normalize_items(items: Iterable[tuple], source: str,
-                    window_s: tuple[int, int] | None = None) -> NormalizeResult:
-    """Normalize (origin, position, document, parse_error[, fingerprint]) tuples, e.g. rows of the raw
-    table; ``window_s``: see :func:`_normalize`; ``fingerprint``: see :class:`_Item`."""
-    return _normalize((_Item(*it) for it in items), source, window_s)
+                    window_s: tuple[int, int] | None = None, fast: Any = None) -> NormalizeResult:
+    """Normalize (origin, position, document, parse_error[, fingerprint[, fast_index]]) tuples, e.g.
+    rows of the raw table; ``window_s`` and ``fast``: see :func:`_normalize`; the rest: :class:`_Item`."""
+    return _normalize((_Item(*it) for it in items), source, window_s, fast)
 
 
 def read_es_export(path: str | Path | Iterable[str | Path]) -> NormalizeResult:

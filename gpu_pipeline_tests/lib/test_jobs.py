@@ -335,15 +335,17 @@ def test_simulator_job_documents_match_its_ground_truth(tmp_path):
 
 def test_documents_outside_the_day_are_skipped_without_changing_the_day(tmp_path, monkeypatch):
     """clean_job_documents skips documents that cannot overlap the window (runs starting after it: the
-    look-ahead files; runs completed before it: the day-before file), from their text or after
-    parsing, before normalizing them: the same table, quarantine and counts as normalizing all."""
+    look-ahead files; runs completed before it: the day-before file), read for their three dates
+    only or after parsing, before normalizing them: the same table, quarantine and counts as
+    normalizing all."""
     import datetime as dt
 
-    import pyarrow as pa
+    import numpy as np
 
     from gpu_pipeline.lib import job_source
     from gpu_pipeline.lib import jobs as jobs_mod
     from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
+    from gpu_pipeline.lib.jobs_fast import FastRows, outside_window
     from gpu_pipeline.lib.simulate import SimConfig, simulate
     from gpu_pipeline.lib.timeutil import day_window
 
@@ -351,15 +353,16 @@ def test_documents_outside_the_day_are_skipped_without_changing_the_day(tmp_path
                                  timezone="America/Chicago", telemetry_interval_s=0, kueue_interval_s=0))
     s, e = day_window("2025-08-05", "America/Chicago")
     raw = raw_docs_from_files(tmp_path / "jobs", s, e).table
-    by_text = job_source._text_outside_window(raw, int(s.timestamp()), int(e.timestamp()))
+    by_dates = outside_window(raw.column("doc_json"), (int(s.timestamp()), int(e.timestamp())))
     fast = clean_job_documents(raw, s, e)
     # The same documents decided after parsing only ...
-    monkeypatch.setattr(job_source, "_text_outside_window", lambda raw, *w: pa.chunked_array([[False] * raw.num_rows]))
+    monkeypatch.setattr(job_source, "outside_window", lambda texts, w: np.zeros(len(texts), bool))
     parsed = clean_job_documents(raw, s, e)
     # ... and nothing skipped at all.
     monkeypatch.setattr(jobs_mod, "_outside_window", lambda doc, *w: False)
+    monkeypatch.setattr(job_source, "fast_rows", lambda texts, source, w=None: FastRows.none(len(texts)))
     full = clean_job_documents(raw, s, e)
-    assert pa.compute.sum(by_text).as_py() > 100  # documents were skipped from their text
+    assert by_dates.sum() > 100  # documents were skipped from their dates alone
     assert fast.table.num_rows > 100
     for result in (fast, parsed):
         assert result.table.equals(full.table) and result.quarantine.equals(full.quarantine)
@@ -372,8 +375,8 @@ def test_only_documents_that_cannot_overlap_are_skipped():
 
     import pyarrow as pa
 
-    from gpu_pipeline.lib.job_source import _text_outside_window
     from gpu_pipeline.lib.jobs import _outside_window
+    from gpu_pipeline.lib.jobs_fast import outside_window
 
     start, end = 1_754_300_000, 1_754_400_000
     cases = [
@@ -384,19 +387,21 @@ def test_only_documents_that_cannot_overlap_are_skipped():
         ({"JobCurrentStartDate": 10, "QDate": 5, "CompletionDate": start}, False),  # ends at the start
         ({"JobCurrentStartDate": start - 1, "QDate": 5, "CompletionDate": start - 5}, False),  # completion < start
         ({"QDate": end + 5}, False),  # no run start: normalized in full
-        ({"JobCurrentStartDate": str(end + 5), "QDate": end + 5}, False),  # text: in full
         ({"JobCurrentStartDate": (end + 5) * 1000, "QDate": end + 5}, False),  # ms: in full
-        ({"JobCurrentStartDate": end + 5, "QDate": end + 5, "Env": {"QDate": 1}}, None),  # nested: parsed
+        ({"JobCurrentStartDate": end + 5, "QDate": end + 5, "Env": {"QDate": 1}}, True),  # nested: the top level
+        ({"JobCurrentStartDate": 10, "QDate": 5, "CompletionDate": 0}, False),  # not completed
         (["not", "a", "doc"], False),
     ]
     docs = [json.dumps(d, sort_keys=True, separators=(",", ":")) for d, _ in cases]
-    raw = pa.table({"doc_json": docs, "parse_error": pa.nulls(len(docs), pa.string())})
-    by_text = _text_outside_window(raw, start, end).to_pylist()
-    for (doc, expected), text_says in zip(cases, by_text, strict=True):
-        if expected is None:
-            assert _outside_window(doc, start, end) and not text_says, doc
-        else:
-            assert _outside_window(doc, start, end) is expected and text_says is expected, doc
+    by_dates = outside_window(pa.array(docs), (start, end)).tolist()
+    for (doc, expected), says in zip(cases, by_dates, strict=True):
+        assert _outside_window(doc, start, end) is expected and says is expected, doc
+    # A date of another type anywhere (text, a float): the rule reads it otherwise than an integer,
+    # so the reader decides none of the set and the normalizer decides each document.
+    for odd in ({"JobCurrentStartDate": str(end + 5), "QDate": end + 5},
+                {"JobCurrentStartDate": float(end + 5), "QDate": end + 5}):
+        assert not _outside_window(odd, start, end)
+        assert not outside_window(pa.array(docs + [json.dumps(odd)]), (start, end)).any()
 
 
 def test_a_range_run_reads_each_job_file_once_with_the_same_days(tmp_path):
