@@ -142,6 +142,13 @@ class CleanJobs:
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
 
 
+def _readable(raw: pa.Table) -> pa.ChunkedArray:
+    """The document texts, null where the reader could not parse the line (copied only then)."""
+    if raw.column("parse_error").null_count == raw.num_rows:
+        return raw.column("doc_json")
+    return pc.if_else(pc.is_null(raw.column("parse_error")), raw.column("doc_json"), None)
+
+
 def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> CleanJobs:
     """Normalize the raw documents of a day; keep the runs overlapping [start_utc, end_utc).
 
@@ -151,8 +158,7 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
     read by Arrow's JSON reader for the three dates the rule needs (``jobs_fast.outside_window``),
     else after parsing (``jobs._outside_window``)."""
     window_s = (math.floor(start_utc.timestamp()), math.ceil(end_utc.timestamp()))
-    plain = pc.if_else(pc.is_null(raw.column("parse_error")), raw.column("doc_json"), None)
-    outside = outside_window(plain, window_s)
+    outside = outside_window(_readable(raw), window_s)
     text_skipped = int(outside.sum())
     if text_skipped:
         raw = raw.filter(pa.array(~outside))
@@ -161,10 +167,10 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
     # that take the plain way through the row rules are normalized over columns (``jobs_fast``).
     by_source: dict[str, tuple[list[tuple], FastRows]] = {}
     sources = raw.column("source")
-    for source in sorted(set(sources.unique().to_pylist())):
-        part = raw.filter(pc.equal(sources, source))
-        fast = fast_rows(pc.if_else(pc.is_null(part.column("parse_error")), part.column("doc_json"), None),
-                         source, window_s)
+    names = sorted(set(sources.unique().to_pylist()))
+    for source in names:
+        part = raw.filter(pc.equal(sources, source)) if len(names) > 1 else raw
+        fast = fast_rows(_readable(part), source, window_s)
         items: list[tuple] = []
         for i, r in enumerate(part.select(["origin", "position", "doc_json", "parse_error"]).to_pylist()):
             doc: object = r["doc_json"]

@@ -15,7 +15,6 @@ exactly; ``jobs_fast_test`` checks it on documents built to take every turn of t
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -194,7 +193,7 @@ def fast_rows(texts: pa.Array | pa.ChunkedArray, source: str,
     picked = texts.filter(usable)
     try:
         # Every document is typed together (the reader unifies its blocks: ints and floats are floats).
-        docs = pajson.read_json(io.BytesIO("\n".join(picked.to_pylist()).encode("ascii")))
+        docs = pajson.read_json(_ndjson(picked), read_options=pajson.ReadOptions(use_threads=False))
     except pa.ArrowInvalid:  # e.g. a key holding numbers in one document and text in another
         return FastRows.none(n)
     if docs.num_rows != len(picked):
@@ -332,6 +331,15 @@ def _outside_ints(window_s: tuple[int, int], started: tuple[np.ndarray, np.ndarr
     return after | before
 
 
+def _ndjson(texts: pa.Array) -> pa.BufferReader:
+    """The texts as lines of one buffer, built by Arrow (no Python string per text)."""
+    joined = pc.binary_join_element_wise(texts, "", "\n")  # each text and a line break
+    offset_type = np.int64 if pa.types.is_large_string(joined.type) else np.int32
+    offsets = np.frombuffer(joined.buffers()[1], dtype=offset_type)[joined.offset:joined.offset + len(joined) + 1]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    return pa.BufferReader(joined.buffers()[2].slice(lo, hi - lo))
+
+
 def _lines(texts: pa.Array) -> np.ndarray:
     """Texts that may be one JSON object each for Arrow's line-delimited reader. One holding a line
     break cannot be: it would read as two or more lines, the first and the last each a whole object
@@ -342,24 +350,37 @@ def _lines(texts: pa.Array) -> np.ndarray:
 
 def outside_window(texts: pa.Array | pa.ChunkedArray, window_s: tuple[int, int]) -> np.ndarray:
     """``jobs._outside_window`` of each JSON text, without parsing whole documents: Arrow's reader
-    takes only the three top-level keys the rule reads, as integers. It refuses a set in which one of
-    them holds anything else (a float, a string, twice in one document ...), for which the rule may
-    answer otherwise: then no text is decided here (all False), and the normalizer decides each one."""
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    takes only the three top-level keys the rule reads, as integers, a batch of texts at a time. It
+    refuses a batch in which one of them holds anything else (a float, a string, twice in one
+    document ...), for which the rule may answer otherwise: then no text is decided here (all False),
+    and the normalizer decides each one."""
+    parts = []
+    for chunk in texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]:
+        for i in range(0, len(chunk), _WINDOW_BATCH):
+            part = _outside_batch(chunk.slice(i, _WINDOW_BATCH), window_s)
+            if part is None:
+                return np.zeros(len(texts), bool)
+            parts.append(part)
+    return np.concatenate(parts) if parts else np.zeros(0, bool)
+
+
+_WINDOW_BATCH = 8192  # texts read at once (a day's look-ahead files hold tens of thousands)
+
+
+def _outside_batch(texts: pa.Array, window_s: tuple[int, int]) -> np.ndarray | None:
     out = np.zeros(len(texts), bool)
-    use = _lines(texts) if len(texts) else out
+    use = _lines(texts)
     if not use.any():
         return out
     picked = texts.filter(pa.array(use))
     try:
-        data = "\n".join(picked.to_pylist()).encode("utf-8")
-        keys = pajson.read_json(io.BytesIO(data), parse_options=pajson.ParseOptions(
-            explicit_schema=_WINDOW_KEYS, unexpected_field_behavior="ignore"))
-    except (pa.ArrowInvalid, UnicodeEncodeError):
-        return out
+        keys = pajson.read_json(_ndjson(picked), read_options=pajson.ReadOptions(use_threads=False),
+                                parse_options=pajson.ParseOptions(explicit_schema=_WINDOW_KEYS,
+                                                                  unexpected_field_behavior="ignore"))
+    except pa.ArrowInvalid:
+        return None
     if keys.num_rows != len(picked):
-        return out
+        return None
     cols = {k: _np_int(keys.column(k).combine_chunks()) for k in _WINDOW_KEYS.names}
     out[use] = _outside_ints(window_s, cols["JobCurrentStartDate"], cols["QDate"], cols["CompletionDate"])
     return out
