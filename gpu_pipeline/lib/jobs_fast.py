@@ -1,16 +1,18 @@
 """Job documents normalized over columns: the rows :func:`jobs._row` gives, for documents given as
 :func:`jobs.canonical_json` text (what ``raw/job_documents`` holds).
 
-Arrow's JSON reader splits the documents into one column per key; each wanted attribute is then
-read by the row rules of :mod:`gpu_pipeline.lib.jobs` -- integers with numpy, text and other values
-once per distinct value through the very coercion functions ``_row`` uses. A document is left to
-``_row`` itself (``slow``) whenever it might not take the plain way through those rules: it is not
-a flat ASCII object, one of its values would be quarantined or needs a closer look (a bad number, a
-value of another type than its column allows), it holds two spellings of one wanted attribute, or
-it is not a plain job ad (GRACC record, ``MyType`` other than ``Job``, a non-``EPOCH`` epoch ad, no
-``GlobalJobId``). A set of documents the reader cannot put into columns at all (a key that holds a
-number in one document and text in another) is left to ``_row`` whole. So the rows are ``_row``'s,
-exactly; ``jobs_fast_test`` checks it on documents built to take every turn of the rules.
+Arrow's JSON reader splits the documents into one column per top-level key; each wanted attribute is
+then read by the row rules of :mod:`gpu_pipeline.lib.jobs` -- integers with numpy, text and other
+values once per distinct value through the very coercion functions ``_row`` uses. A document is left
+to ``_row`` itself (``slow``) whenever it might not take the plain way through those rules: it is not
+an ASCII JSON object on one line without ``\\u`` escapes, one of its values would be quarantined or
+needs a closer look (a bad number, a value of a type the rules read otherwise, a list), it holds two
+spellings of one wanted attribute or an epoch attribute set to null (present, which Arrow cannot
+tell from absent), or it is not a plain job ad (GRACC record, ``MyType`` other than ``Job``, a
+non-``EPOCH`` epoch ad, no usable ``GlobalJobId``). A set of documents the reader cannot put into
+columns at all (a key that holds a number in one document and text in another) is left to ``_row``
+whole. So the rows are ``_row``'s, exactly; ``test_jobs_fast.py`` checks it on documents built to
+take every turn of the rules.
 """
 
 from __future__ import annotations
@@ -184,9 +186,10 @@ def fast_rows(texts: pa.Array | pa.ChunkedArray, source: str,
     n = len(texts)
     if n == 0:
         return FastRows.none(0)
-    # ASCII objects, without \\u escapes of surrogates (Arrow's reader rejects a lone one).
+    # ASCII objects without \\u escapes: every key and text value is then spelled out in the text as
+    # the rules read it, which the text checks below rely on (and no lone surrogate can reach the reader).
     use = _lines(texts) & pc.fill_null(pc.and_(pc.string_is_ascii(texts), pc.invert(
-        pc.match_substring_regex(texts, r"\\u[dD][89abAB]"))), False).to_numpy(zero_copy_only=False)
+        pc.match_substring_regex(texts, r"\\u"))), False).to_numpy(zero_copy_only=False)
     usable = pa.array(use)
     if not use.any():
         return FastRows.none(n)

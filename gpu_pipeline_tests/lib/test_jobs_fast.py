@@ -205,3 +205,19 @@ def test_clean_job_documents_is_the_same_with_and_without_columns(seed, monkeypa
         rules.docs_in, rules.duplicates, rules.outside_window, rules.quarantined_by_reason)
     assert fast.duplicates > 10 and "duplicate_key" in fast.quarantined_by_reason
     assert "bad_value" in fast.quarantined_by_reason  # the lone surrogate among them
+
+
+def test_text_the_checks_cannot_read_plainly_is_left_to_the_rules():
+    """Texts not in canonical form: keys spelled with escapes (a null epoch key, GRACC keys), and an
+    escaped value. Each comes out as the rules read it (here: left to them)."""
+    base = '"GlobalJobId":"ap1#5.0#1754300000","JobStatus":4,"MyType":"Job","QDate":1754300000'
+    texts = [
+        '{"Epoch\\u0057riteDate":null,' + base + '}',  # present (null): an epoch document
+        '{"Probe\\u004eame":"x","RecordId":"r",' + base + '}',  # a GRACC record
+        '{"Owner":"caf\\u00e9",' + base + '}',
+        '{' + base + '}',  # plain
+    ]
+    fast = fast_rows(pa.array(texts), "ndjson")
+    assert fast.index.tolist()[:3] == [-1, -1, -1] and fast.index[3] >= 0
+    assert _python(texts[0])["doc_kind"] == "epoch" and _python(texts[1]) is None
+    assert fast.table.to_pylist()[0]["global_job_id"] == "ap1#5.0#1754300000"
