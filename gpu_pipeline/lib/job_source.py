@@ -2,7 +2,8 @@
 
 Raw: every document whose run or queue wait may overlap the day, kept verbatim as JSON text
 (``raw/job_documents``), from Elasticsearch (point-in-time paging, see ``es_source``) or from offline
-files. Clean: the documents normalized (``jobs.normalize_items``) into ``clean/jobs``, keeping the
+files. Clean: the documents normalized (``jobs.normalize_items``, over columns where they allow it:
+``jobs_fast``) into ``clean/jobs``, keeping the
 runs that overlap the day; malformed documents go to ``quarantine/jobs`` with the reason.
 
 Offline files are chosen by the date in their name (``...YYYY-MM-DD...``): from the day before the
@@ -154,9 +155,10 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
 
     Documents of runs that start after the day (the look-ahead files are mostly those) cannot overlap
     it, nor can those of runs that started and completed before it (the files of the day before): they
-    are counted as outside the window without being normalized -- recognised from their text where
-    read by Arrow's JSON reader for the three dates the rule needs (``jobs_fast.outside_window``),
-    else after parsing (``jobs._outside_window``)."""
+    are counted as outside the window without being normalized -- recognised from the three dates the
+    rule needs, read by Arrow's JSON reader (``jobs_fast.outside_window``), else after parsing
+    (``jobs._outside_window``). The others are normalized over columns where they take the plain way
+    through the row rules (``jobs_fast.fast_rows``), else one by one; the rows are the same."""
     window_s = (math.floor(start_utc.timestamp()), math.ceil(end_utc.timestamp()))
     outside = outside_window(_readable(raw), window_s)
     text_skipped = int(outside.sum())
