@@ -325,6 +325,16 @@ _FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+#: output column -> the field it is copied from (the other columns are derived in :func:`_row`)
+COPIED_FIELDS: dict[str, str] = {
+    "user": "user", "project": "project", "acct_group": "acct_group", "job_status": "job_status",
+    "queued_utc": "qdate", "completion_utc": "completion", "assigned_gpus": "assigned_gpus",
+    "request_gpus": "request_gpus", "num_job_starts": "num_job_starts", "num_vacates": "num_vacates",
+    "last_vacate_utc": "last_vacate", "vacate_reason_code": "vacate_reason_code",
+    "vacate_reason": "vacate_reason", "remote_wall_clock_s": "remote_wall_clock",
+    "committed_time_s": "committed_time",
+}
+
 #: name -> (kind, coerce, ((attr, attr.lower()), ...)), precomputed for speed
 _PLAN: dict[str, tuple[str, Any, tuple[tuple[str, str], ...]]] = {
     name: (kind, _COERCE[kind], tuple((a, a.lower()) for a in attrs)) for name, (kind, attrs) in _FIELDS.items()
@@ -511,30 +521,16 @@ def _row(raw: Any, source: str) -> dict:
         "cluster_id": cluster_id,
         "proc_id": proc_id,
         "owner": v["owner"] or (v["user"].split("@", 1)[0] if v["user"] else None),
-        "user": v["user"],
-        "project": v["project"],
-        "acct_group": v["acct_group"],
         "schedd": schedd,
-        "job_status": status,
         "job_status_name": JOB_STATUS_NAMES.get(status) if status is not None else None,
-        "queued_utc": v["qdate"],
         "run_start_utc": start,
         "run_end_utc": end,
-        "completion_utc": v["completion"],
         "record_utc": record,
         "host": host,
         "slot": slot,
         "is_backfill_slot": ("backfill" in slot.lower()) if slot else None,
-        "assigned_gpus": v["assigned_gpus"],
-        "request_gpus": v["request_gpus"],
-        "num_job_starts": v["num_job_starts"],
-        "num_vacates": v["num_vacates"],
-        "last_vacate_utc": v["last_vacate"],
-        "vacate_reason_code": v["vacate_reason_code"],
-        "vacate_reason": v["vacate_reason"],
-        "remote_wall_clock_s": v["remote_wall_clock"],
-        "committed_time_s": v["committed_time"],
         "source": source,
+        **{col: v[name] for col, name in COPIED_FIELDS.items()},
     }
 
 
