@@ -161,8 +161,8 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
     through the row rules (``jobs_fast.fast_rows``), else one by one; the rows are the same."""
     window_s = (math.floor(start_utc.timestamp()), math.ceil(end_utc.timestamp()))
     outside = outside_window(_readable(raw), window_s)
-    text_skipped = int(outside.sum())
-    if text_skipped:
+    skipped_early = int(outside.sum())
+    if skipped_early:
         raw = raw.filter(pa.array(~outside))
     # The raw text is the document's ``canonical_json`` (what the raw asset writes), so the duplicate
     # check fingerprints the text instead of serializing each parsed document again, and the documents
@@ -188,7 +188,7 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
         by_source[source] = (items, fast)
 
     tables, quarantined, reasons = [], [], Counter()
-    docs_in, duplicates, skipped = text_skipped, 0, text_skipped
+    docs_in, duplicates, skipped = skipped_early, 0, skipped_early
     for source in sorted(by_source):
         items, fast = by_source[source]
         result = normalize_items(items, source, window_s, fast)

@@ -87,6 +87,7 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -659,15 +660,8 @@ def _rows_table(rows: list[dict | int], fast: Any) -> pa.Table:
     taken = fast.table.take(pa.array([r for r in rows if not isinstance(r, dict)], pa.int64()))
     if not dicts:
         return taken
-    n_dicts, d, f = len(dicts), 0, 0
-    order = []
-    for r in rows:
-        if isinstance(r, dict):
-            order.append(d)
-            d += 1
-        else:
-            order.append(n_dicts + f)
-            f += 1
+    in_dicts, in_taken = itertools.count(), itertools.count(len(dicts))  # positions in the concatenation
+    order = [next(in_dicts) if isinstance(r, dict) else next(in_taken) for r in rows]
     return pa.concat_tables([_to_table(dicts), taken]).take(pa.array(order, pa.int64()))
 
 

@@ -191,17 +191,12 @@ def fast_rows(texts: pa.Array | pa.ChunkedArray, source: str,
     # the rules read it, which the text checks below rely on (and no lone surrogate can reach the reader).
     use = _lines(texts) & pc.fill_null(pc.and_(pc.string_is_ascii(texts), pc.invert(
         pc.match_substring_regex(texts, r"\\u"))), False).to_numpy(zero_copy_only=False)
-    usable = pa.array(use)
-    if not use.any():
+    # Every document is typed together (the reader unifies its blocks: ints and floats are floats); a
+    # key holding numbers in one document and text in another makes it refuse the set.
+    read = _read(texts, use)
+    if read is None:
         return FastRows.none(n)
-    picked = texts.filter(usable)
-    try:
-        # Every document is typed together (the reader unifies its blocks: ints and floats are floats).
-        docs = pajson.read_json(_ndjson(picked), read_options=pajson.ReadOptions(use_threads=False))
-    except pa.ArrowInvalid:  # e.g. a key holding numbers in one document and text in another
-        return FastRows.none(n)
-    if docs.num_rows != len(picked):
-        return FastRows.none(n)
+    picked, docs = read
     m = docs.num_rows
     slow = np.zeros(m, bool)
     spellings: dict[str, list[str]] = {}
@@ -279,7 +274,7 @@ def fast_rows(texts: pa.Array | pa.ChunkedArray, source: str,
 
     columns = {
         "global_job_id": gjid,
-        "run_index": pc.cast(run_index, pa.int64()),
+        "run_index": run_index,
         "doc_kind": pa.array(np.where(epoch, "epoch", "job"), pa.string()),
         "cluster_id": pc.coalesce(v["cluster_id"], pc.struct_field(gj_parts, "c")),
         "proc_id": pc.coalesce(v["proc_id"], pc.struct_field(gj_parts, "p")),
@@ -330,6 +325,21 @@ def _ndjson(texts: pa.Array) -> pa.BufferReader:
     return pa.BufferReader(joined.buffers()[2].slice(lo, hi - lo))
 
 
+def _read(texts: pa.Array, use: np.ndarray, parse_options: pajson.ParseOptions | None = None
+          ) -> tuple[pa.Array, pa.Table] | None:
+    """The texts where ``use`` and Arrow's reading of them, one row each (on one thread); None when
+    there are none or the reader refuses them."""
+    if not use.any():
+        return None
+    picked = texts.filter(pa.array(use))
+    try:
+        table = pajson.read_json(_ndjson(picked), read_options=pajson.ReadOptions(use_threads=False),
+                                 parse_options=parse_options)
+    except pa.ArrowInvalid:
+        return None
+    return (picked, table) if table.num_rows == len(picked) else None
+
+
 def _lines(texts: pa.Array) -> np.ndarray:
     """Texts that may be one JSON object each for Arrow's line-delimited reader. One holding a line
     break cannot be: it would read as two or more lines, the first and the last each a whole object
@@ -362,15 +372,10 @@ def _outside_batch(texts: pa.Array, window_s: tuple[int, int]) -> np.ndarray | N
     use = _lines(texts)
     if not use.any():
         return out
-    picked = texts.filter(pa.array(use))
-    try:
-        keys = pajson.read_json(_ndjson(picked), read_options=pajson.ReadOptions(use_threads=False),
-                                parse_options=pajson.ParseOptions(explicit_schema=_WINDOW_KEYS,
-                                                                  unexpected_field_behavior="ignore"))
-    except pa.ArrowInvalid:
+    read = _read(texts, use, pajson.ParseOptions(explicit_schema=_WINDOW_KEYS, unexpected_field_behavior="ignore"))
+    if read is None:
         return None
-    if keys.num_rows != len(picked):
-        return None
+    keys = read[1]
     cols = {k: _np_int(keys.column(k).combine_chunks()) for k in _WINDOW_KEYS.names}
     out[use] = _outside_ints(window_s, cols["JobCurrentStartDate"], cols["QDate"], cols["CompletionDate"])
     return out
