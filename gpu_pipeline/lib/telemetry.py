@@ -1308,6 +1308,81 @@ def _file_day(name: str) -> dt.date | None:
         return None
 
 
+_MS_DIGITS = 13  # a millisecond epoch timestamp from 2001-09-09 to 2286-11-20
+_POW10 = 10 ** np.arange(_MS_DIGITS - 1, -1, -1, dtype=np.int64)
+
+
+def _lines(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The bytes of ``data`` and the start and end offsets of its non-empty lines."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    nl = np.flatnonzero(buf == 10)
+    starts = np.concatenate(([0], nl + 1))
+    ends = np.concatenate((nl, [len(buf)]))
+    lines = ends > starts
+    return buf, starts[lines], ends[lines]
+
+
+def _digits(buf: np.ndarray, at: np.ndarray, n: int) -> np.ndarray | None:
+    """The ``n`` bytes from each offset ``at`` as a number, or None when one is not an ASCII digit."""
+    digits = buf[at[:, None] + np.arange(n)].astype(np.int64) - ord("0")
+    if ((digits < 0) | (digits > 9)).any():
+        return None
+    return digits @ _POW10[-n:]
+
+
+def dcgm_sample_times(data: bytes) -> np.ndarray | None:
+    """The sample times (UTC microseconds, as the parsers compute them) of a DCGM text, read without
+    parsing it: every non-blank line that does not start with ``#`` must end in ``} <value> <13-digit
+    millisecond timestamp>`` (one space each side of a non-empty value, the series' labels closed).
+    None when a line does not, or the text holds a carriage return (the fast path decides then).
+
+    A well-formed line's last token is its timestamp to both parsers, so for a text the fast path
+    reads these are exactly its sample times; a line either parser would quarantine has no sample."""
+    if b"\r" in data:
+        return None
+    buf, starts, ends = _lines(data)
+    samples = buf[starts] != ord("#")
+    starts, ends = starts[samples], ends[samples]
+    if len(starts) == 0 or ((ends - starts) < _MS_DIGITS + 4).any():
+        return None
+    stamp = ends - _MS_DIGITS  # first digit of each line's timestamp
+    ms = _digits(buf, stamp, _MS_DIGITS)
+    if ms is None or (buf[stamp - 1] != ord(" ")).any():
+        return None
+    braces = np.flatnonzero(buf == ord("}"))
+    last = np.searchsorted(braces, stamp - 1) - 1  # each line's last "}" before the timestamp's space
+    if (last < 0).any():
+        return None
+    brace = braces[last]
+    if (brace < starts).any() or (buf[brace + 1] != ord(" ")).any() or (brace + 2 >= stamp - 1).any():
+        return None
+    return np.rint(ms / 1000 * 1_000_000).astype(np.int64)  # the parsers' round(int(ms) / 1000 * 1e6)
+
+
+def nvidia_smi_sample_dates(data: bytes) -> np.ndarray | None:
+    """The local dates (``YYYYMMDD`` integers) of the samples of an nvidia-smi CSV log whose first line
+    is a header starting with ``timestamp``, read without parsing it: every other non-blank line must
+    be such a header again or start with a ``YYYY/MM/DD `` date (its timestamp cell). None otherwise,
+    or when the text holds a carriage return. A line either parser would quarantine has no sample."""
+    if b"\r" in data or not data.startswith(b"timestamp"):
+        return None
+    buf, starts, ends = _lines(data)
+    word = np.frombuffer(b"timestamp", dtype=np.uint8)
+    long_enough = ends - starts >= len(word)
+    header = long_enough.copy()
+    header[long_enough] = (buf[starts[long_enough, None] + np.arange(len(word))] == word).all(axis=1)
+    starts, ends = starts[~header], ends[~header]
+    if len(starts) == 0 or ((ends - starts) < 11).any():
+        return None
+    if ((buf[starts + 4] != ord("/")) | (buf[starts + 7] != ord("/")) | (buf[starts + 10] != ord(" "))).any():
+        return None
+    parts = [_digits(buf, starts + at, n) for at, n in ((0, 4), (5, 2), (8, 2))]
+    if any(p is None for p in parts):
+        return None
+    year, month, day = parts
+    return year * 10_000 + month * 100 + day
+
+
 def read_telemetry_dir(
     root: str | Path,
     start_utc: dt.datetime,
@@ -1324,11 +1399,12 @@ def read_telemetry_dir(
     Files are parsed one at a time and only when the local date in their name (``...-YYYY-MM-DD``)
     lies within ``margin_days`` of the window's local dates (names without a date are always read:
     the margin covers loggers that roll files at UTC midnight or late). A margin file (named for a
-    date within the margin but not one of the window's own local dates) is first read by the fast
-    path as far as its timestamps, and skipped when none lies in the window: no row of it can. A
-    file the fast path gives up on is parsed in full, so no in-window sample is ever lost; the
-    quarantined lines of a skipped file (whose timestamps are all outside the window) are reported
-    by the windows of the dates it is named for. DCGM samples without a timestamp get the file's
+    date within the margin but not one of the window's own local dates) is skipped when its
+    samples all lie outside the window, so that no row of it can be in the window. A scan of its
+    bytes reads its timestamps (:func:`dcgm_sample_times`, or the local dates of
+    :func:`nvidia_smi_sample_dates`), else the fast path does as far as its timestamps. A file
+    neither can read is parsed in full, so no in-window sample is ever lost. The quarantined lines
+    of a skipped file are reported by the windows of the dates it is named for. DCGM samples without a timestamp get the file's
     mtime. ``source_file`` is the path relative to ``root``. A missing ``root`` or source folder
     yields an empty table. ``fast=False`` parses every file line by line and skips no margin file.
 
@@ -1365,10 +1441,25 @@ def read_telemetry_dir(
                     continue
                 tasks.append((kind, host_dir.name, path, day))
 
+    first_date, last_date = (int(d.strftime("%Y%m%d")) for d in (first_day, last_day))
+
+    def _no_sample_in_window(kind: str, data: bytes) -> bool:
+        """Whether a scan of the text's timestamps shows that no sample lies in the window (False
+        when the scan cannot tell). A local date outside the window's local dates is outside the
+        window whatever its time of day."""
+        if kind == "dcgm":
+            times = dcgm_sample_times(data)
+            return times is not None and not np.any((times >= lo_us) & (times < hi_us))
+        dates = nvidia_smi_sample_dates(data)
+        return dates is not None and not np.any((dates >= first_date) & (dates <= last_date))
+
     def parse(task: tuple[str, str, Path, dt.date | None]) -> ParseResult | None:
         """One file's rows, or None for a margin file without a timestamp in the window."""
         kind, host, path, day = task
         rel = path.relative_to(root).as_posix()
+        margin = day is not None and not first_day <= day <= last_day
+        if margin and fast and _no_sample_in_window(kind, path.read_bytes()):
+            return None
         if kind == "nvidia-smi":
             stage = partial(_NvsmiFast.read, path, zone, host, rel, None)
             slow = partial(parse_nvidia_smi_csv, path, source_tz, host=host, source_file=rel,
@@ -1378,7 +1469,6 @@ def read_telemetry_dir(
             stage = partial(_DcgmFast.read, path, host, rel)
             slow = partial(parse_dcgm_text, path, host=host, default_time_utc=mtime, source_file=rel, fast=False)
         staged = _try_fast(stage) if fast else None
-        margin = day is not None and not first_day <= day <= last_day
         if margin and staged is not None and not np.any((staged.sample_us >= lo_us) & (staged.sample_us < hi_us)):
             return None
         return _finish_or_slow(staged, slow)

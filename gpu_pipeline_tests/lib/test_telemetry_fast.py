@@ -9,6 +9,7 @@ import random
 import re
 import shutil
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -16,6 +17,8 @@ from gpu_pipeline.lib.simulate import SimConfig, simulate
 from gpu_pipeline.lib.telemetry import (
     DEFAULT_QUERY_FIELDS,
     ParseResult,
+    dcgm_sample_times,
+    nvidia_smi_sample_dates,
     parse_dcgm_text,
     parse_nvidia_smi_csv,
     read_telemetry_dir,
@@ -383,6 +386,75 @@ def test_read_telemetry_dir_parses_a_margin_file_holding_an_in_window_sample(sim
     unchanged = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ)
     assert fast.rows == unchanged.rows + 2
     assert unchanged.counters["files_outside_window"] > fast.counters["files_outside_window"]
+
+
+def test_timestamp_scans_give_the_parsers_sample_times(sim_telemetry):
+    """The scans that decide whether a margin file can hold a sample of the window read the same
+    times as the line parsers (DCGM: UTC instants; nvidia-smi: local dates, across the DST change)."""
+    for path in sim_files(sim_telemetry, "dcgm"):
+        times = dcgm_sample_times(path.read_bytes())
+        parsed = parse_dcgm_text(path, fast=False).table.column("sample_utc").cast("int64").to_pylist()
+        assert times is not None and set(times.tolist()) == set(parsed), path
+    zone = ZoneInfo(SIM_TZ)
+    for path in sim_files(sim_telemetry, "nvidia-smi"):
+        dates = nvidia_smi_sample_dates(path.read_bytes())
+        parsed = parse_nvidia_smi_csv(path, SIM_TZ, fast=False).table.column("sample_utc").to_pylist()
+        local = {int(t.astimezone(zone).strftime("%Y%m%d")) for t in parsed}
+        assert dates is not None and set(dates.tolist()) == local, path
+
+
+DCGM_LINE = "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"" + U0 + "\",Hostname=\"h\"} 7 1754370031697\n"
+NVSMI_TEXT = ("timestamp, index, uuid, utilization.gpu [%]\n"
+              f"2025/08/05 00:28:05.657, 0, {U0}, 22 %\n")
+
+
+@pytest.mark.parametrize("text", [
+    DCGM_LINE.replace(" 7 ", " "),  # no timestamp: the 13 digits are the value
+    DCGM_LINE.replace("1754370031697", "1754370031"),  # seconds, not milliseconds
+    DCGM_LINE.replace("} 7 ", "}  "),  # no value
+    DCGM_LINE.replace("\n", "\r\n"),
+    DCGM_LINE.replace("\n", " \n"),  # trailing white space
+    'DCGM_FI_DEV_GPU_UTIL 7 1754370031697\n',  # no labels
+])
+def test_dcgm_scan_declines_a_line_it_cannot_read_for_sure(text):
+    assert dcgm_sample_times(DCGM_LINE.encode()).tolist() == [1754370031697000]
+    assert dcgm_sample_times(("# HELP x y\n" + DCGM_LINE).encode()).tolist() == [1754370031697000]
+    assert dcgm_sample_times(b"# HELP x y\n") is None  # no sample
+    assert dcgm_sample_times((DCGM_LINE + text).encode()) is None
+
+
+@pytest.mark.parametrize("text", [
+    NVSMI_TEXT.split("\n", 1)[1],  # no header
+    NVSMI_TEXT.replace("timestamp, index", "index, timestamp"),
+    NVSMI_TEXT + "2025-08-05 00:28:05.657, 0, x, 1 %\n",
+    NVSMI_TEXT + "garbage\n",
+    NVSMI_TEXT.replace("\n", "\r\n"),
+])
+def test_nvidia_smi_scan_declines_a_line_it_cannot_read_for_sure(text):
+    assert nvidia_smi_sample_dates(NVSMI_TEXT.encode()).tolist() == [20250805]
+    assert nvidia_smi_sample_dates((NVSMI_TEXT + NVSMI_TEXT.split("\n", 1)[0] + "\n").encode()).tolist() == [20250805]
+    assert nvidia_smi_sample_dates(text.encode()) is None
+
+
+def test_read_telemetry_dir_does_not_parse_margin_files_without_a_window_sample(sim_telemetry, monkeypatch):
+    """Margin files are ruled out by a scan of their timestamps; only the day's own files are parsed."""
+    from gpu_pipeline.lib import telemetry
+
+    parsed: list[str] = []
+    for cls in (telemetry._DcgmFast, telemetry._NvsmiFast):
+        real = cls.read.__func__
+
+        def counting(klass, path, *args, _real=real, **kwargs):
+            parsed.append(Path(path).name)
+            return _real(klass, path, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "read", classmethod(counting))
+    day = SIM_DAYS[2]
+    start, end = day_window(day, SIM_TZ)
+    result = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1)
+    assert result.rows > 0 and parsed
+    assert {re.search(r"\d{4}-\d{2}-\d{2}", name).group() for name in parsed} == {day.isoformat()}
+    assert result.counters["files_outside_window"] >= len(parsed)  # the day before's files
 
 
 def test_read_telemetry_dir_checks_the_dst_policy_argument(sim_telemetry):
