@@ -79,6 +79,9 @@ class SeriesParser:
     def __init__(self) -> None:
         self._series: dict[str, tuple[str, dict[str, str]] | str | None] = {}
         self._comments: dict[str, str | None] = {}
+        # Callers' own per-series work, kept as long as the parser (the samples of one series text
+        # share one labels dict, which callers must not change).
+        self.memo: dict[object, dict] = {}
 
     def split(self, line: str) -> Sample | str | None:
         """A :class:`Sample` for a stripped line ``<series> <value> [<ts>]`` whose series the library

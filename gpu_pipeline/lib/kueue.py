@@ -329,6 +329,58 @@ def _row_key(m: KueueMetric, labels: Mapping[str, str], by_pc: bool) -> RowKey |
     return RowKey(m.kind, m.scope, cq, ns, lq, co, status, pc, resource, flavor)
 
 
+class _Plan(NamedTuple):
+    """What a sample's name and labels decide, whatever its value: ``skip`` names the counter of a
+    sample that goes nowhere ("" for none); else the value goes to row ``key``."""
+
+    skip: str | None
+    info: tuple[str, str] | None = None  # (cluster_queue, parent_cohort) of a ClusterQueue info sample
+    key: RowKey | None = None
+    cell: str | None = None
+    component: str | None = None  # histogram part: bucket, sum or count
+    le: float | None = None
+    ident: tuple | None = None  # the series apart from what the row folds away (priority class when summing)
+    cohort: str | None = None  # a row's cohort label (rows of ClusterQueues and LocalQueues)
+    lq_cluster_queue: tuple[tuple[str, str], str] | None = None
+
+
+def _plan(name: str, labels: Mapping[str, str], by_priority_class: bool) -> _Plan:
+    if labels.get("replica_role") == "follower":
+        return _Plan("follower_samples")
+    if name == CLUSTER_QUEUE_INFO:
+        cq, parent = labels.get("cluster_queue"), labels.get("parent_cohort")
+        return _Plan("", info=(cq, parent) if cq and parent else None)
+    if name.endswith("_created"):
+        return _Plan("created_samples")
+    hit = _lookup(name)
+    if hit is None:
+        return _Plan("unmapped_samples")
+    metric, m, component = hit
+    key = _row_key(m, labels, by_priority_class)
+    if key is None:
+        return _Plan("samples_missing_labels")
+    cell = component if component is not None else m.column
+    le = None
+    if component == "bucket":
+        try:
+            le = float(labels.get("le", ""))
+        except ValueError:
+            return _Plan("samples_bad_le")
+    co = labels.get("cohort")
+    lq_cq = None
+    if m.scope == _LQ and labels.get("cluster_queue"):
+        lq_cq = ((key.namespace, key.local_queue), labels["cluster_queue"])
+    return _Plan(None, key=key, cell=cell, component=component, le=le,
+                 ident=(key, metric, cell, le, labels.get("priority_class")),
+                 cohort=co if co and m.scope != _CO else None, lq_cluster_queue=lq_cq)
+
+
+# Plans kept per parser (the scrapes of one series repeat the same series): keyed by sample name and
+# the identity of its labels (the parser hands out one labels dict per distinct series text; the
+# entry holds that dict, so its identity is not reused while the entry lives).
+_MAX_PLANS = 100_000
+
+
 def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, cluster: str | None = None,
                        source_file: str | None = None, by_priority_class: bool = False,
                        parser: SeriesParser | None = None) -> KueueScrape:
@@ -339,65 +391,54 @@ def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, clu
     src = source_file if source_file is not None else path
     scrape = KueueScrape(_utc(sample_utc, "sample_utc"), cluster, src)
     c = scrape.counters
+    parser = parser or SeriesParser()
     samples = []
-    for ln, item in (parser or SeriesParser()).samples(text):
+    for ln, item in parser.samples(text):
         if isinstance(item, str):
             raise ValueError(f"{src or 'Kueue scrape'}: invalid Prometheus exposition (line {ln}): {item}")
         samples.append(item)
+    plans: dict[tuple, tuple[Mapping[str, str], _Plan]] = parser.memo.setdefault(
+        ("kueue_plans", by_priority_class), {})
+    if len(plans) > _MAX_PLANS:
+        plans.clear()
     # Samples summed over priority classes: remember which (row, column, pc, labels) were seen so
     # that a repeated series is a duplicate, not a second class.
     seen: dict[tuple, float] = {}
+    if samples:
+        c["samples"] += len(samples)
     for sample in samples:
-        c["samples"] += 1
         labels = sample.labels
-        if labels.get("replica_role") == "follower":
-            c["follower_samples"] += 1
+        entry = plans.get((sample.name, id(labels)))
+        if entry is None or entry[0] is not labels:
+            entry = plans[(sample.name, id(labels))] = (labels, _plan(sample.name, labels, by_priority_class))
+        plan = entry[1]
+        if plan.skip is not None:
+            if plan.skip:
+                c[plan.skip] += 1
+            elif plan.info is not None:
+                scrape.cq_cohort.setdefault(*plan.info)
             continue
-        if sample.name == CLUSTER_QUEUE_INFO:
-            if labels.get("cluster_queue") and labels.get("parent_cohort"):
-                scrape.cq_cohort.setdefault(labels["cluster_queue"], labels["parent_cohort"])
-            continue
-        if sample.name.endswith("_created"):
-            c["created_samples"] += 1
-            continue
-        hit = _lookup(sample.name)
-        if hit is None:
-            c["unmapped_samples"] += 1
-            continue
-        metric, m, component = hit
-        key = _row_key(m, labels, by_priority_class)
-        if key is None:
-            c["samples_missing_labels"] += 1
-            continue
-        cell = component if component is not None else m.column
-        le = None
-        if component == "bucket":
-            try:
-                le = float(labels.get("le", ""))
-            except ValueError:
-                c["samples_bad_le"] += 1
-                continue
-        # Identity of the series apart from what the row folds away (priority class when summing).
-        ident = (key, metric, cell, le, labels.get("priority_class"))
+        key, cell, ident = plan.key, plan.cell, plan.ident
         value = float(sample.value)
         if ident in seen:
             same = seen[ident] == value or (math.isnan(seen[ident]) and math.isnan(value))
             c["duplicate_samples" if same else "conflicting_samples"] += 1
             continue
         seen[ident] = value
-        co = labels.get("cohort")
-        if co and m.scope != _CO:
-            scrape.row_cohort.setdefault(key, co)
-        if m.scope == _LQ and labels.get("cluster_queue"):
-            scrape.lq_cluster_queue.setdefault((key.namespace, key.local_queue), labels["cluster_queue"])
-        if component is not None:
-            h = scrape.hists.setdefault(key, _Hist())
+        if plan.cohort is not None:
+            scrape.row_cohort.setdefault(key, plan.cohort)
+        if plan.lq_cluster_queue is not None:
+            scrape.lq_cluster_queue.setdefault(*plan.lq_cluster_queue)
+        if plan.component is not None:
+            h = scrape.hists.get(key)
+            if h is None:
+                h = scrape.hists[key] = _Hist()
             if math.isnan(value):
                 c["nan_values"] += 1
                 continue
-            if component == "bucket":
-                h.buckets[le] = h.buckets.get(le, 0.0) + value
-            elif component == "sum":
+            if plan.component == "bucket":
+                h.buckets[plan.le] = h.buckets.get(plan.le, 0.0) + value
+            elif plan.component == "sum":
                 h.sum = (h.sum or 0.0) + value
             else:
                 h.count = (h.count or 0.0) + value

@@ -199,6 +199,24 @@ def test_scrape_without_type_lines_gives_the_same_rows() -> None:
     assert kueue_demand([untyped]).table.equals(kueue_demand([typed]).table)
 
 
+@pytest.mark.parametrize("by_pc", [False, True])
+def test_a_shared_parser_gives_each_scrape_what_a_fresh_one_gives(by_pc) -> None:
+    """What a parser keeps between the scrapes of a series (parsed series, per-series plans) changes
+    nothing: every scrape, cohorts and counters included, equals the scrape parsed alone."""
+    from gpu_pipeline.lib.exposition import SeriesParser
+
+    shared = SeriesParser()
+    extra = hist_text([1, 2, 2], 3.0, role="follower") + 'kueue_pending_workloads{replica_role="leader",status="active"} 1\n'
+    for at, src in [(T0, S0), (T1, S1), (T1, S1), (T0, S0.read_text() + extra)]:
+        again = parse_kueue_scrape(src, at, by_priority_class=by_pc, parser=shared)
+        alone = parse_kueue_scrape(src, at, by_priority_class=by_pc)
+        assert again == alone
+        assert again.cq_cohort and again.row_cohort and again.lq_cluster_queue and again.hists
+    # the other grouping on the same parser keeps its own plans
+    assert parse_kueue_scrape(S1, T1, by_priority_class=not by_pc, parser=shared) == parse_kueue_scrape(
+        S1, T1, by_priority_class=not by_pc)
+
+
 def test_bad_input() -> None:
     with pytest.raises(ValueError, match="scrape.prom: invalid Prometheus exposition"):
         parse_kueue_scrape('kueue_pending_workloads{cluster_queue="q" 1\n', T0, source_file="scrape.prom")
