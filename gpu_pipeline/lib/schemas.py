@@ -377,12 +377,15 @@ def sorted_rows(table: pa.Table, keys: Sequence[str]) -> pa.Table:
 def conform(table: pa.Table, spec: TableSpec) -> pa.Table:
     """Return ``table`` with exactly ``spec.schema``: columns reordered, missing nullable columns
     added as nulls, types cast safely. Extra columns or a failing cast raise ``ValueError``."""
-    extra = [c for c in table.column_names if c not in spec.schema.names]
+    names = table.column_names
+    wanted = set(spec.schema.names)
+    extra = [c for c in names if c not in wanted]
     if extra:
         raise ValueError(f"{spec.path}: unexpected columns {extra}")
+    present = set(names)
     cols = []
     for field in spec.schema:
-        if field.name in table.column_names:
+        if field.name in present:
             col = table.column(field.name)
             if col.type != field.type:
                 try:

@@ -1143,6 +1143,13 @@ def _fast_series_entry(series: str) -> tuple[str, dict[str, str]]:
     return entry[0], entry[1]
 
 
+@lru_cache(maxsize=1 << 12)
+def _comment_error(line: str) -> str | None:
+    """:func:`line_error` of a ``#`` line, remembered for the process (every file of an exporter
+    repeats the same HELP and TYPE lines)."""
+    return line_error(line)
+
+
 class _DcgmFast:
     """A dcgm-exporter scrape on the fast path. :meth:`read` splits every line with Arrow kernels into
     ``<series> <value> <ms timestamp>`` (from the right: label values may hold spaces), checks each
@@ -1171,7 +1178,7 @@ class _DcgmFast:
         lines = pc.split_pattern(text, "\n").flatten()
         comment = pc.starts_with(lines, "#")
         for line in pc.unique(lines.filter(comment)).to_pylist():
-            if line_error(line.strip()) is not None:
+            if _comment_error(line.strip()) is not None:
                 raise _NotFast
         samples = np.flatnonzero(pc.invert(pc.or_(comment, pc.equal(pc.binary_length(lines), 0)))
                                  .to_numpy(zero_copy_only=False))
