@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gpu_pipeline.lib.helper_pool import HelperPool
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig, fetch_dcgm_range
 from gpu_pipeline.lib.schemas import (
     GPU_SAMPLES,
@@ -82,13 +81,11 @@ def raw_samples(
     margin_days: int = 0,
     prometheus: PrometheusConfig | None = None,
     terapixel_dir: str | Path | None = None,
-    pool: HelperPool | None = None,
 ) -> RawSamples:
     """Samples of [start_utc, end_utc) from the telemetry files and/or Prometheus.
 
     ``margin_days`` = 0 reads only files whose name carries a local date of the window (files rolled
-    at local midnight); raise it for loggers that roll at another time. ``pool``: helper processes
-    that parse telemetry files beside this one (see :func:`~gpu_pipeline.lib.telemetry.read_telemetry_dir`)."""
+    at local midnight); raise it for loggers that roll at another time."""
     parts: list[pa.Table] = []
     files: list[str] = []
     quarantine = None
@@ -97,7 +94,7 @@ def raw_samples(
         root = Path(telemetry_dir)
         if not root.is_dir():
             raise FileNotFoundError(f"{root}: telemetry directory does not exist")
-        parsed = read_telemetry_dir(root, start_utc, end_utc, source_tz, margin_days=margin_days, pool=pool)
+        parsed = read_telemetry_dir(root, start_utc, end_utc, source_tz, margin_days=margin_days)
         nvml, nvml_files = read_nvml_dir(root, start_utc, end_utc)
         parts += [conform(parsed.table, RAW_GPU_TELEMETRY), nvml]
         files += list(parsed.files) + nvml_files

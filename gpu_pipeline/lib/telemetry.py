@@ -68,15 +68,16 @@ Fast path
 from __future__ import annotations
 
 import codecs
-import contextlib
 import csv
 import datetime as dt
 import io
 import json
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
@@ -90,7 +91,6 @@ import pyarrow.csv as pacsv
 from prometheus_client.parser import text_fd_to_metric_families, text_string_to_metric_families
 
 from gpu_pipeline.lib.exposition import line_error, parser_reason, split_sample_line
-from gpu_pipeline.lib.helper_pool import HelperPool, default_helpers
 from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE, TS, conform, sorted_rows
 
 UTC = dt.UTC
@@ -1300,6 +1300,8 @@ def _count(counters: Counter[str], **masks: np.ndarray) -> None:
 # Directory of telemetry logs (the simulator's layout)
 # ----------------------------------------------------------------------------------------------
 
+# Threads that parse telemetry files at once (a file's parse is mostly Arrow kernels, which release the GIL).
+_READ_THREADS = min(4, os.cpu_count() or 1)
 _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
@@ -1388,56 +1390,6 @@ def nvidia_smi_sample_dates(data: bytes) -> np.ndarray | None:
     return year * 10_000 + month * 100 + day
 
 
-# Below this many files a read is done in this process alone (a helper's start-up would cost more).
-_HELPER_MIN_FILES = 16
-
-
-@dataclass(frozen=True)
-class _FileWindow:
-    """What parsing one file of a directory read needs to know (handed to helper processes)."""
-
-    root: Path
-    source_tz: str
-    ambiguous: str
-    fast: bool
-    first_day: dt.date  # the window's first and last local dates in source_tz
-    last_day: dt.date
-    lo_us: int  # the window in UTC microseconds, [lo_us, hi_us)
-    hi_us: int
-
-    def no_sample_in_window(self, kind: str, data: bytes) -> bool:
-        """Whether a scan of the text's timestamps shows that no sample lies in the window (False
-        when the scan cannot tell). A local date outside the window's local dates is outside the
-        window whatever its time of day."""
-        if kind == "dcgm":
-            times = dcgm_sample_times(data)
-            return times is not None and not np.any((times >= self.lo_us) & (times < self.hi_us))
-        dates = nvidia_smi_sample_dates(data)
-        first, last = (int(d.strftime("%Y%m%d")) for d in (self.first_day, self.last_day))
-        return dates is not None and not np.any((dates >= first) & (dates <= last))
-
-
-def _parse_file(w: _FileWindow, kind: str, host: str, path: Path, day: dt.date | None) -> ParseResult | None:
-    """One file's rows, or None for a margin file (named for a date beside the window's local dates)
-    without a timestamp in the window."""
-    rel = path.relative_to(w.root).as_posix()
-    margin = day is not None and not w.first_day <= day <= w.last_day
-    if margin and w.fast and w.no_sample_in_window(kind, path.read_bytes()):
-        return None
-    if kind == "nvidia-smi":
-        stage = partial(_NvsmiFast.read, path, ZoneInfo(w.source_tz), host, rel, None)
-        slow = partial(parse_nvidia_smi_csv, path, w.source_tz, host=host, source_file=rel,
-                       ambiguous=w.ambiguous, fast=False)
-    else:
-        mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
-        stage = partial(_DcgmFast.read, path, host, rel)
-        slow = partial(parse_dcgm_text, path, host=host, default_time_utc=mtime, source_file=rel, fast=False)
-    staged = _try_fast(stage) if w.fast else None
-    if margin and staged is not None and not np.any((staged.sample_us >= w.lo_us) & (staged.sample_us < w.hi_us)):
-        return None
-    return _finish_or_slow(staged, slow)
-
-
 def read_telemetry_dir(
     root: str | Path,
     start_utc: dt.datetime,
@@ -1447,7 +1399,6 @@ def read_telemetry_dir(
     ambiguous: str = "earlier",
     margin_days: int = 1,
     fast: bool = True,
-    pool: HelperPool | None = None,
 ) -> ParseResult:
     """Samples in [start_utc, end_utc) from ``root/nvidia-smi/HOST/*.csv`` and
     ``root/dcgm/HOST/*.prom`` (host = directory name), sorted by (sample_utc, host, gpu_id).
@@ -1463,11 +1414,6 @@ def read_telemetry_dir(
     of a skipped file are reported by the windows of the dates it is named for. DCGM samples without a timestamp get the file's
     mtime. ``source_file`` is the path relative to ``root``. A missing ``root`` or source folder
     yields an empty table. ``fast=False`` parses every file line by line and skips no margin file.
-
-    Files are parsed by this process and the helper processes of ``pool`` at once (a range run
-    keeps one pool for all its days); without one, a read of at least 16 files starts its own
-    (``GPU_PIPELINE_HELPERS``, see :func:`~gpu_pipeline.lib.helper_pool.default_helpers`). Where a
-    file was parsed does not change the result.
 
     Counters: ``files_outside_window`` (files not parsed: named for a date beyond the margin, or
     margin files without a timestamp in the window), ``files_read``, ``rows_outside_window`` (rows of
@@ -1502,33 +1448,59 @@ def read_telemetry_dir(
                     continue
                 tasks.append((kind, host_dir.name, path, day))
 
-    window = _FileWindow(root, source_tz, ambiguous, fast, first_day, last_day, lo_us, hi_us)
-    # Files are parsed here and by helper processes at once (the parsers hold the GIL between Arrow
-    # kernels) and taken in order; the first file that failed (in order) fails the read.
-    with contextlib.ExitStack() as stack:
-        if pool is None:
-            helpers = default_helpers() if len(tasks) >= _HELPER_MIN_FILES else 0
-            pool = stack.enter_context(HelperPool(helpers))
-        parts = pool.run_all([pool.submit(_parse_file, window, *task) for task in tasks])
-    for i, (kind, _host, path, _day) in enumerate(tasks):
-        part, error = parts[i]
-        parts[i] = (None, None)
-        if error is not None:
-            raise error
-        if part is None:
-            counters["files_outside_window"] += 1
-            continue
-        files.append(path.relative_to(root).as_posix())
-        fast_parsed += part.fast_parsed
-        counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
-        quarantine.extend(part.quarantine)
-        ts = part.table.column("sample_utc")
-        mask = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))
-        kept = part.table.filter(mask)
-        counters["rows_outside_window"] += part.table.num_rows - kept.num_rows
-        if kept.num_rows:
-            tables.append(kept)
-        del part
+    first_date, last_date = (int(d.strftime("%Y%m%d")) for d in (first_day, last_day))
+
+    def _no_sample_in_window(kind: str, data: bytes) -> bool:
+        """Whether a scan of the text's timestamps shows that no sample lies in the window (False
+        when the scan cannot tell). A local date outside the window's local dates is outside the
+        window whatever its time of day."""
+        if kind == "dcgm":
+            times = dcgm_sample_times(data)
+            return times is not None and not np.any((times >= lo_us) & (times < hi_us))
+        dates = nvidia_smi_sample_dates(data)
+        return dates is not None and not np.any((dates >= first_date) & (dates <= last_date))
+
+    def parse(task: tuple[str, str, Path, dt.date | None]) -> ParseResult | None:
+        """One file's rows, or None for a margin file without a timestamp in the window."""
+        kind, host, path, day = task
+        rel = path.relative_to(root).as_posix()
+        margin = day is not None and not first_day <= day <= last_day
+        if margin and fast and _no_sample_in_window(kind, path.read_bytes()):
+            return None
+        if kind == "nvidia-smi":
+            stage = partial(_NvsmiFast.read, path, zone, host, rel, None)
+            slow = partial(parse_nvidia_smi_csv, path, source_tz, host=host, source_file=rel,
+                           ambiguous=ambiguous, fast=False)
+        else:
+            mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
+            stage = partial(_DcgmFast.read, path, host, rel)
+            slow = partial(parse_dcgm_text, path, host=host, default_time_utc=mtime, source_file=rel, fast=False)
+        staged = _try_fast(stage) if fast else None
+        if margin and staged is not None and not np.any((staged.sample_us >= lo_us) & (staged.sample_us < hi_us)):
+            return None
+        return _finish_or_slow(staged, slow)
+
+    # Files are parsed on a few threads (Arrow's kernels run without the GIL) and taken in order; a
+    # file that fails stops the read (the files not yet started are not parsed).
+    pool = ThreadPoolExecutor(max_workers=_READ_THREADS)
+    try:
+        for (kind, _host, path, _day), part in zip(tasks, pool.map(parse, tasks), strict=True):
+            if part is None:
+                counters["files_outside_window"] += 1
+                continue
+            files.append(path.relative_to(root).as_posix())
+            fast_parsed += part.fast_parsed
+            counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
+            quarantine.extend(part.quarantine)
+            ts = part.table.column("sample_utc")
+            mask = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))
+            kept = part.table.filter(mask)
+            counters["rows_outside_window"] += part.table.num_rows - kept.num_rows
+            if kept.num_rows:
+                tables.append(kept)
+            del part
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     table = pa.concat_tables(tables) if tables else GPU_SAMPLES.empty()
     counters["files_read"] = len(files)
     return _result(table, quarantine, counters, files, fast_parsed)

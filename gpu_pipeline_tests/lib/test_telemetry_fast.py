@@ -5,7 +5,6 @@ gives up on anything else; the directory reader skips margin files without losin
 from __future__ import annotations
 
 import datetime as dt
-import os
 import random
 import re
 import shutil
@@ -14,7 +13,6 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpu_pipeline.lib.helper_pool import HelperPool
 from gpu_pipeline.lib.simulate import SimConfig, simulate
 from gpu_pipeline.lib.telemetry import (
     DEFAULT_QUERY_FIELDS,
@@ -353,17 +351,18 @@ def test_read_telemetry_dir_fast_equals_slow_for_each_day(sim_telemetry, window_
     assert skipped > 0  # margin files without a sample in the window were not parsed
 
 
-def test_read_telemetry_dir_with_a_helper_process_equals_this_process_alone(sim_telemetry):
-    """Files parsed partly by a helper process come back in this process's order: the same rows,
-    quarantine, counters and file list."""
+def test_read_telemetry_dir_on_several_threads_equals_one_thread(sim_telemetry, monkeypatch):
+    """Files parsed on several threads come back in the one-thread order: the same rows, quarantine,
+    counters and file list."""
+    from gpu_pipeline.lib import telemetry
+
     start, end = day_window(SIM_DAYS[1], SIM_TZ)
-    alone = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1, pool=HelperPool(0))
-    with HelperPool(1) as pool:
-        assert pool.submit(os.getpid).future.result() != os.getpid()  # the helper is up
-        shared = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1, pool=pool)
-        assert pool.ran["helpers"] > 0 and pool.ran["here"] > 0
-    assert alone.rows > 0 and alone.counters["files_read"] > 2
-    assert alone == shared and alone.files == shared.files
+    results = []
+    for threads in (1, 4):
+        monkeypatch.setattr(telemetry, "_READ_THREADS", threads)
+        results.append(read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1))
+    assert results[0].rows > 0 and results[0].counters["files_read"] > 2
+    assert results[0] == results[1] and results[0].files == results[1].files
 
 
 def test_read_telemetry_dir_parses_a_margin_file_holding_an_in_window_sample(sim_telemetry, tmp_path):
@@ -452,7 +451,7 @@ def test_read_telemetry_dir_does_not_parse_margin_files_without_a_window_sample(
         monkeypatch.setattr(cls, "read", classmethod(counting))
     day = SIM_DAYS[2]
     start, end = day_window(day, SIM_TZ)
-    result = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1, pool=HelperPool(0))
+    result = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1)
     assert result.rows > 0 and parsed
     assert {re.search(r"\d{4}-\d{2}-\d{2}", name).group() for name in parsed} == {day.isoformat()}
     assert result.counters["files_outside_window"] >= len(parsed)  # the day before's files

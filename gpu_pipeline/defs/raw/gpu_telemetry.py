@@ -6,7 +6,6 @@ from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, t
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
 from gpu_pipeline.lib.coverage import coverage
-from gpu_pipeline.lib.helper_pool import HelperPool, default_helpers
 from gpu_pipeline.lib.samples import RawSamples, raw_samples
 from gpu_pipeline.lib.schemas import QUARANTINE_GPU_TELEMETRY
 from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY as SPEC
@@ -51,7 +50,6 @@ def gpu_telemetry(
                 int(telemetry.file_margin_days),
                 prometheus=telemetry.prometheus_config(),
                 terapixel_dir=telemetry.terapixel_dir or None,
-                pool=pool,
             )
         else:
             raw = RawSamples(table=SPEC.empty())
@@ -65,9 +63,7 @@ def gpu_telemetry(
         metrics.update(cov.as_metadata("telemetry"))
         return DayOutcome(day=day, result=result, metrics=metrics, details={"files": len(raw.files)})
 
-    # One set of helper processes parses the telemetry files of every day of the run beside this one.
-    with HelperPool(default_helpers() if telemetry.enabled and telemetry.files_enabled else 0) as pool:
-        outcomes = run_days(context, one_day)
+    outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("samples")]
     low = {d: round(c, 4) for d, c in covs.items() if c < MIN_COVERAGE}
     checks = [
