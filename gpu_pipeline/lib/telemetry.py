@@ -763,6 +763,26 @@ class _NvsmiFast:
                              pa.int32() if col == "gpu_index" else pa.string())
 
     def finish(self) -> ParseResult:
+        return self._finish([(self.host, self.src, self.cells.num_rows)], self.counters)
+
+    @classmethod
+    def finish_many(cls, staged: Sequence[_NvsmiFast]) -> ParseResult:
+        """One result for several files read on the fast path (their rows together, sorted, their
+        counters summed, ``files`` in order): the cells are read once for all of them, which is what a
+        small file's parse mostly costs. Raises ``_NotFast`` when the files do not share one layout or
+        a host is not given, or when any of them would (then each is finished on its own)."""
+        first = staged[0]
+        if any(s.layout != first.layout or s.host is None for s in staged):
+            raise _NotFast
+        counters: Counter[str] = Counter()
+        for s in staged:
+            counters.update(s.counters)
+        merged = cls(pa.concat_tables([s.cells for s in staged]), first.layout,
+                     np.concatenate([s.sample_us for s in staged]), None, None, counters)
+        return merged._finish([(s.host, s.src, s.cells.num_rows) for s in staged], counters)
+
+    def _finish(self, files: list[tuple[str | None, str | None, int]], counters: Counter[str]) -> ParseResult:
+        """The rows of the cells, which are those of ``files``: (host, source file, rows) in order."""
         n = self.cells.num_rows
         read = {col: pc.coalesce(*(self._source(col, i, unit) for i, unit in sources))
                 for col, sources in self.layout.cells.items() if col != "timestamp"}
@@ -770,8 +790,9 @@ class _NvsmiFast:
         if uuid.null_count:  # "no GPU UUID"
             raise _NotFast
         hostname = read.pop("hostname", None)
-        if self.host is not None or hostname is None:
-            hostname = pa.repeat(pa.scalar(self.host, pa.string()), n)
+        counts = [rows for _, _, rows in files]
+        if len(files) > 1 or files[0][0] is not None or hostname is None:
+            hostname = _per_file([host for host, _, _ in files], counts)
         columns = {
             **read,
             "sample_utc": pa.array(self.sample_us, type=pa.int64()).cast(TS),
@@ -779,11 +800,18 @@ class _NvsmiFast:
             "host": hostname,
             "gpu_id": _per_distinct(uuid, short_gpu_id, pa.string()),
             "gpu_uuid": _per_distinct(uuid, _canonical_uuid, pa.string()),
-            "source_file": pa.repeat(pa.scalar(self.src, pa.string()), n),
+            "source_file": _per_file([src for _, src, _ in files], counts),
         }
-        self.counters["data_lines"] = n
-        return _result(conform(pa.table(columns), GPU_SAMPLES), [], self.counters,
-                       [self.src] if self.src else [], fast_parsed=1)
+        counters["data_lines"] = n
+        return _result(conform(pa.table(columns), GPU_SAMPLES), [], counters,
+                       [src for _, src, _ in files if src], fast_parsed=len(files))
+
+
+def _per_file(values: list[str | None], counts: list[int]) -> pa.Array:
+    """A string column holding ``values[i]`` ``counts[i]`` times, in order."""
+    if len(values) == 1:
+        return pa.repeat(pa.scalar(values[0], pa.string()), counts[0])
+    return pa.array(values, pa.string()).take(pa.array(np.repeat(np.arange(len(values)), counts)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1302,6 +1330,8 @@ def _count(counters: Counter[str], **masks: np.ndarray) -> None:
 
 # Threads that parse telemetry files at once (a file's parse is mostly Arrow kernels, which release the GIL).
 _READ_THREADS = min(4, os.cpu_count() or 1)
+# nvidia-smi files finished together (see _NvsmiFast.finish_many).
+_NVSMI_FILES_AT_ONCE = 32
 _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
@@ -1460,45 +1490,67 @@ def read_telemetry_dir(
         dates = nvidia_smi_sample_dates(data)
         return dates is not None and not np.any((dates >= first_date) & (dates <= last_date))
 
-    def parse(task: tuple[str, str, Path, dt.date | None]) -> ParseResult | None:
-        """One file's rows, or None for a margin file without a timestamp in the window."""
+    def stage(task: tuple[str, str, Path, dt.date | None]) -> tuple[str, _Staged | None, Callable] | None:
+        """A file's relative path, fast-path stage (None: the fast path gave up) and line-by-line
+        parse, or None for a margin file without a timestamp in the window."""
         kind, host, path, day = task
         rel = path.relative_to(root).as_posix()
         margin = day is not None and not first_day <= day <= last_day
         if margin and fast and _no_sample_in_window(kind, path.read_bytes()):
             return None
         if kind == "nvidia-smi":
-            stage = partial(_NvsmiFast.read, path, zone, host, rel, None)
+            read = partial(_NvsmiFast.read, path, zone, host, rel, None)
             slow = partial(parse_nvidia_smi_csv, path, source_tz, host=host, source_file=rel,
                            ambiguous=ambiguous, fast=False)
         else:
             mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
-            stage = partial(_DcgmFast.read, path, host, rel)
+            read = partial(_DcgmFast.read, path, host, rel)
             slow = partial(parse_dcgm_text, path, host=host, default_time_utc=mtime, source_file=rel, fast=False)
-        staged = _try_fast(stage) if fast else None
+        staged = _try_fast(read) if fast else None
         if margin and staged is not None and not np.any((staged.sample_us >= lo_us) & (staged.sample_us < hi_us)):
             return None
-        return _finish_or_slow(staged, slow)
+        return rel, staged, slow
 
-    # Files are parsed on a few threads (Arrow's kernels run without the GIL) and taken in order; a
-    # file that fails stops the read (the files not yet started are not parsed).
+    def parse(unit: list[tuple[str, str, Path, dt.date | None]]) -> tuple[list[tuple[list[str], ParseResult]], int]:
+        """The results of a unit's files in file order, each with the files it holds, and how many
+        files were skipped. nvidia-smi files that all take the fast path are finished as one."""
+        staged = [st for st in map(stage, unit) if st is not None]
+        skipped = len(unit) - len(staged)
+        if len(staged) > 1 and all(st is not None for _, st, _ in staged):
+            try:
+                return [([rel for rel, _, _ in staged], _NvsmiFast.finish_many([st for _, st, _ in staged]))], skipped
+            except (_NotFast, pa.ArrowInvalid):
+                pass
+        return [([rel], _finish_or_slow(st, slow)) for rel, st, slow in staged], skipped
+
+    # nvidia-smi files are taken a few dozen at a time (a small file's parse is mostly the fixed cost
+    # of the Arrow calls), DCGM files one by one.
+    units: list[list[tuple[str, str, Path, dt.date | None]]] = []
+    for task in tasks:
+        if units and task[0] == "nvidia-smi" == units[-1][0][0] and len(units[-1]) < _NVSMI_FILES_AT_ONCE:
+            units[-1].append(task)
+        else:
+            units.append([task])
+    # Units are parsed on a few threads (Arrow's kernels run without the GIL) and taken in order; a
+    # file that fails stops the read (the units not yet started are not parsed).
     pool = ThreadPoolExecutor(max_workers=_READ_THREADS)
     try:
-        for (kind, _host, path, _day), part in zip(tasks, pool.map(parse, tasks), strict=True):
-            if part is None:
-                counters["files_outside_window"] += 1
-                continue
-            files.append(path.relative_to(root).as_posix())
-            fast_parsed += part.fast_parsed
-            counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
-            quarantine.extend(part.quarantine)
-            ts = part.table.column("sample_utc")
-            mask = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))
-            kept = part.table.filter(mask)
-            counters["rows_outside_window"] += part.table.num_rows - kept.num_rows
-            if kept.num_rows:
-                tables.append(kept)
-            del part
+        for unit, (parts, skipped) in zip(units, pool.map(parse, units), strict=True):
+            if skipped:
+                counters["files_outside_window"] += skipped
+            kind = unit[0][0]
+            for rels, part in parts:
+                files.extend(rels)
+                fast_parsed += part.fast_parsed
+                counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
+                quarantine.extend(part.quarantine)
+                ts = part.table.column("sample_utc")
+                mask = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))
+                kept = part.table.filter(mask)
+                counters["rows_outside_window"] += part.table.num_rows - kept.num_rows
+                if kept.num_rows:
+                    tables.append(kept)
+            del parts
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     table = pa.concat_tables(tables) if tables else GPU_SAMPLES.empty()

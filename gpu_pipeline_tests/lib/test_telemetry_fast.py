@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pyarrow.compute as pc
 import pytest
 
 from gpu_pipeline.lib.simulate import SimConfig, simulate
@@ -363,6 +364,51 @@ def test_read_telemetry_dir_on_several_threads_equals_one_thread(sim_telemetry, 
         results.append(read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1))
     assert results[0].rows > 0 and results[0].counters["files_read"] > 2
     assert results[0] == results[1] and results[0].files == results[1].files
+
+
+def test_nvidia_smi_files_finished_together_give_what_each_gives_alone(sim_telemetry, monkeypatch):
+    """The directory reader finishes the nvidia-smi files of the fast path a few dozen at a time:
+    the same rows, counters, file list and fast-path count as one file at a time."""
+    from gpu_pipeline.lib import telemetry
+
+    together: list[int] = []
+    real = telemetry._NvsmiFast.finish_many.__func__
+
+    def spy(cls, staged):
+        together.append(len(staged))
+        return real(cls, staged)
+
+    monkeypatch.setattr(telemetry._NvsmiFast, "finish_many", classmethod(spy))
+    for day in SIM_DAYS:
+        start, end = day_window(day, SIM_TZ)
+        monkeypatch.setattr(telemetry, "_NVSMI_FILES_AT_ONCE", 32)
+        batched = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1)
+        monkeypatch.setattr(telemetry, "_NVSMI_FILES_AT_ONCE", 1)
+        alone = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1)
+        assert batched.table.equals(alone.table) and batched.rows > 0
+        assert dict(batched.counters) == dict(alone.counters)
+        assert batched.files == alone.files and batched.fast_parsed == alone.fast_parsed
+    assert together and max(together) > 1
+
+
+def test_nvidia_smi_files_of_different_layouts_are_finished_one_by_one(sim_telemetry, tmp_path, monkeypatch):
+    from gpu_pipeline.lib import telemetry
+
+    root = tmp_path / "telemetry"
+    shutil.copytree(sim_telemetry, root)
+    day = SIM_DAYS[2]
+    files = [p for p in sim_files(root, "nvidia-smi") if day.isoformat() in p.name]
+    assert len(files) > 2
+    # One logger queries one field less: its header and every line lose the last column.
+    files[1].write_text("".join(line.rsplit(", ", 1)[0] + "\n" for line in files[1].read_text().splitlines()))
+    start, end = day_window(day, SIM_TZ)
+    fast = read_telemetry_dir(root, start, end, SIM_TZ)
+    assert fast.table.equals(read_telemetry_dir(root, start, end, SIM_TZ, fast=False).table)
+    monkeypatch.setattr(telemetry, "_NVSMI_FILES_AT_ONCE", 1)
+    alone = read_telemetry_dir(root, start, end, SIM_TZ)
+    assert dict(fast.counters) == dict(alone.counters) and fast.files == alone.files
+    assert fast.fast_parsed == alone.fast_parsed == len(fast.files)
+    assert fast.table.filter(pc.equal(fast.table["source_file"], files[1].relative_to(root).as_posix())).num_rows > 0
 
 
 def test_read_telemetry_dir_parses_a_margin_file_holding_an_in_window_sample(sim_telemetry, tmp_path):
