@@ -901,13 +901,35 @@ class _ExpositionError(Exception):
         self.original = exc
 
 
+_LABEL_NAME = r"[a-zA-Z][a-zA-Z0-9_]*|_[a-zA-Z0-9][a-zA-Z0-9_]*"
+_PLAIN_VALUE = r'"[^"\\\n{},=]*"'
+_PLAIN_SERIES = re.compile(
+    rf"([a-zA-Z_:][a-zA-Z0-9_:]*)\{{((?:{_LABEL_NAME})={_PLAIN_VALUE}(?:,(?:{_LABEL_NAME})={_PLAIN_VALUE})*)\}}"
+)
+_PLAIN_LABEL = re.compile(rf'({_LABEL_NAME})="([^"]*)"')
+
+
 @lru_cache(maxsize=1 << 16)
 def _series_entry(series: str) -> tuple[str, dict[str, str], int] | str | None:
     """``(name, labels, signature)`` when the exposition parser reads ``series`` (``name{labels}``) on
     its own as exactly one series; its reason when it rejects it; None for anything else.
 
     Remembered for the process (the same series recur in every file of a host, day after day, so a
-    range run parses each once); the labels dict is shared and never modified."""
+    range run parses each once); the labels dict is shared and never modified. A series in the plain
+    form ``name{label="value",...}`` (no escapes, no quotes, braces, commas or equals signs in values,
+    no label twice, no ``__`` label) is read by a regular expression, as the parser reads it (a test
+    holds the two together); anything else goes to the parser."""
+    m = _PLAIN_SERIES.fullmatch(series)
+    if m is not None:
+        pairs = _PLAIN_LABEL.findall(m.group(2))
+        labels = dict(pairs)
+        if len(labels) == len(pairs):
+            return (m.group(1), labels, hash(frozenset(labels.items())))
+    return _parsed_series_entry(series)
+
+
+def _parsed_series_entry(series: str) -> tuple[str, dict[str, str], int] | str | None:
+    """:func:`_series_entry` by the exposition parser alone."""
     try:
         families = list(text_string_to_metric_families(series + " 0\n"))
     except Exception as exc:  # anything the parser raises

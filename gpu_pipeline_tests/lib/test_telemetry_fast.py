@@ -411,6 +411,35 @@ def test_nvidia_smi_files_of_different_layouts_are_finished_one_by_one(sim_telem
     assert fast.table.filter(pc.equal(fast.table["source_file"], files[1].relative_to(root).as_posix())).num_rows > 0
 
 
+SERIES_CASES = [
+    'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1",modelName="NVIDIA A100 80GB",Hostname="h-1.example.edu"}',
+    'a:b{x=""}', 'a{_x="1"}', 'a{x="é ü",y="-1.5e3"}', 'a{le="+Inf"}',
+    'a{__name__="x"}', 'a{x="1",x="2"}', 'a{x="1",}', 'a{x="a\\"b"}', 'a{x="a\\nb"}', 'a{x="}"}',
+    'a{x="1,y=2"}', 'a {x="1"}', 'a{x="1"} ', 'a', 'a{}', '1a{x="1"}', 'a{1x="1"}', 'a{x=1}', 'a{x="1"',
+]
+
+
+def test_plain_series_are_read_as_the_exposition_parser_reads_them(sim_telemetry):
+    """The regular expression that reads plain DCGM series gives the exposition parser's name,
+    labels and signature (or leaves the series to it): every series of the simulator's files, the
+    real exporter's (when the fixtures are there) and odd ones."""
+    from gpu_pipeline.lib import telemetry
+
+    series = set(SERIES_CASES)
+    for path in sim_files(sim_telemetry, "dcgm"):
+        series.update(line.rsplit(" ", 2)[0] for line in path.read_text().splitlines() if line and line[0] != "#")
+    real = REAL / "dcgm-exporter"
+    for path in real.glob("*.prom") if real.is_dir() else []:
+        series.update(line.rsplit(" ", 1)[0] for line in path.read_text().splitlines()
+                      if line.strip() and not line.startswith("#"))
+    plain = 0
+    for s in series:
+        telemetry._series_entry.cache_clear()
+        assert telemetry._series_entry(s) == telemetry._parsed_series_entry(s), s
+        plain += telemetry._PLAIN_SERIES.fullmatch(s) is not None
+    assert plain > len(series) / 2  # the simulator's series take the plain way
+
+
 def test_read_telemetry_dir_parses_a_margin_file_holding_an_in_window_sample(sim_telemetry, tmp_path):
     root = tmp_path / "telemetry"
     shutil.copytree(sim_telemetry, root)
