@@ -1455,16 +1455,17 @@ def read_telemetry_dir(
     """Samples in [start_utc, end_utc) from ``root/nvidia-smi/HOST/*.csv`` and
     ``root/dcgm/HOST/*.prom`` (host = directory name), sorted by (sample_utc, host, gpu_id).
 
-    Files are parsed one at a time and only when the local date in their name (``...-YYYY-MM-DD``)
-    lies within ``margin_days`` of the window's local dates (names without a date are always read:
-    the margin covers loggers that roll files at UTC midnight or late). A margin file (named for a
-    date within the margin but not one of the window's own local dates) is skipped when its
-    samples all lie outside the window, so that no row of it can be in the window. A scan of its
-    bytes reads its timestamps (:func:`dcgm_sample_times`, or the local dates of
-    :func:`nvidia_smi_sample_dates`), else the fast path does as far as its timestamps. A file
-    neither can read is parsed in full, so no in-window sample is ever lost. The quarantined lines
-    of a skipped file are reported by the windows of the dates it is named for. DCGM samples without a timestamp get the file's
-    mtime. ``source_file`` is the path relative to ``root``. A missing ``root`` or source folder
+    Files are parsed only when the local date in their name (``...-YYYY-MM-DD``) lies within
+    ``margin_days`` of the window's local dates (names without a date are always read: the margin
+    covers loggers that roll files at UTC midnight or late). A margin file (named for a date within
+    the margin but not one of the window's own local dates) is skipped when its samples all lie
+    outside the window, so that no row of it can be in the window. A scan of its bytes reads its
+    timestamps (:func:`dcgm_sample_times`, or the local dates of :func:`nvidia_smi_sample_dates`),
+    else the fast path does as far as its timestamps. A file neither can read is parsed in full, so
+    no in-window sample is ever lost. The quarantined lines of a skipped file are reported by the
+    windows of the dates it is named for. Files are parsed on a few threads, nvidia-smi files of
+    the fast path finished a few dozen at a time (:meth:`_NvsmiFast.finish_many`); the result is
+    the same as one file at a time. DCGM samples without a timestamp get the file's mtime. ``source_file`` is the path relative to ``root``. A missing ``root`` or source folder
     yields an empty table. ``fast=False`` parses every file line by line and skips no margin file.
 
     Counters: ``files_outside_window`` (files not parsed: named for a date beyond the margin, or
