@@ -971,15 +971,12 @@ class _DcgmPivot:
     # -- series-cache path: the parser reads each distinct series once ---------------------------
     def add_lines(self, lines: Iterable[str]) -> None:
         series_cache: dict[str, tuple[str, dict, int] | str | None] = {}
-        comment_cache: dict[str, str | None] = {}
         for ln, raw in enumerate(lines, 1):
             line = raw.strip()
             if not line:
                 continue
             if line.startswith("#"):
-                if line not in comment_cache:
-                    comment_cache[line] = line_error(line)
-                reason = comment_cache[line]
+                reason = _comment_error(line)
                 if reason is not None:
                     self.quarantine.append(QuarantinedLine(ln, reason, raw.rstrip("\r\n"), self.src))
                 continue
@@ -1539,7 +1536,7 @@ def read_telemetry_dir(
         files were skipped. nvidia-smi files that all take the fast path are finished as one."""
         staged = [st for st in map(stage, unit) if st is not None]
         skipped = len(unit) - len(staged)
-        if len(staged) > 1 and all(st is not None for _, st, _ in staged):
+        if unit[0][0] == "nvidia-smi" and len(staged) > 1 and all(st is not None for _, st, _ in staged):
             try:
                 return [([rel for rel, _, _ in staged], _NvsmiFast.finish_many([st for _, st, _ in staged]))], skipped
             except (_NotFast, pa.ArrowInvalid):
