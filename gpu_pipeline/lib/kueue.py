@@ -408,9 +408,10 @@ def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, clu
         c["samples"] += len(samples)
     for sample in samples:
         labels = sample.labels
-        entry = plans.get((sample.name, id(labels)))
+        memo_key = (sample.name, id(labels))
+        entry = plans.get(memo_key)
         if entry is None or entry[0] is not labels:
-            entry = plans[(sample.name, id(labels))] = (labels, _plan(sample.name, labels, by_priority_class))
+            entry = plans[memo_key] = (labels, _plan(sample.name, labels, by_priority_class))
         plan = entry[1]
         if plan.skip is not None:
             if plan.skip:

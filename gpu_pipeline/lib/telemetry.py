@@ -763,7 +763,7 @@ class _NvsmiFast:
                              pa.int32() if col == "gpu_index" else pa.string())
 
     def finish(self) -> ParseResult:
-        return self._finish([(self.host, self.src, self.cells.num_rows)], self.counters)
+        return self._finish([(self.host, self.src, self.cells.num_rows)])
 
     @classmethod
     def finish_many(cls, staged: Sequence[_NvsmiFast]) -> ParseResult:
@@ -779,9 +779,9 @@ class _NvsmiFast:
             counters.update(s.counters)
         merged = cls(pa.concat_tables([s.cells for s in staged]), first.layout,
                      np.concatenate([s.sample_us for s in staged]), None, None, counters)
-        return merged._finish([(s.host, s.src, s.cells.num_rows) for s in staged], counters)
+        return merged._finish([(s.host, s.src, s.cells.num_rows) for s in staged])
 
-    def _finish(self, files: list[tuple[str | None, str | None, int]], counters: Counter[str]) -> ParseResult:
+    def _finish(self, files: list[tuple[str | None, str | None, int]]) -> ParseResult:
         """The rows of the cells, which are those of ``files``: (host, source file, rows) in order."""
         n = self.cells.num_rows
         read = {col: pc.coalesce(*(self._source(col, i, unit) for i, unit in sources))
@@ -802,8 +802,8 @@ class _NvsmiFast:
             "gpu_uuid": _per_distinct(uuid, _canonical_uuid, pa.string()),
             "source_file": _per_file([src for _, src, _ in files], counts),
         }
-        counters["data_lines"] = n
-        return _result(conform(pa.table(columns), GPU_SAMPLES), [], counters,
+        self.counters["data_lines"] = n
+        return _result(conform(pa.table(columns), GPU_SAMPLES), [], self.counters,
                        [src for _, src, _ in files if src], fast_parsed=len(files))
 
 
@@ -1462,8 +1462,9 @@ def read_telemetry_dir(
     no in-window sample is ever lost. The quarantined lines of a skipped file are reported by the
     windows of the dates it is named for. Files are parsed on a few threads, nvidia-smi files of
     the fast path finished a few dozen at a time (:meth:`_NvsmiFast.finish_many`); the result is
-    the same as one file at a time. DCGM samples without a timestamp get the file's mtime. ``source_file`` is the path relative to ``root``. A missing ``root`` or source folder
-    yields an empty table. ``fast=False`` parses every file line by line and skips no margin file.
+    the same as one file at a time. DCGM samples without a timestamp get the file's mtime.
+    ``source_file`` is the path relative to ``root``. A missing ``root`` or source folder yields
+    an empty table. ``fast=False`` parses every file line by line and skips no margin file.
 
     Counters: ``files_outside_window`` (files not parsed: named for a date beyond the margin, or
     margin files without a timestamp in the window), ``files_read``, ``rows_outside_window`` (rows of
