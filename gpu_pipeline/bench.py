@@ -94,8 +94,9 @@ REPEATS = 5
 PLOT_PREFIX = "plots/"
 TELEMETRY_ASSETS = ("raw/gpu_telemetry", "clean/gpu_samples")
 MIB = 1024 * 1024
-# DuckDB's buffer memory per connection in the measured run (sorts and joins beyond it spill to disk),
-# the setting the README recommends for pools of thousands of GPUs.
+# DuckDB's buffer memory in the measured run (the process's database, all its connections together;
+# sorts and joins beyond it spill to disk), the setting the README recommends for pools of thousands
+# of GPUs.
 DUCKDB_MEMORY_LIMIT = "1GB"
 
 

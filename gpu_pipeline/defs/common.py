@@ -12,6 +12,7 @@ import dagster as dg
 import pyarrow as pa
 
 from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_partitions
+from gpu_pipeline.lib.db import release_memory
 from gpu_pipeline.lib.schemas import TableSpec
 from gpu_pipeline.lib.store import WriteResult
 from gpu_pipeline.lib.timeutil import day_window
@@ -80,6 +81,8 @@ def run_days_multi(
             context.log.error(f"{names} {day}: {exc}")
             failed.append((day, f"{type(exc).__name__}: {exc}"))
             continue
+        finally:
+            release_memory()  # what DuckDB freed for the day goes back, as a closed database's did
         for key in keys:
             outcome = by_key.get(key)
             if outcome is None:

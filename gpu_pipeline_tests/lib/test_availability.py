@@ -389,17 +389,17 @@ def _truth_db(ds) -> duckdb.DuckDBPyConnection:
     resolvable by the snapshots)."""
     con = connect()
     files = ds.store.files(AVAILABILITY_PERIODS, ds.days)
-    con.execute("CREATE TABLE inf AS SELECT *, CAST(date AS VARCHAR) AS day FROM read_parquet(?, hive_partitioning=true)",
+    con.execute("CREATE TEMP TABLE inf AS SELECT *, CAST(date AS VARCHAR) AS day FROM read_parquet(?, hive_partitioning=true)",
                 [files])
-    con.execute("CREATE TABLE snaps AS SELECT DISTINCT snapshot_utc AS t FROM read_parquet(?)",
+    con.execute("CREATE TEMP TABLE snaps AS SELECT DISTINCT snapshot_utc AS t FROM read_parquet(?)",
                 [ds.store.files(CLEAN_SLOT_SNAPSHOTS, ds.days)])
-    con.execute("CREATE TABLE ti AS SELECT * FROM read_parquet(?)", [str(ds.truth / "gpu_state_intervals.parquet")])
-    con.execute("CREATE TABLE days (day VARCHAR, ds TIMESTAMPTZ, de TIMESTAMPTZ)")
+    con.execute("CREATE TEMP TABLE ti AS SELECT * FROM read_parquet(?)", [str(ds.truth / "gpu_state_intervals.parquet")])
+    con.execute("CREATE TEMP TABLE days (day VARCHAR, ds TIMESTAMPTZ, de TIMESTAMPTZ)")
     for day in ds.days:
         con.execute("INSERT INTO days VALUES (?, ?, ?)", [day, *ds.window(day)])
     con.execute(
         """
-        CREATE TABLE tp AS
+        CREATE TEMP TABLE tp AS
         WITH clipped AS (
             SELECT t.gpu_id, d.day, d.ds, d.de,
                    greatest(t.start_utc, d.ds) AS s, least(t.end_utc, d.de) AS e,
@@ -435,7 +435,7 @@ def test_periods_match_the_simulators_truth(sim):
     # start and end within the row's resolution (one snapshot interval; snapshots lag the events)
     con.execute(
         """
-        CREATE TABLE m AS
+        CREATE TEMP TABLE m AS
         SELECT tp.*, i.start_utc AS i_start, i.end_utc AS i_end, i.end_reason AS i_reason,
                i.backfill_job_id AS i_job, i.resolution_s,
                epoch(i.start_utc) - epoch(tp.s) AS start_err_s, epoch(i.end_utc) - epoch(tp.e) AS end_err_s

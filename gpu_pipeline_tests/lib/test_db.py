@@ -1,8 +1,17 @@
-"""lib/db.connect: each connection its own session (UTC), with the limits from the arguments or the environment."""
+"""lib/db.connect: each connection its own session (UTC) of the process's database, with the limits from the
+arguments or the environment; release_memory."""
 
+import inspect
+import multiprocessing
+import os
+import re
+from pathlib import Path
+
+import duckdb
 import pyarrow as pa
 import pytest
 
+from gpu_pipeline.lib import db, store
 from gpu_pipeline.lib.db import ENV_MEMORY_LIMIT, ENV_THREADS, connect
 
 
@@ -43,3 +52,79 @@ def test_limits_come_from_the_arguments_or_the_environment(monkeypatch, tmp_path
     monkeypatch.delenv(ENV_MEMORY_LIMIT)
     monkeypatch.delenv(ENV_THREADS)
     assert _setting(connect(), "memory_limit") != "286.1 MiB"
+
+
+def test_connections_are_sessions_of_one_database_per_process_and_limits(monkeypatch):
+    started = []
+    real = duckdb.connect
+    monkeypatch.setattr(db.duckdb, "connect", lambda *a, **k: started.append(a) or real(*a, **k))
+    monkeypatch.setattr(db, "_databases", {})
+    cons = [connect() for _ in range(3)]
+    assert len(started) == 1  # one database, three sessions of it
+    cons.append(connect(threads=1))  # other limits: another database
+    assert len(started) == 2
+    assert _setting(cons[-1], "threads") == 1 and _setting(cons[0], "threads") != 1
+    assert [_setting(c, "TimeZone") in ("UTC", "Etc/UTC") for c in cons] == [True] * 4
+    for con in cons:
+        con.close()
+    db._close_all()
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_release_memory_gives_back_what_closed_connections_freed():
+    con = connect()
+    before = _rss_mib()
+    con.execute("CREATE TEMP TABLE big AS SELECT range AS i, range::VARCHAR || '-' || range::VARCHAR AS s "
+                "FROM range(6000000)")
+    con.execute("SELECT count(DISTINCT s) FROM big").fetchone()
+    con.close()  # the table is dropped, its memory kept by the database for its next queries
+    held = _rss_mib() - before
+    assert held > 100, held
+    db.release_memory()
+    after = _rss_mib() - before
+    assert after < held / 3, (held, after)
+    check, fresh = connect(), duckdb.connect()  # the flush thresholds are back at DuckDB's defaults
+    for name in ("allocator_flush_threshold", "allocator_bulk_deallocation_flush_threshold"):
+        assert _setting(check, name) == _setting(fresh, name)
+    check.close()
+    fresh.close()
+
+
+def _child_query(out):
+    con = connect()
+    out.put((os.getpid(), con.execute("SELECT sum(range) FROM range(1000)").fetchone()[0]))
+    con.close()
+
+
+def test_a_forked_child_starts_its_own_database():
+    connect().close()  # the parent's database runs (and so do its threads)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_query, args=(out,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, "the child hung or failed on the parent's database"
+    pid, total = out.get(timeout=5)
+    assert pid != os.getpid() and total == 499500
+
+
+def test_pipeline_code_creates_only_temporary_tables_and_views():
+    """A table or view in the shared database's catalog would outlive its connection (and collide
+    with the next day's)."""
+    pattern = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?(?!TEMP\b|TEMPORARY\b)(\w+)", re.IGNORECASE)
+    root = Path(db.__file__).resolve().parents[1]
+    # The analyst catalog's schemas and views are meant to stay: written to a database file, or made
+    # for the one query of the ``sql`` command's process.
+    catalog = inspect.getsource(store.create_catalog)
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for match in pattern.finditer(path.read_text().replace(catalog, "")):
+            if match.group(1).upper() in ("TABLE", "VIEW", "MACRO", "SEQUENCE", "TYPE", "SCHEMA", "INDEX"):
+                found.append(f"{path.relative_to(root)}: {match.group(0)}")
+    # the SQLite archive writers' CREATE TABLE text is SQLite's, not DuckDB's
+    found = [f for f in found if not f.startswith(("lib/sim_condor.py", "lib/condor_collector.py"))]
+    assert not found, found

@@ -410,7 +410,7 @@ def test_evictions_match_the_simulators_truth(sim):
     ds, out = sim
     con = connect()
     lo, hi = ds.window(ds.days[0])[0], ds.window(ds.days[-1])[1]
-    con.execute("CREATE TABLE tr AS SELECT * FROM read_parquet(?) WHERE evicted_utc >= ? AND evicted_utc < ?",
+    con.execute("CREATE TEMP TABLE tr AS SELECT * FROM read_parquet(?) WHERE evicted_utc >= ? AND evicted_utc < ?",
                 [str(ds.truth / "evictions.parquet"), lo, hi])
     for name, table in out.items():
         con.register(name, table)
