@@ -221,9 +221,10 @@ def _finish(columns: dict[str, list], quarantine: list[QuarantinedLine], counter
 
 
 def _result(table: pa.Table, quarantine: list[QuarantinedLine], counters: Counter[str], files: list[str],
-            fast_parsed: int = 0) -> ParseResult:
-    """The parse result of a conformed table: rows sorted, the row and quarantine counters set."""
-    table = _sorted(table)
+            fast_parsed: int = 0, sort: bool = True) -> ParseResult:
+    """The parse result of a conformed table: rows sorted (unless ``sort`` is false: for a caller that
+    sorts the rows of several results together), the row and quarantine counters set."""
+    table = _sorted(table) if sort else table
     counters["rows_out"] = table.num_rows
     counters["quarantined_lines"] = len(quarantine)
     return ParseResult(table=table, quarantine=quarantine, counters=counters, files=files,
@@ -264,7 +265,7 @@ class _Staged(Protocol):
 
     sample_us: np.ndarray  # int64 microseconds since the epoch (UTC), one per sample line
 
-    def finish(self) -> ParseResult: ...
+    def finish(self, sort: bool = True) -> ParseResult: ...
 
 
 def _try_fast(read: Callable[[], _Staged]) -> _Staged | None:
@@ -275,11 +276,12 @@ def _try_fast(read: Callable[[], _Staged]) -> _Staged | None:
         return None
 
 
-def _finish_or_slow(staged: _Staged | None, slow: Callable[[], ParseResult]) -> ParseResult:
-    """The fast path's result; the line-by-line parser's when the fast path gave up on the input."""
+def _finish_or_slow(staged: _Staged | None, slow: Callable[[], ParseResult], sort: bool = True) -> ParseResult:
+    """The fast path's result; the line-by-line parser's (always sorted) when the fast path gave up on
+    the input. ``sort=False``: the fast path's rows in the order it made them (see :func:`_result`)."""
     if staged is not None:
         try:
-            return staged.finish()
+            return staged.finish(sort)
         except (_NotFast, pa.ArrowInvalid):
             pass
     return slow()
@@ -762,11 +764,11 @@ class _NvsmiFast:
         return _per_distinct(raw, lambda cell: _nvsmi_value(col, cell.strip(), unit, name),
                              pa.int32() if col == "gpu_index" else pa.string())
 
-    def finish(self) -> ParseResult:
-        return self._finish([(self.host, self.src, self.cells.num_rows)])
+    def finish(self, sort: bool = True) -> ParseResult:
+        return self._finish([(self.host, self.src, self.cells.num_rows)], sort)
 
     @classmethod
-    def finish_many(cls, staged: Sequence[_NvsmiFast]) -> ParseResult:
+    def finish_many(cls, staged: Sequence[_NvsmiFast], sort: bool = True) -> ParseResult:
         """One result for several files read on the fast path (their rows together, sorted, their
         counters summed, ``files`` in order): the cells are read once for all of them, which is what a
         small file's parse mostly costs. Raises ``_NotFast`` when the files do not share one layout or
@@ -779,9 +781,9 @@ class _NvsmiFast:
             counters.update(s.counters)
         merged = cls(pa.concat_tables([s.cells for s in staged]), first.layout,
                      np.concatenate([s.sample_us for s in staged]), None, None, counters)
-        return merged._finish([(s.host, s.src, s.cells.num_rows) for s in staged])
+        return merged._finish([(s.host, s.src, s.cells.num_rows) for s in staged], sort)
 
-    def _finish(self, files: list[tuple[str | None, str | None, int]]) -> ParseResult:
+    def _finish(self, files: list[tuple[str | None, str | None, int]], sort: bool = True) -> ParseResult:
         """The rows of the cells, which are those of ``files``: (host, source file, rows) in order."""
         n = self.cells.num_rows
         read = {col: pc.coalesce(*(self._source(col, i, unit) for i, unit in sources))
@@ -804,7 +806,7 @@ class _NvsmiFast:
         }
         self.counters["data_lines"] = n
         return _result(conform(pa.table(columns), GPU_SAMPLES), [], self.counters,
-                       [src for _, src, _ in files if src], fast_parsed=len(files))
+                       [src for _, src, _ in files if src], fast_parsed=len(files), sort=sort)
 
 
 def _per_file(values: list[str | None], counts: list[int]) -> pa.Array:
@@ -1252,7 +1254,7 @@ class _DcgmFast:
         src = source_file if source_file is not None else path
         return cls(codes, entries, values, sample_us, host, src)
 
-    def finish(self) -> ParseResult:
+    def finish(self, sort: bool = True) -> ParseResult:
         counters: Counter[str] = Counter()
         codes = self.codes
         # Per distinct series: value-matrix slot (-1: unmapped metric, -2: no UUID), row GPU, scaling.
@@ -1332,7 +1334,7 @@ class _DcgmFast:
             "source_file": pa.repeat(pa.scalar(self.src, pa.string()), n),
         }
         return _result(conform(pa.table(columns), GPU_SAMPLES), [], counters,
-                       [self.src] if self.src else [], fast_parsed=1)
+                       [self.src] if self.src else [], fast_parsed=1, sort=sort)
 
 
 def _count(counters: Counter[str], **masks: np.ndarray) -> None:
@@ -1534,15 +1536,18 @@ def read_telemetry_dir(
 
     def parse(unit: list[tuple[str, str, Path, dt.date | None]]) -> tuple[list[tuple[list[str], ParseResult]], int]:
         """The results of a unit's files in file order, each with the files it holds, and how many
-        files were skipped. nvidia-smi files that all take the fast path are finished as one."""
+        files were skipped. nvidia-smi files that all take the fast path are finished as one. The
+        fast path's rows are left unsorted: all rows are sorted below, and a stable sort of a file's
+        rows on the same key would change nothing there."""
         staged = [st for st in map(stage, unit) if st is not None]
         skipped = len(unit) - len(staged)
         if unit[0][0] == "nvidia-smi" and len(staged) > 1 and all(st is not None for _, st, _ in staged):
             try:
-                return [([rel for rel, _, _ in staged], _NvsmiFast.finish_many([st for _, st, _ in staged]))], skipped
+                return [([rel for rel, _, _ in staged],
+                         _NvsmiFast.finish_many([st for _, st, _ in staged], sort=False))], skipped
             except (_NotFast, pa.ArrowInvalid):
                 pass
-        return [([rel], _finish_or_slow(st, slow)) for rel, st, slow in staged], skipped
+        return [([rel], _finish_or_slow(st, slow, sort=False)) for rel, st, slow in staged], skipped
 
     # nvidia-smi files are taken a few dozen at a time (a small file's parse is mostly the fixed cost
     # of the Arrow calls), DCGM files one by one.

@@ -374,9 +374,9 @@ def test_nvidia_smi_files_finished_together_give_what_each_gives_alone(sim_telem
     together: list[int] = []
     real = telemetry._NvsmiFast.finish_many.__func__
 
-    def spy(cls, staged):
+    def spy(cls, staged, sort=True):
         together.append(len(staged))
-        return real(cls, staged)
+        return real(cls, staged, sort)
 
     monkeypatch.setattr(telemetry._NvsmiFast, "finish_many", classmethod(spy))
     for day in SIM_DAYS:
@@ -389,6 +389,39 @@ def test_nvidia_smi_files_finished_together_give_what_each_gives_alone(sim_telem
         assert dict(batched.counters) == dict(alone.counters)
         assert batched.files == alone.files and batched.fast_parsed == alone.fast_parsed
     assert together and max(together) > 1
+
+
+def test_the_directory_reader_sorts_the_rows_of_all_files_once(sim_telemetry, monkeypatch):
+    """The fast path's rows of each file come unsorted to the directory reader, which sorts all rows
+    together (a stable sort on the same key: the same table as sorting each file first); finished on
+    its own, a file's rows are sorted."""
+    from gpu_pipeline.lib import telemetry
+
+    asked: list[tuple[str, bool]] = []
+    real_dcgm, real_nvsmi = telemetry._DcgmFast.finish, telemetry._NvsmiFast._finish
+
+    def dcgm(self, sort=True):
+        asked.append(("dcgm", sort))
+        return real_dcgm(self, sort)
+
+    def nvsmi(self, files, sort=True):
+        asked.append(("nvidia-smi", sort))
+        return real_nvsmi(self, files, sort)
+
+    start, end = day_window(SIM_DAYS[2], SIM_TZ)
+    monkeypatch.setattr(telemetry._DcgmFast, "finish", dcgm)
+    monkeypatch.setattr(telemetry._NvsmiFast, "_finish", nvsmi)
+    read = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ)
+    assert {kind for kind, _ in asked} == {"dcgm", "nvidia-smi"}
+    assert not any(sort for _, sort in asked)  # no fast-path result sorted on its own
+    monkeypatch.undo()
+    keys = ["sample_utc", "host", "gpu_id"]
+    assert read.table.equals(read.table.sort_by([(k, "ascending") for k in keys]))
+    dcgm = next(p for p in sim_files(sim_telemetry, "dcgm") if SIM_DAYS[2].isoformat() in p.name)
+    staged = telemetry._DcgmFast.read(dcgm, dcgm.parent.name, None)
+    unsorted, ordered = staged.finish(sort=False).table, staged.finish().table
+    assert not unsorted.equals(ordered)  # the sort was left out, and it would have changed the order
+    assert unsorted.sort_by([(k, "ascending") for k in keys]).equals(ordered)
 
 
 def test_nvidia_smi_files_of_different_layouts_are_finished_one_by_one(sim_telemetry, tmp_path, monkeypatch):
