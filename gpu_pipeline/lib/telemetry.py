@@ -769,10 +769,11 @@ class _NvsmiFast:
 
     @classmethod
     def finish_many(cls, staged: Sequence[_NvsmiFast], sort: bool = True) -> ParseResult:
-        """One result for several files read on the fast path (their rows together, sorted, their
-        counters summed, ``files`` in order): the cells are read once for all of them, which is what a
-        small file's parse mostly costs. Raises ``_NotFast`` when the files do not share one layout or
-        a host is not given, or when any of them would (then each is finished on its own)."""
+        """One result for several files read on the fast path (their rows together, sorted unless
+        ``sort`` is false, their counters summed, ``files`` in order): the cells are read once for all
+        of them, which is what a small file's parse mostly costs. Raises ``_NotFast`` when the files do
+        not share one layout or a host is not given, or when any of them would (then each is finished
+        on its own)."""
         first = staged[0]
         if any(s.layout != first.layout or s.host is None for s in staged):
             raise _NotFast

@@ -417,8 +417,8 @@ def test_the_directory_reader_sorts_the_rows_of_all_files_once(sim_telemetry, mo
     monkeypatch.undo()
     keys = ["sample_utc", "host", "gpu_id"]
     assert read.table.equals(read.table.sort_by([(k, "ascending") for k in keys]))
-    dcgm = next(p for p in sim_files(sim_telemetry, "dcgm") if SIM_DAYS[2].isoformat() in p.name)
-    staged = telemetry._DcgmFast.read(dcgm, dcgm.parent.name, None)
+    path = next(p for p in sim_files(sim_telemetry, "dcgm") if SIM_DAYS[2].isoformat() in p.name)
+    staged = telemetry._DcgmFast.read(path, path.parent.name, None)
     unsorted, ordered = staged.finish(sort=False).table, staged.finish().table
     assert not unsorted.equals(ordered)  # the sort was left out, and it would have changed the order
     assert unsorted.sort_by([(k, "ascending") for k in keys]).equals(ordered)
