@@ -51,6 +51,7 @@ def _session(threads: int | None, memory_limit: str | None, spill: str | None) -
             if threads:
                 db.execute(f"SET threads = {int(threads)}")
             if memory_limit:
+                Path(spill).mkdir(parents=True, exist_ok=True)
                 db.execute("SET memory_limit = ?", [memory_limit])
                 db.execute("SET temp_directory = ?", [spill])
             _databases[key] = db
@@ -69,10 +70,8 @@ def connect(threads: int | None = None, memory_limit: str | None = None) -> duck
     threads = threads or int(os.environ.get(ENV_THREADS) or 0) or None
     memory_limit = memory_limit or os.environ.get(ENV_MEMORY_LIMIT) or None
     spill = None
-    if memory_limit:
-        folder = Path(os.environ.get(ENV_TEMP_DIR) or Path(tempfile.gettempdir()) / "gpu_pipeline_duckdb")
-        folder.mkdir(parents=True, exist_ok=True)
-        spill = str(folder)
+    if memory_limit:  # made when the database starts
+        spill = str(Path(os.environ.get(ENV_TEMP_DIR) or Path(tempfile.gettempdir()) / "gpu_pipeline_duckdb"))
     con = _session(threads, memory_limit, spill)
     con.execute("SET TimeZone = 'UTC'")
     return con
@@ -99,8 +98,8 @@ def release_memory() -> None:
 def _close_all() -> None:
     """Close this process's databases before the interpreter tears the DuckDB module down (left open
     at exit, the binding reports them as leaked)."""
-    mine = _mine()
     with _lock:
+        mine = [db for key, db in _databases.items() if key[0] == os.getpid()]
         _databases.clear()
     for db in mine:
         db.close()
