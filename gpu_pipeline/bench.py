@@ -641,15 +641,9 @@ def _ratios(base: Path, day: dt.date, cfg: BenchConfig, gpus: int) -> dict[str, 
 
     # The pipeline: exactly the library calls the gpu_states and allocation assets make.
     def states_only() -> Any:
-        from gpu_pipeline.lib.states import compute_gpu_states
-        from gpu_pipeline.lib.store import connect
+        from gpu_pipeline.lib.states import states_for_day
 
-        con = connect()
-        try:
-            sql, params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [prev, d])
-            return compute_gpu_states(con, sql, params, start, end)
-        finally:
-            con.close()
+        return states_for_day(store, d, start, end)
 
     def allocation_only() -> Any:
         from gpu_pipeline.lib.allocation import allocation_for_day

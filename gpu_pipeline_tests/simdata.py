@@ -24,8 +24,8 @@ from gpu_pipeline.lib.schemas import (
 )
 from gpu_pipeline.lib.simulate import SimConfig, simulate
 from gpu_pipeline.lib.slots import clean_slot_rows
-from gpu_pipeline.lib.states import compute_gpu_states
-from gpu_pipeline.lib.store import Store, connect
+from gpu_pipeline.lib.states import states_for_day
+from gpu_pipeline.lib.store import Store
 from gpu_pipeline.lib.timeutil import day_window
 
 SIM_TZ = "America/Chicago"
@@ -63,13 +63,7 @@ def build_sim_dataset(
         store.write_partition(RAW_CONDOR_SLOT_SNAPSHOTS, day, raw.table)
         clean = clean_slot_rows(raw.table)
         store.write_partition(CLEAN_SLOT_SNAPSHOTS, day, clean.table)
-        con = connect()
-        try:
-            prev = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
-            sql, params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [prev, day])
-            store.write_partition(GPU_STATES, day, compute_gpu_states(con, sql, params, s, e))
-        finally:
-            con.close()
+        store.write_partition(GPU_STATES, day, states_for_day(store, day, s, e))
         docs = raw_docs_from_files(sources / "jobs", s, e)
         store.write_partition(JOBS, day, clean_job_documents(docs.table, s, e).table)
         samples = raw_samples(sources / "telemetry", s, e, SIM_TZ, margin_days=1)

@@ -25,7 +25,8 @@ import duckdb
 import pyarrow as pa
 
 from gpu_pipeline.lib.db import connect as db_connect
-from gpu_pipeline.lib.schemas import GPU_STATES, conform
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_STATES, conform
+from gpu_pipeline.lib.store import Store
 
 BUCKET = dt.timedelta(minutes=5)
 STALE_FACTOR = 1.5
@@ -79,9 +80,13 @@ def with_bucket_snaps(rows_cte: str) -> str:
 STATE_COLUMNS = ("snapshot_utc", "gpu_id", "slot_name", "host", "device_name", "tier", "is_backfill_slot",
                  "slot_state", "global_job_id", "remote_owner", "gpu_usage_pct")
 
-STATE_SQL = with_bucket_snaps("""
+# The state SQL reads its rows from one of two sources (see _state_sql): a temp table ``slot_rows``
+# (any FROM clause copied in, e.g. an in-memory table), or the day's and the day before's Parquet
+# partitions straight (``$files``). A winner's own columns are fetched at the end by a row id: the
+# temp table's ``rowid``, or a Parquet row's file number and row number in the file.
+_STATE_HEAD = """
 rows AS (
-    SELECT r.rowid AS rid, epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.slot_name, r.host, r.device_name,
+    SELECT {rid} AS rid, epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.slot_name, r.host, r.device_name,
         CASE
             WHEN NOT r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 5
             WHEN r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 4
@@ -90,9 +95,10 @@ rows AS (
             WHEN r.slot_state = 'Unclaimed' THEN 1
             ELSE 0
         END AS rank_code
-    FROM slot_rows r, params p
-    WHERE epoch_us(r.snapshot_utc) < p.e_us
-)""") + """-- Order numbers of snapshot times and slot names, so that (rank, time, slot name) packs into one
+    FROM {rows_from} r, params p
+    WHERE epoch_us(r.snapshot_utc) < p.e_us{where}
+)"""
+_STATE_REST = """-- Order numbers of snapshot times and slot names, so that (rank, time, slot name) packs into one
 -- BIGINT: rank_code * 2^48 + snapshot number * 2^24 + slot-name number.
 snap_no AS (SELECT t_us, row_number() OVER (ORDER BY t_us) AS snap_no FROM snaps),
 name_no AS (
@@ -116,7 +122,7 @@ winners AS (
     SELECT best.b_start_us, best.gpu_id, best.n_slot_rows,
         struct_pack(r.tier, r.slot_name, r.slot_state, r.global_job_id, r.remote_owner, r.gpu_usage_pct,
                     r.snapshot_utc, rank_code := best.win_key // 281474976710656) AS w
-    FROM best JOIN slot_rows r ON r.rowid = best.rid
+    FROM best JOIN {winner_join}
 ),
 gpus AS (
     SELECT *, row_number() OVER (ORDER BY host, gpu_id) AS g_no  -- output order, sorted on integers
@@ -166,6 +172,29 @@ ORDER BY g.g_no, b.b_start_us
 """
 
 
+_PARQUET_ROWS = "read_parquet($files, union_by_name=false)"
+_FROM_LOOKBACK = "snapshot_utc >= CAST($start AS TIMESTAMPTZ) - INTERVAL 1 HOUR"
+
+
+def _state_sql(parquet: bool) -> str:
+    """The state SQL over the temp table ``slot_rows``, or (``parquet``) over ``$files`` from an hour
+    before ``$start``. A Parquet row's id is its file's number in ``$files`` * 2^40 + its row number
+    in the file, and the winners' columns are read back by it (only from the window's row groups)."""
+    if parquet:
+        rid, rows_from, where = "r.file_index * 1099511627776 + r.file_row_number", _PARQUET_ROWS, f" AND r.{_FROM_LOOKBACK}"
+        winner_join = (f"(SELECT *, file_index * 1099511627776 + file_row_number AS rid FROM {_PARQUET_ROWS} "
+                       f"WHERE {_FROM_LOOKBACK} AND snapshot_utc < CAST($end AS TIMESTAMPTZ)) r ON r.rid = best.rid")
+    else:
+        rid, rows_from, where = "r.rowid", "slot_rows", ""
+        winner_join = "slot_rows r ON r.rowid = best.rid"
+    head = _STATE_HEAD.format(rid=rid, rows_from=rows_from, where=where)
+    return with_bucket_snaps(head) + _STATE_REST.replace("{winner_join}", winner_join)
+
+
+STATE_SQL = _state_sql(parquet=False)
+STATE_SQL_PARQUET = _state_sql(parquet=True)
+
+
 def compute_gpu_states(
     con: duckdb.DuckDBPyConnection,
     rows_from_sql: str,
@@ -184,16 +213,29 @@ def compute_gpu_states(
         f"WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ) - INTERVAL 1 HOUR",
         [*params, start_utc],
     )
-    table = con.sql(
-        STATE_SQL,
-        params={
-            "start": start_utc,
-            "end": end_utc,
-            "bucket_us": int(bucket / dt.timedelta(microseconds=1)),
-            "stale_factor": STALE_FACTOR,
-        },
-    ).to_arrow_table()
+    table = con.sql(STATE_SQL, params=_state_params(start_utc, end_utc, bucket)).to_arrow_table()
     return conform(table, GPU_STATES)
+
+
+def _state_params(start_utc: dt.datetime, end_utc: dt.datetime, bucket: dt.timedelta) -> dict:
+    return {"start": start_utc, "end": end_utc, "bucket_us": int(bucket / dt.timedelta(microseconds=1)),
+            "stale_factor": STALE_FACTOR}
+
+
+def states_for_day(store: Store, day: dt.date | str, start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
+    """One partition's states, read straight from the clean slot snapshots' Parquet files of the day
+    and the day before (for the carried-forward first bucket): the table :func:`compute_gpu_states`
+    gives on the same rows, without copying them into a temp table first."""
+    d = dt.date.fromisoformat(day) if isinstance(day, str) else day
+    files = store.files(CLEAN_SLOT_SNAPSHOTS, [(d - dt.timedelta(days=1)).isoformat(), d.isoformat()])
+    if not files:
+        return states_from_table(CLEAN_SLOT_SNAPSHOTS.empty(), start_utc, end_utc)
+    con = db_connect()
+    try:
+        table = con.sql(STATE_SQL_PARQUET, params={**_state_params(start_utc, end_utc, BUCKET), "files": files})
+        return conform(table.to_arrow_table(), GPU_STATES)
+    finally:
+        con.close()
 
 
 def states_from_table(

@@ -121,3 +121,49 @@ def test_every_gpu_gets_every_bucket_gpu_hours_conserved():
 def test_empty_input_gives_empty_output_with_schema():
     out = states_from_table(CLEAN_SLOT_SNAPSHOTS.empty(), DAY0, DAY0 + dt.timedelta(days=1))
     assert out.num_rows == 0 and out.schema == GPU_STATES.schema
+
+
+# -- the asset's path: straight from the Parquet partitions --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    from gpu_pipeline_tests.simdata import build_sim_dataset
+
+    # telemetry is not used here: a coarse interval keeps the fixture fast
+    return build_sim_dataset(tmp_path_factory.mktemp("states_sim"), telemetry_interval_s=900)
+
+
+def test_parquet_path_equals_the_temp_table_path(sim, tmp_path):
+    """states_for_day (the asset's: rows read from the Parquet files, winners read back by file and
+    row number) gives exactly the table the temp-table path computes from the same rows -- with the
+    files' own row groups, and with many small row groups, most of them outside the window."""
+    import pyarrow.parquet as pq
+
+    from gpu_pipeline.lib.states import states_for_day
+    from gpu_pipeline.lib.store import Store
+
+    small = Store(tmp_path / "small_row_groups")
+    for day in sim.days:
+        path = small.partition_file(CLEAN_SLOT_SNAPSHOTS, day)
+        path.parent.mkdir(parents=True)
+        pq.write_table(sim.store.read_table(CLEAN_SLOT_SNAPSHOTS, day), path, row_group_size=997)
+    assert pq.ParquetFile(small.partition_file(CLEAN_SLOT_SNAPSHOTS, sim.days[-1])).num_row_groups > 10
+    two_files = 0
+    for day in sim.days:
+        start, end = sim.window(day)
+        prev = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
+        present = [d for d in (prev, day) if sim.store.has_partition(CLEAN_SLOT_SNAPSHOTS, d)]
+        two_files += len(present) == 2
+        rows = pa.concat_tables([sim.store.read_table(CLEAN_SLOT_SNAPSHOTS, d) for d in present])
+        expected = states_from_table(rows, start, end)
+        assert expected.num_rows > 10_000
+        assert set(expected.column("state").to_pylist()) > {"busy_backfill", "idle_prioritized", "na"}
+        for store in (sim.store, small):
+            got = states_for_day(store, day, start, end)
+            assert got.schema == GPU_STATES.schema
+            assert got.equals(expected), (day, store.root)
+    assert two_files >= 1  # a day whose first bucket can carry a snapshot from the day before's file
+    start, end = sim.window(sim.days[0])
+    empty = states_for_day(Store(tmp_path / "nothing"), sim.days[0], start, end)
+    assert empty.num_rows == 0 and empty.schema == GPU_STATES.schema

@@ -1,7 +1,5 @@
 """Metrics layer: per-GPU state per 5-minute bucket (DESIGN.md 5.1)."""
 
-import datetime as dt
-
 import dagster as dg
 import pyarrow.compute as pc
 
@@ -9,10 +7,9 @@ from gpu_pipeline.defs.clean.slot_snapshots import KEY as CLEAN_KEY
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
-from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, STATES
 from gpu_pipeline.lib.schemas import GPU_STATES as SPEC
-from gpu_pipeline.lib.states import compute_gpu_states
-from gpu_pipeline.lib.store import connect
+from gpu_pipeline.lib.schemas import STATES
+from gpu_pipeline.lib.states import states_for_day
 
 KEY = dg.AssetKey(["metrics", "gpu_states"])
 CONSERVATION = dg.AssetCheckSpec(
@@ -40,13 +37,8 @@ def gpu_states(context: dg.AssetExecutionContext, data_store: DataStoreResource)
 
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
-        previous = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
-        con = connect()
-        try:
-            rows_sql, params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [previous, day])
-            table = compute_gpu_states(con, rows_sql, params, start, end)
-        finally:
-            con.close()
+        # the day's and the day before's clean partitions (the first bucket may carry a snapshot)
+        table = states_for_day(store, day, start, end)
         result = store.write_partition(SPEC, day, table)
         n_buckets = int((end - start).total_seconds() // 300)
         gpus = len(pc.unique(table.column("gpu_id")))
