@@ -217,6 +217,11 @@ jr AS (
 )
 """
 
+# The columns of metrics/gpu_states the SQL below reads (the temp tables copy only these).
+_EV_STATE_COLUMNS = ", ".join(("bucket_start_utc", "gpu_id", "host", "device_name", "state", "tier", "global_job_id",
+                               "snapshot_utc", "na_reason"))
+_RATE_STATE_COLUMNS = ", ".join(("bucket_start_utc", "host", "device_name", "state", "tier"))
+
 _SNAPSHOT_EVICTIONS_SQL = """
 bucket_first AS (
     SELECT bucket_start_utc, min(snapshot_utc) AS first_snap FROM _ev_states GROUP BY 1
@@ -418,13 +423,13 @@ def compute_evictions(
     lookback = dt.timedelta(days=1, hours=1)
     if states_from_sql is not None:
         con.execute(
-            f"CREATE OR REPLACE TEMP TABLE _ev_states AS SELECT * FROM {states_from_sql} "
+            f"CREATE OR REPLACE TEMP TABLE _ev_states AS SELECT {_EV_STATE_COLUMNS} FROM {states_from_sql} "
             "WHERE bucket_start_utc >= CAST(? AS TIMESTAMPTZ) AND bucket_start_utc < CAST(? AS TIMESTAMPTZ)",
             [*(states_params or []), start_utc - lookback, end_utc],
         )
     else:
         con.register("_ev_no_states", GPU_STATES.empty())
-        con.execute("CREATE OR REPLACE TEMP TABLE _ev_states AS SELECT * FROM _ev_no_states")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _ev_states AS SELECT {_EV_STATE_COLUMNS} FROM _ev_no_states")
         con.unregister("_ev_no_states")
     if jobs_from_sql is not None:
         con.execute(
@@ -583,7 +588,7 @@ def compute_eviction_rates(
     always present (an empty day gives one all-zero row).
     """
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE _rate_states AS SELECT * FROM {states_from_sql} "
+        f"CREATE OR REPLACE TEMP TABLE _rate_states AS SELECT {_RATE_STATE_COLUMNS} FROM {states_from_sql} "
         "WHERE bucket_start_utc >= CAST(? AS TIMESTAMPTZ) AND bucket_start_utc < CAST(? AS TIMESTAMPTZ)",
         [*states_params, start_utc, end_utc],
     )
