@@ -1191,7 +1191,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 s["pipeline"].pop("log", None)
     result["linear_fit"] = _fits(result["sizes"])
     result["notes"] = notes + [
-        "wall seconds are measured on a shared machine; the load average at the start is under machine",
+        "wall seconds are measured on a shared machine; its load average at the start is in the JSON's "
+        "machine.load_average_1m_at_start",
         "per-step walls come from the Dagster event log (STEP_START -> STEP_SUCCESS); a multi-asset is one step "
         "and its tables share that wall",
         "ratios are on the last day of the range; pipeline and bare-scan times are the best of "

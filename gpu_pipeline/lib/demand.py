@@ -205,13 +205,19 @@ IDLE_INTERVALS = pa.schema(
     ]
 )
 
+# The columns of clean/jobs the interval SQL reads (its temp table copies only these, and the device class).
+_INTERVAL_JOB_COLUMNS = ", ".join((
+    "global_job_id", "run_index", "doc_kind", "record_utc", "job_status", "run_end_utc", "source", "request_gpus",
+    "queued_utc", '"user"', "owner", "project", "schedd", "run_start_utc", "last_vacate_utc", "completion_utc",
+))
+
 _INTERVALS_SQL = """
 WITH
 params AS (
     SELECT epoch_us(CAST($start AS TIMESTAMPTZ)) AS s_us, epoch_us(CAST($end AS TIMESTAMPTZ)) AS e_us
 ),
 j AS (
-    SELECT *, {device_expr} AS device_class_in
+    SELECT *
     FROM job_rows
     WHERE request_gpus > 0
     QUALIFY row_number() OVER (
@@ -566,10 +572,14 @@ def job_idle_intervals(
     """
     cols = _columns(con, jobs_from_sql, jobs_params)
     device_expr = "CAST(device_class AS VARCHAR)" if "device_class" in cols else "CAST(NULL AS VARCHAR)"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE job_rows AS SELECT * FROM {jobs_from_sql}", jobs_params)
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE job_rows AS SELECT {_INTERVAL_JOB_COLUMNS}, {device_expr} AS device_class_in "
+        f"FROM {jobs_from_sql}",
+        jobs_params,
+    )
     try:
         table = con.sql(
-            _INTERVALS_SQL.format(device_expr=device_expr, any=ANY_DEVICE),
+            _INTERVALS_SQL.format(any=ANY_DEVICE),
             params={"start": start_utc, "end": end_utc},
         ).to_arrow_table()
     finally:
