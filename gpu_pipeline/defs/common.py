@@ -69,8 +69,7 @@ def run_days_multi(
     fn: Callable[[str], dict[dg.AssetKey, DayOutcome]],
 ) -> dict[dg.AssetKey, list[DayOutcome]]:
     """``run_days`` for a multi-asset: ``fn`` returns one outcome per asset key for the day (keys
-    that the run did not select are ignored: multi-assets are subsettable)."""
-    selected = set(context.selected_asset_keys)
+    that the run did not select are dropped when the results are built: multi-assets are subsettable)."""
     outcomes: dict[dg.AssetKey, list[DayOutcome]] = {k: [] for k in keys}
     failed: list[tuple[str, str]] = []
     for day in context.partition_keys:
@@ -85,12 +84,8 @@ def run_days_multi(
             release_memory()  # what DuckDB freed for the day goes back, as a closed database's did
         for key in keys:
             outcome = by_key.get(key)
-            if outcome is None:
-                continue
-            outcomes[key].append(outcome)
-            if len(context.partition_keys) > 1 and key in selected:
-                # Per-day figures for range runs (the materialization metadata is shared by the range).
-                context.log_event(dg.AssetObservation(asset_key=key, partition=day, metadata=_day_metadata(outcome)))
+            if outcome is not None:
+                outcomes[key].append(outcome)
     if failed:
         lines = "; ".join(f"{d}: {e}" for d, e in failed)
         raise dg.Failure(
@@ -114,6 +109,18 @@ def _day_metadata(o: DayOutcome) -> dict[str, Any]:
     return md
 
 
+def _day_json(o: DayOutcome) -> dict[str, Any]:
+    """One day's figures as plain JSON, for the ``by_day`` metadata of a range run."""
+    out: dict[str, Any] = {}
+    if o.result is not None:
+        if not o.result.path.endswith(".png"):
+            out["rows"] = o.result.rows
+        out["bytes"] = o.result.bytes
+    out.update((k, float(v)) for k, v in o.metrics.items() if k != "rows")
+    out.update(json_safe(o.details))
+    return out
+
+
 def materialize_result(
     spec: TableSpec | None,
     outcomes: list[DayOutcome],
@@ -126,12 +133,10 @@ def materialize_result(
     if len(outcomes) == 1:
         md = _day_metadata(outcomes[0])
     else:
-        md = {
-            "days": len(outcomes),
-            "rows_by_day": dg.MetadataValue.json(
-                {o.day: (o.result.rows if o.result else None) for o in outcomes}
-            ),
-        }
+        # A range run's materialization of each day carries the range's metadata (Dagster has no
+        # per-partition metadata for a range); each day's own figures are in ``by_day``. (Logging
+        # them as one observation per day and asset instead cost ~0.45 s a day of event storage.)
+        md = {"days": len(outcomes), "by_day": dg.MetadataValue.json({o.day: _day_json(o) for o in outcomes})}
         if spec is not None:
             md["dagster/row_count"] = sum(o.result.rows for o in outcomes if o.result)
         if spec is not None and outcomes and outcomes[0].result is not None:

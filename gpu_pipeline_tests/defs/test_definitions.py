@@ -86,6 +86,13 @@ def test_a_three_day_range_is_one_run_writing_three_files_per_table(defs, tmp_pa
         assert len(instance.get_run_records()) == 1
         mats = instance.fetch_materializations(dg.AssetKey(["metrics", "gpu_states"]), limit=10).records
         assert sorted(m.partition_key for m in mats) == days
+        # Each day's own figures ride on the range's materialization (no per-day observation events).
+        md = mats[0].asset_materialization.metadata
+        by_day = md["by_day"].value
+        assert sorted(by_day) == days and md["days"].value == 3
+        assert all(by_day[d]["rows"] == 2 * 288 and by_day[d]["bytes"] > 0 for d in days)
+        assert md["dagster/row_count"].value == 3 * 2 * 288
+        assert not [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
         checks = [e for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
         assert checks and all(e.event_specific_data.passed for e in checks)
 
