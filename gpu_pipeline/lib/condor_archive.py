@@ -33,6 +33,7 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -410,7 +411,7 @@ def _file_key(path: Path) -> tuple | None:
     return key
 
 
-def _scan_blocks(con: sqlite3.Connection) -> list[_Block]:
+def _scan_blocks(con: sqlite3.Connection, path: Path | None = None) -> list[_Block]:
     """The time index of the table: one SQLite pass over the timestamps, a block of rowids at a time
     (a rowid range is a B-tree seek: no sort, nothing decoded but the timestamp).
 
@@ -418,19 +419,47 @@ def _scan_blocks(con: sqlite3.Connection) -> list[_Block]:
     text < blobs, so a block's ``min`` is its smallest text unless a number is there (then the lower
     bound is unknown), its ``max`` the largest text unless a blob is there (then the upper bound is
     unknown); a block whose ``max`` is a number or NULL has no text and is left out."""
+    (first,) = con.execute(f"SELECT min(rowid) FROM {TABLE}").fetchone()
+    (last,) = con.execute(f"SELECT max(rowid) FROM {TABLE}").fetchone()
+    if first is None:
+        return []
+    step = 1 << _BLOCK_SHIFT
+    if path is None or last - first < 8 * step:
+        return _scan_range(con, first, None)
+    # Two halves at once, the second on its own connection in a thread (SQLite runs a query without
+    # the GIL): the scan is one core's work otherwise. The halves' blocks together cover every rowid,
+    # as one pass's do (a block may be cut at the middle).
+    mid = first + ((last - first) // 2 // step) * step
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        tail = pool.submit(_scan_file_range, path, mid, None)
+        head = _scan_range(con, first, mid)
+        return head + tail.result()
+
+
+def _scan_file_range(path: Path, start: int, stop: int | None) -> list[_Block]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return _scan_range(con, start, stop)
+    finally:
+        con.close()
+
+
+def _scan_range(con: sqlite3.Connection, start: int, stop: int | None) -> list[_Block]:
+    """The blocks of rowids in ``[start, stop)`` (``stop`` None: to the end), ``start`` onwards."""
     ts = '"timestamp"'
     step = 1 << _BLOCK_SHIFT
     blocks: list[_Block] = []
-    (cursor,) = con.execute(f"SELECT min(rowid) FROM {TABLE}").fetchone()
-    while cursor is not None:
+    (cursor,) = con.execute(f"SELECT min(rowid) FROM {TABLE} WHERE rowid >= ?", (start,)).fetchone()
+    while cursor is not None and (stop is None or cursor < stop):
+        end = cursor + step if stop is None else min(cursor + step, stop)
         first, last, min_type, ts_min, max_type, ts_max = con.execute(
             f"SELECT min(rowid), max(rowid), typeof(min({ts})), CAST(min({ts}) AS BLOB), "
             f"typeof(max({ts})), CAST(max({ts}) AS BLOB) FROM {TABLE} WHERE rowid >= ? AND rowid < ?",
-            (cursor, cursor + step)).fetchone()
+            (cursor, end)).fetchone()
         if max_type in ("text", "blob"):
             blocks.append(_Block(first, last, ts_min if min_type == "text" else b"",
                                  ts_max if max_type == "text" else None))
-        (cursor,) = con.execute(f"SELECT min(rowid) FROM {TABLE} WHERE rowid >= ?", (cursor + step,)).fetchone()
+        (cursor,) = con.execute(f"SELECT min(rowid) FROM {TABLE} WHERE rowid >= ?", (end,)).fetchone()
     return blocks
 
 
@@ -452,7 +481,7 @@ def _build_index(con: sqlite3.Connection, path: Path) -> list[_Block] | None:
     ddl = con.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone()
     if key is None or str(encoding).upper() != "UTF-8" or ddl is None or "COLLATE" in str(ddl[0]).upper():
         return None
-    blocks = _scan_blocks(con)
+    blocks = _scan_blocks(con, path)
     with _blocks_lock:
         while len(_blocks_cache) >= _BLOCK_CACHE_FILES:
             _blocks_cache.pop(next(iter(_blocks_cache)))

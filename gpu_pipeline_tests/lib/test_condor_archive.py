@@ -261,7 +261,7 @@ def test_time_index_is_rebuilt_when_the_file_changes(tmp_path, monkeypatch):
     assert read_window(tmp_path, start, end, "UTC").table.num_rows == 6
     scans = []
     real_scan = condor_archive._scan_blocks
-    monkeypatch.setattr(condor_archive, "_scan_blocks", lambda con: scans.append(1) or real_scan(con))
+    monkeypatch.setattr(condor_archive, "_scan_blocks", lambda con, path=None: scans.append(1) or real_scan(con, path))
     assert read_window(tmp_path, start, end, "UTC").table.num_rows == 6
     assert scans == []  # the file did not change: the index was not rebuilt
     con = sqlite3.connect(path)
@@ -284,7 +284,7 @@ def test_a_file_mostly_inside_the_window_is_read_whole_without_an_index(tmp_path
     stamps = [f"2025-08-05 {h:02d}:00:01.000000" for h in range(0, 24, 2)] + ["2025-08-06 12:00:00.000000"]
     path = write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
                               [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Claimed") for ts in stamps])
-    monkeypatch.setattr(condor_archive, "_scan_blocks", lambda con: pytest.fail("indexed a one-day file"))
+    monkeypatch.setattr(condor_archive, "_scan_blocks", lambda con, path=None: pytest.fail("indexed a one-day file"))
     con = sqlite3.connect(path)
     assert condor_archive._reader_ranges(con, path, "2025-08-04 22:00:00", "2025-08-06 02:00:00") == [
         [(1, 6)], [(7, 13)]]
@@ -324,6 +324,37 @@ def test_time_index_ignores_non_text_timestamps_like_the_window_query(tmp_path, 
     assert indexed.table.equals(whole.table)
     assert indexed.table.column("source_rowid").to_pylist() == [1, 2, 4, 9, 11, 12]
     assert indexed.rejected == whole.rejected and [r[1] for r in indexed.rejected] == [10]
+
+
+def test_the_time_index_scanned_in_two_halves_is_the_one_pass_index(tmp_path, monkeypatch):
+    """A large file's index is scanned in two halves at once (the second on its own connection): the
+    same blocks as one pass; with rowids missing (deleted rows), blocks that still cover every row
+    once, and the same rows read for every day."""
+    from gpu_pipeline.lib import condor_archive
+
+    monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 2)
+    monkeypatch.setattr(condor_archive, "_BLOCK_SHIFT", 1)
+    monkeypatch.setattr(condor_archive, "_mostly_inside", lambda *a: False)
+    stamps = [f"2025-08-{d:02d} {h:02d}:30:01.000000" for d in (4, 5, 6) for h in range(0, 24, 2)]
+    path = write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
+                              [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Claimed") for ts in stamps])
+    con = sqlite3.connect(path)
+    one_pass = condor_archive._scan_blocks(con)
+    halves = condor_archive._scan_blocks(con, path)
+    assert len(one_pass) == 18 and halves == one_pass
+    con.execute("DELETE FROM gpu_state WHERE rowid IN (4, 5, 6, 7, 17, 19, 20)")
+    con.commit()
+    halves = condor_archive._scan_blocks(con, path)
+    rowids = [r for (r,) in con.execute("SELECT rowid FROM gpu_state ORDER BY rowid")]
+    con.close()
+    covered = sorted(r for b in halves for r in rowids if b.first <= r <= b.last)
+    assert covered == rowids  # every row in exactly one block
+    for day in ("2025-08-04", "2025-08-05", "2025-08-06"):
+        start, end = day_window(day, "UTC")
+        condor_archive.forget_time_indexes()
+        indexed = read_window(tmp_path, start, end, "UTC")
+        assert indexed.table.equals(_one_range(monkeypatch, tmp_path, start, end, "UTC").table)
+        assert indexed.table.num_rows > 0
 
 
 def test_rows_appended_out_of_time_order_are_read_whichever_range_holds_them(tmp_path, monkeypatch):
