@@ -129,3 +129,28 @@ def test_a_stream_that_fails_midway_leaves_the_old_partition(data_root):
     assert store.partition_file(QUARANTINE, "2025-08-06").read_bytes() == before
     assert [p.name for p in store.partition_file(QUARANTINE, "2025-08-06").parent.iterdir()
             if p.name not in {"part-0.parquet", ".lock"}] == []
+
+
+def test_statistics_are_kept_for_times_numbers_and_flags_not_for_text(data_root):
+    """Readers prune on the min/max of times and numbers; text columns carry none (a day's file spans
+    every host and GPU, so theirs would rule nothing out)."""
+    import datetime as dt
+
+    store = Store(data_root)
+    t0 = dt.datetime(2025, 8, 6, tzinfo=dt.UTC)
+    rows = {
+        "bucket_start_utc": [t0 + dt.timedelta(minutes=5 * i) for i in range(4)],
+        "gpu_id": ["GPU-b", "GPU-a", "GPU-c", "GPU-a"], "host": ["h2", "h1", "h3", "h1"],
+        "state": ["idle_prioritized"] * 4, "n_slot_rows": [1, 3, 2, 1],
+    }
+    for write in (lambda t: store.write_partition(GPU_STATES, "2025-08-06", t),
+                  lambda t: store.write_partition_batches(GPU_STATES, "2025-08-06",
+                                                          iter(store_mod.conform(t, GPU_STATES).to_batches()))):
+        write(pa.Table.from_pydict(rows))
+        meta = pq.ParquetFile(store.partition_file(GPU_STATES, "2025-08-06")).metadata.row_group(0)
+        stats = {meta.column(i).path_in_schema: meta.column(i).statistics for i in range(meta.num_columns)}
+        assert stats["bucket_start_utc"].has_min_max
+        assert (stats["bucket_start_utc"].min, stats["bucket_start_utc"].max) == (t0, t0 + dt.timedelta(minutes=15))
+        assert (stats["n_slot_rows"].min, stats["n_slot_rows"].max) == (1, 3)
+        for text in ("gpu_id", "host", "state"):
+            assert stats[text] is None or not stats[text].has_min_max, text
