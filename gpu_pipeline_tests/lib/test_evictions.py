@@ -219,6 +219,24 @@ def test_snapshot_detector():
     assert rows["J4"]["runtime_is_lower_bound"] is True and rows["J4"]["evicted_by_job_id"] == "Q4"
 
 
+def test_a_run_seen_first_after_a_hole_in_the_gpus_rows_has_a_lower_bound_runtime():
+    """A GPU with no rows for some buckets (absent from the grid, not 'na'): the row after the hole
+    has no bucket before it, so a backfill run first seen there may have started in the hole (its
+    runtime is a lower bound), unlike the same run right after an observed idle bucket."""
+    t = states(
+        gpu_rows("GPU-g1", DAY0, ["I", "I"]) + gpu_rows("GPU-g1", DAY0, ["B:J", "B:J", "P:Q"], first_k=4),
+        gpu_rows("GPU-g2", DAY0, ["I", "I", "I", "I", "B:K", "B:K", "P:R"]),
+    )
+    rows = {r["global_job_id"]: r for r in evictions(states_t=t)}
+    assert set(rows) == {"J", "K"}
+    for job, by in (("J", "Q"), ("K", "R")):
+        r = rows[job]
+        assert (r["started_utc"], r["evicted_utc"], r["evicted_by_job_id"]) == (snap(DAY0, 4), snap(DAY0, 6), by)
+        assert r["resolution_s"] == (snap(DAY0, 6) - snap(DAY0, 5)).total_seconds()
+    assert rows["J"]["runtime_is_lower_bound"] is True
+    assert rows["K"]["runtime_is_lower_bound"] is False
+
+
 def test_snapshot_detector_checks_the_clean_snapshots_when_given():
     """The states show only the winning row; the clean snapshots can show J still on the GPU."""
     t = states(day_of({"GPU-a": ["P", "B:J", "B:J", "P:Q", "P:Q"], "GPU-b": ["P", "B:K", "P:R"]}))
