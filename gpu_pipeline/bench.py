@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import math
 import os
@@ -129,6 +130,8 @@ class BenchConfig:
             raise ValueError("--repeats must be >= 1")
         if not 1 <= self.es_page_size <= 10_000:
             raise ValueError("--es-page-size must be in 1..10000")
+        if self.profile and importlib.util.find_spec("pyinstrument") is None:
+            raise ValueError("--profile needs pyinstrument: pip install -e '.[profile]'")
 
 
 def _gpus_list(value: str | Iterable[int]) -> tuple[int, ...]:

@@ -249,3 +249,15 @@ def test_ratio_timings_run_in_interleaved_rounds_and_keep_each_ones_best():
     assert [len(out[k][1]) for k in "ab"] == [3, 3] and out["a"][2] == "A"
     assert out["a"][0] == min(out["a"][1]) and out["a"][1].index(out["a"][0]) == 1
     assert out["b"][1].index(out["b"][0]) == 0
+
+
+def test_profile_without_pyinstrument_is_refused_before_any_work(monkeypatch):
+    import importlib.util
+
+    from gpu_pipeline import bench
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyinstrument" else real(name, *a))
+    with pytest.raises(ValueError, match=r"pip install -e '\.\[profile\]'"):
+        bench.BenchConfig(profile=True).validate()
+    bench.BenchConfig(profile=False).validate()
