@@ -110,15 +110,14 @@ def _day_metadata(o: DayOutcome) -> dict[str, Any]:
 
 
 def _day_json(o: DayOutcome) -> dict[str, Any]:
-    """One day's figures as plain JSON, for the ``by_day`` metadata of a range run."""
-    out: dict[str, Any] = {}
-    if o.result is not None:
-        if not o.result.path.endswith(".png"):
-            out["rows"] = o.result.rows
-        out["bytes"] = o.result.bytes
-    out.update((k, float(v)) for k, v in o.metrics.items() if k != "rows")
-    out.update(json_safe(o.details))
-    return out
+    """One day's metadata as plain JSON, for the ``by_day`` metadata of a range run (its row count
+    as ``rows``; the URI left out: it is the range's URI plus ``date=<day>``)."""
+    md = _day_metadata(o)
+    md.pop("dagster/uri", None)
+    rows = md.pop("dagster/row_count", None)
+    if rows is not None:
+        md["rows"] = rows
+    return json_safe({k: getattr(v, "data", v) for k, v in md.items()})
 
 
 def materialize_result(
