@@ -33,8 +33,15 @@ STATES: tuple[str, ...] = (
 TIERS: tuple[str, ...] = ("priority", "shared", "backfill")
 
 
-def _f(name: str, type_: pa.DataType, description: str, nullable: bool = True) -> pa.Field:
-    return pa.field(name, type_, nullable=nullable, metadata={"description": description})
+#: Field metadata that keeps a column out of Parquet dictionary encoding: for measurements that
+#: rarely repeat (power, memory used, energy counters), where the writer builds a dictionary only to
+#: give it up (a quarter of the telemetry tables' write time).
+NO_DICTIONARY = {"parquet_dictionary": "false"}
+
+
+def _f(name: str, type_: pa.DataType, description: str, nullable: bool = True, plain: bool = False) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable,
+                    metadata={"description": description, **(NO_DICTIONARY if plain else {})})
 
 
 @dataclass(frozen=True)
@@ -177,17 +184,17 @@ GPU_SAMPLES = TableSpec(
             _f("device_name", pa.string(), "GPU model name"),
             _f("util_pct", pa.float64(), "GPU utilization (%); null on MIG instances"),
             _f("mem_util_pct", pa.float64(), "Memory controller utilization / copy utilization (%)"),
-            _f("mem_used_mib", pa.float64(), "Framebuffer memory used (MiB)"),
+            _f("mem_used_mib", pa.float64(), "Framebuffer memory used (MiB)", plain=True),
             _f("mem_total_mib", pa.float64(), "Framebuffer memory total (MiB); DCGM: FB_TOTAL, else "
                "FB_USED + FB_FREE (+ FB_RESERVED)"),
-            _f("power_w", pa.float64(), "Power draw (W)"),
+            _f("power_w", pa.float64(), "Power draw (W)", plain=True),
             _f("power_limit_w", pa.float64(), "Power limit (W)"),
             _f("temp_c", pa.float64(), "GPU temperature (C)"),
             _f("sm_clock_mhz", pa.float64(), "SM clock (MHz)"),
-            _f("energy_mj", pa.float64(), "Total energy consumed since boot (mJ, cumulative counter)"),
-            _f("gr_engine_active_pct", pa.float64(), "DCGM PROF graphics engine active (%, ratio x 100)"),
-            _f("sm_active_pct", pa.float64(), "DCGM PROF SM active (%, ratio x 100)"),
-            _f("tensor_active_pct", pa.float64(), "DCGM PROF tensor pipe active (%, ratio x 100)"),
+            _f("energy_mj", pa.float64(), "Total energy consumed since boot (mJ, cumulative counter)", plain=True),
+            _f("gr_engine_active_pct", pa.float64(), "DCGM PROF graphics engine active (%, ratio x 100)", plain=True),
+            _f("sm_active_pct", pa.float64(), "DCGM PROF SM active (%, ratio x 100)", plain=True),
+            _f("tensor_active_pct", pa.float64(), "DCGM PROF tensor pipe active (%, ratio x 100)", plain=True),
             _f("source_file", pa.string(), "File the sample was read from"),
         ]
     ),

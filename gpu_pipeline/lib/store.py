@@ -94,11 +94,15 @@ def _parquet_options(schema: pa.Schema) -> dict[str, object]:
     """zstd; min/max statistics for the columns of times, numbers and flags, where a reader prunes
     row groups on them (a range of days, a threshold), not for text: a day's file holds every host
     and GPU, so a text column's min and max rule out nothing, and computing them was a fifth of the
-    writer's time (the slot tables and GPU states of a 1,000-GPU day: 0.21 -> 0.15 s and similar)."""
+    writer's time (the slot tables and GPU states of a 1,000-GPU day: 0.21 -> 0.15 s and similar).
+    Dictionary encoding for every column but those the schema marks ``parquet_dictionary=false``
+    (:data:`~gpu_pipeline.lib.schemas.NO_DICTIONARY`)."""
     stats = [f.name for f in schema
              if pa.types.is_temporal(f.type) or pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
              or pa.types.is_boolean(f.type)]
-    return {"compression": "zstd", "write_statistics": stats or False, "store_schema": True}
+    dictionary = [f.name for f in schema if (f.metadata or {}).get(b"parquet_dictionary") != b"false"]
+    return {"compression": "zstd", "write_statistics": stats or False, "use_dictionary": dictionary or False,
+            "store_schema": True}
 
 
 def parquet_bytes(table: pa.Table) -> bytes:

@@ -154,3 +154,33 @@ def test_statistics_are_kept_for_times_numbers_and_flags_not_for_text(data_root)
         assert (stats["n_slot_rows"].min, stats["n_slot_rows"].max) == (1, 3)
         for text in ("gpu_id", "host", "state"):
             assert stats[text] is None or not stats[text].has_min_max, text
+
+
+def test_measurements_marked_plain_are_written_without_a_dictionary(data_root):
+    """Columns the schema marks NO_DICTIONARY (power, memory used, energy: values that rarely repeat)
+    skip dictionary encoding; the others keep it, and the values read back the same."""
+    import datetime as dt
+
+    from gpu_pipeline.lib.schemas import GPU_SAMPLES, NO_DICTIONARY
+
+    plain = {f.name for f in GPU_SAMPLES.schema
+             if (f.metadata or {}).get(b"parquet_dictionary") == NO_DICTIONARY["parquet_dictionary"].encode()}
+    assert {"power_w", "mem_used_mib", "energy_mj"} <= plain and "util_pct" not in plain
+    t0 = dt.datetime(2025, 8, 6, tzinfo=dt.UTC)
+    n = 500
+    table = pa.Table.from_pydict({
+        "sample_utc": [t0 + dt.timedelta(seconds=30 * i) for i in range(n)], "source": ["dcgm"] * n,
+        "gpu_id": ["GPU-aaaaaaaa"] * n, "util_pct": [float(i % 7) for i in range(n)],
+        "power_w": [100.0 + i / 7 for i in range(n)], "energy_mj": [1e6 + 3.3 * i for i in range(n)],
+    })
+    store = Store(data_root)
+    store.write_partition(GPU_SAMPLES, "2025-08-06", table)
+    path = store.partition_file(GPU_SAMPLES, "2025-08-06")
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    chunks = {meta.column(i).path_in_schema: meta.column(i) for i in range(meta.num_columns)}
+    for name in ("power_w", "energy_mj"):
+        assert not chunks[name].has_dictionary_page, name
+    for name in ("util_pct", "gpu_id", "sample_utc"):
+        assert chunks[name].has_dictionary_page, name
+    back = store.read_table(GPU_SAMPLES, "2025-08-06")
+    assert back.column("power_w").to_pylist() == table.column("power_w").to_pylist()
