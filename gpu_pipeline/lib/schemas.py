@@ -39,6 +39,12 @@ TIERS: tuple[str, ...] = ("priority", "shared", "backfill")
 NO_DICTIONARY = {"parquet_dictionary": "false"}
 
 
+def dictionary_encoded(field: pa.Field) -> bool:
+    """Whether the column is written with a Parquet dictionary (all but those marked NO_DICTIONARY)."""
+    key, value = next(iter(NO_DICTIONARY.items()))
+    return (field.metadata or {}).get(key.encode()) != value.encode()
+
+
 def _f(name: str, type_: pa.DataType, description: str, nullable: bool = True, plain: bool = False) -> pa.Field:
     return pa.field(name, type_, nullable=nullable,
                     metadata={"description": description, **(NO_DICTIONARY if plain else {})})

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpu_pipeline.lib.db import connect  # noqa: F401 - re-exported: callers open DuckDB through the store
-from gpu_pipeline.lib.schemas import TableSpec, all_tables, conform
+from gpu_pipeline.lib.schemas import TableSpec, all_tables, conform, dictionary_encoded
 
 PART_FILE = "part-0.parquet"
 ROW_GROUP_SIZE = 1_000_000
@@ -95,12 +95,12 @@ def _parquet_options(schema: pa.Schema) -> dict[str, object]:
     row groups on them (a range of days, a threshold), not for text: a day's file holds every host
     and GPU, so a text column's min and max rule out nothing, and computing them was a fifth of the
     writer's time (the slot tables and GPU states of a 1,000-GPU day: 0.21 -> 0.15 s and similar).
-    Dictionary encoding for every column but those the schema marks ``parquet_dictionary=false``
-    (:data:`~gpu_pipeline.lib.schemas.NO_DICTIONARY`)."""
+    Dictionary encoding for every column but those the schema marks
+    :data:`~gpu_pipeline.lib.schemas.NO_DICTIONARY`."""
     stats = [f.name for f in schema
              if pa.types.is_temporal(f.type) or pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
              or pa.types.is_boolean(f.type)]
-    dictionary = [f.name for f in schema if (f.metadata or {}).get(b"parquet_dictionary") != b"false"]
+    dictionary = [f.name for f in schema if dictionary_encoded(f)]
     return {"compression": "zstd", "write_statistics": stats or False, "use_dictionary": dictionary or False,
             "store_schema": True}
 
