@@ -118,6 +118,32 @@ def test_every_gpu_gets_every_bucket_gpu_hours_conserved():
     assert sorted(set(out.column("gpu_id").to_pylist())) == ["GPU-aaaaaaaa", "GPU-cccccccc"]
 
 
+def test_rows_come_gpu_by_gpu_in_bucket_order_with_each_gpus_own_columns():
+    """The rows are put in order by their place in the GPU x bucket grid (not sorted), and a GPU's
+    host and device, computed once per GPU, are on every one of its rows -- also with more buckets
+    than a day of 5-minute ones, and a GPU whose latest rows have no device name."""
+    rows = []
+    for m in range(0, 120, 7):
+        rows.append(row(snap(m), "slot1", "GPU-bbbbbbbb", "Claimed", "priority", host="h1", job="1.0"))
+        rows.append(row(snap(m), "slot2", "GPU-cccccccc", "Unclaimed", "shared", host="h1"))
+        unnamed = row(snap(m), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared", host="h2")
+        if m > 60:
+            unnamed["device_name"] = None
+        rows.append(unnamed)
+    table = conform(pa.Table.from_pylist(rows), CLEAN_SLOT_SNAPSHOTS)
+    buckets = [DAY0 + dt.timedelta(seconds=20 * i) for i in range(360)]  # 20-s buckets, 2 hours
+    out = states_from_table(table, DAY0, DAY0 + dt.timedelta(hours=2), bucket=dt.timedelta(seconds=20))
+    got = [(r["host"], r["gpu_id"], r["bucket_start_utc"]) for r in out.to_pylist()]
+    expected = [(h, g, b) for h, g in (("h1", "GPU-bbbbbbbb"), ("h1", "GPU-cccccccc"), ("h2", "GPU-aaaaaaaa"))
+                for b in buckets]
+    assert got == expected
+    assert set(out.column("device_name").to_pylist()) == {"NVIDIA A100"}
+    by_gpu = {}
+    for r in out.to_pylist():
+        by_gpu.setdefault(r["gpu_id"], set()).add(r["state"])
+    assert by_gpu["GPU-bbbbbbbb"] >= {"busy_prioritized"} and "busy_prioritized" not in by_gpu["GPU-cccccccc"]
+
+
 def test_empty_input_gives_empty_output_with_schema():
     out = states_from_table(CLEAN_SLOT_SNAPSHOTS.empty(), DAY0, DAY0 + dt.timedelta(days=1))
     assert out.num_rows == 0 and out.schema == GPU_STATES.schema
