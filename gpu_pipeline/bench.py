@@ -388,6 +388,8 @@ class _RssSampler:
     helper) every ``interval`` s (Linux ``/proc``), so that the peak of the whole run -- and of each
     step -- counts every process working at that moment."""
 
+    CHILDREN_EVERY = 10
+
     def __init__(self, interval: float = 0.05):
         import threading
 
@@ -411,24 +413,37 @@ class _RssSampler:
             pass
         return kids
 
-    def _rss(self) -> int | None:
+    def _descendants(self) -> list[str]:
+        found: list[str] = []
+        pending = self._children("self")
+        while pending:
+            pid = pending.pop()
+            found.append(pid)
+            pending += self._children(pid)
+        return found
+
+    def _rss(self, descendants: list[str]) -> int | None:
         try:
             total = self._statm("self")
         except (OSError, ValueError, IndexError):
             return None
-        pending = self._children("self")
-        while pending:
-            pid = pending.pop()
+        for pid in descendants:
             try:
                 total += self._statm(pid)
             except (OSError, ValueError, IndexError):  # ended meanwhile
                 continue
-            pending += self._children(pid)
         return total
 
     def _run(self) -> None:
+        # The process tree is walked every CHILDREN_EVERY samples only: listing the children of each
+        # of the run's ~50 threads every 50 ms took ~3 % of a core, from the run it measures.
+        descendants: list[str] = []
+        tick = 0
         while not self._stop.is_set():
-            rss = self._rss()
+            if tick % self.CHILDREN_EVERY == 0:
+                descendants = self._descendants()
+            tick += 1
+            rss = self._rss(descendants)
             if rss is None:
                 return
             self.samples.append((time.time(), rss))

@@ -261,3 +261,30 @@ def test_profile_without_pyinstrument_is_refused_before_any_work(monkeypatch):
     with pytest.raises(ValueError, match=r"pip install -e '\.\[profile\]'"):
         bench.BenchConfig(profile=True).validate()
     bench.BenchConfig(profile=False).validate()
+
+
+def test_rss_sampler_counts_a_helper_process_started_after_it():
+    """The peak RSS is the run process plus its helpers: a child started while sampling, holding
+    ~300 MB, is found (the tree is walked every few samples, not every one) and counted."""
+    import subprocess
+    import sys
+    import time
+
+    from gpu_pipeline.bench import _RssSampler
+
+    mib = 1 << 20
+    with _RssSampler(interval=0.02) as sampler:
+        time.sleep(0.1)
+        alone = sampler.peak()
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import sys, time; b = bytearray(300 << 20); print(1, flush=True); time.sleep(30)"],
+                                 stdout=subprocess.PIPE)
+        try:
+            assert child.stdout.readline().strip() == b"1"
+            time.sleep(0.02 * (_RssSampler.CHILDREN_EVERY + 5))
+            with_child = sampler.peak()
+        finally:
+            child.kill()
+            child.wait()
+    assert alone is not None and with_child is not None
+    assert with_child - alone > 250 * mib
