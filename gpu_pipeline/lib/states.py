@@ -81,6 +81,17 @@ def with_bucket_snaps(rows_cte: str) -> str:
 STATE_COLUMNS = ("snapshot_utc", "gpu_id", "slot_name", "host", "device_name", "tier", "is_backfill_slot",
                  "slot_state", "global_job_id", "remote_owner", "gpu_usage_pct")
 
+# The rank of a slot row (module docstring, step 2), of the row ``r``: the state SQL ranks every row
+# by it and gives it again for each bucket's winner, read back with the winner's other columns.
+_RANK_CODE = """CASE
+            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 5
+            WHEN r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 4
+            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Unclaimed' THEN 3
+            WHEN NOT r.is_backfill_slot THEN 2
+            WHEN r.slot_state = 'Unclaimed' THEN 1
+            ELSE 0
+        END"""
+
 # The state SQL reads its rows from one of two sources (see _state_sql): a temp table ``slot_rows``
 # (any FROM clause copied in, e.g. an in-memory table), or the day's and the day before's Parquet
 # partitions straight (``$files``). A winner's own columns are fetched at the end by a row id: the
@@ -88,14 +99,7 @@ STATE_COLUMNS = ("snapshot_utc", "gpu_id", "slot_name", "host", "device_name", "
 _STATE_HEAD = """
 rows AS (
     SELECT {rid} AS rid, epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.slot_name, r.host, r.device_name,
-        CASE
-            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 5
-            WHEN r.is_backfill_slot AND r.slot_state = 'Claimed' THEN 4
-            WHEN NOT r.is_backfill_slot AND r.slot_state = 'Unclaimed' THEN 3
-            WHEN NOT r.is_backfill_slot THEN 2
-            WHEN r.slot_state = 'Unclaimed' THEN 1
-            ELSE 0
-        END AS rank_code
+        {rank_code} AS rank_code
     FROM {rows_from} r, params p
     WHERE epoch_us(r.snapshot_utc) < p.e_us{where}
 )"""
@@ -132,14 +136,15 @@ ranked AS (
     CROSS JOIN params p
 ),
 best AS (
-    SELECT pos, arg_max(rid, win_key) AS rid, max(win_key) AS win_key, count(*) AS n_slot_rows
+    SELECT pos, arg_max(rid, win_key) AS rid, count(*) AS n_slot_rows
     FROM ranked
     GROUP BY pos
 ),
 winners AS (
     SELECT best.pos, best.n_slot_rows,
         struct_pack(r.tier, r.slot_name, r.slot_state, r.global_job_id, r.remote_owner, r.gpu_usage_pct,
-                    r.snapshot_utc, rank_code := best.win_key // 281474976710656) AS w
+                    r.snapshot_utc,
+                    rank_code := {rank_code}) AS w
     FROM best JOIN {winner_join}
 ),
 covered AS (SELECT DISTINCT b_start_us FROM bucket_snaps),
@@ -202,8 +207,9 @@ def _state_sql(parquet: bool) -> str:
     else:
         rid, rows_from, where = "r.rowid", "slot_rows", ""
         winner_join = "slot_rows r ON r.rowid = best.rid"
-    head = _STATE_HEAD.format(rid=rid, rows_from=rows_from, where=where)
-    return with_bucket_snaps(head) + _STATE_REST.replace("{winner_join}", winner_join)
+    head = _STATE_HEAD.format(rid=rid, rows_from=rows_from, where=where, rank_code=_RANK_CODE)
+    rest = _STATE_REST.replace("{winner_join}", winner_join).replace("{rank_code}", _RANK_CODE)
+    return with_bucket_snaps(head) + rest
 
 
 STATE_SQL = _state_sql(parquet=False)
