@@ -144,6 +144,29 @@ def test_rows_come_gpu_by_gpu_in_bucket_order_with_each_gpus_own_columns():
     assert by_gpu["GPU-bbbbbbbb"] >= {"busy_prioritized"} and "busy_prioritized" not in by_gpu["GPU-cccccccc"]
 
 
+@pytest.mark.parametrize("bucket_min, per_gpu", [(5, 300), (7, 215)])
+def test_a_25_hour_day_gets_every_bucket_including_a_short_last_one(bucket_min, per_gpu):
+    """The fall-back day in Chicago is 25 hours: 300 five-minute buckets, or 215 seven-minute ones
+    (the last only 2 minutes long), each GPU in every one, in order."""
+    from zoneinfo import ZoneInfo
+
+    tz = ZoneInfo("America/Chicago")
+    start = dt.datetime(2025, 11, 2, tzinfo=tz).astimezone(UTC)
+    end = dt.datetime(2025, 11, 3, tzinfo=tz).astimezone(UTC)
+    assert end - start == dt.timedelta(hours=25)
+    rows = [row(start + dt.timedelta(minutes=m, seconds=7), "slot1", gpu, "Unclaimed", "shared", host=host)
+            for m in range(0, 25 * 60, 5) for gpu, host in (("GPU-aaaaaaaa", "h1"), ("GPU-bbbbbbbb", "h2"))]
+    table = conform(pa.Table.from_pylist(rows), CLEAN_SLOT_SNAPSHOTS)
+    step = dt.timedelta(minutes=bucket_min)
+    out = states_from_table(table, start, end, bucket=step).to_pylist()
+    assert len(out) == 2 * per_gpu
+    for g, gpu in enumerate(("GPU-aaaaaaaa", "GPU-bbbbbbbb")):
+        mine = out[g * per_gpu:(g + 1) * per_gpu]
+        assert {r["gpu_id"] for r in mine} == {gpu}
+        assert [r["bucket_start_utc"] for r in mine] == [start + i * step for i in range(per_gpu)]
+        assert {r["state"] for r in mine} == {"idle_shared"}
+
+
 def test_empty_input_gives_empty_output_with_schema():
     out = states_from_table(CLEAN_SLOT_SNAPSHOTS.empty(), DAY0, DAY0 + dt.timedelta(days=1))
     assert out.num_rows == 0 and out.schema == GPU_STATES.schema
