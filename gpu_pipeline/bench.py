@@ -327,11 +327,11 @@ def _run_summary(instance: Any, asset_graph: Any) -> dict[str, Any]:
             mat = ev.event_specific_data.materialization
             key = mat.asset_key.to_user_string()
             md = {k: _md_value(v) for k, v in mat.metadata.items()}
-            # One event per partition of the range, all with the range's totals: keep one.
-            assets_of.setdefault(rec.step_key, {})[key] = {
-                "rows_out": md.get("dagster/row_count"),
-                "rows_in": md.get("rows_in"),
-            }
+            # One event per day of the range, each with that day's figures: summed.
+            totals = assets_of.setdefault(rec.step_key, {}).setdefault(key, {"rows_out": None, "rows_in": None})
+            for name, field in (("rows_out", "dagster/row_count"), ("rows_in", "rows_in")):
+                if md.get(field) is not None:
+                    totals[name] = (totals[name] or 0) + md[field]
         elif et == "ASSET_CHECK_EVALUATION":
             data = ev.event_specific_data
             if not getattr(data, "passed", True):

@@ -86,13 +86,20 @@ def test_a_three_day_range_is_one_run_writing_three_files_per_table(defs, tmp_pa
         assert len(instance.get_run_records()) == 1
         mats = instance.fetch_materializations(dg.AssetKey(["metrics", "gpu_states"]), limit=10).records
         assert sorted(m.partition_key for m in mats) == days
-        # Each day's own figures ride on the range's materialization (no per-day observation events).
-        md = mats[0].asset_materialization.metadata
-        by_day = md["by_day"].value
-        assert sorted(by_day) == days and md["days"].value == 3
-        assert all(by_day[d]["rows"] == 2 * 288 and by_day[d]["bytes"] > 0 for d in days)
-        assert md["dagster/row_count"].value == 3 * 2 * 288
+        # Each day's materialization carries that day's own figures, nothing of the other days (no
+        # per-day observation events either).
+        for m in mats:
+            md = m.asset_materialization.metadata
+            assert md["days"].value == 3
+            assert md["dagster/row_count"].value == 2 * 288 and md["bytes"].value > 0
+            assert md["dagster/uri"].value.endswith(f"/date={m.partition_key}/part-0.parquet")
+            assert "by_day" not in md
         assert not [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+        plots = instance.fetch_materializations(dg.AssetKey(["plots", "gpu_timeline_heatmap"]), limit=10).records
+        for m in plots:  # each day's preview and path are its own day's image
+            md = m.asset_materialization.metadata
+            assert md["path"].value.endswith(f"/date={m.partition_key}/gpu_timeline_heatmap.png")
+            assert m.partition_key in md["preview"].value
         checks = [e for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
         assert checks and all(e.event_specific_data.passed for e in checks)
 

@@ -34,7 +34,6 @@ KEY = dg.AssetKey(["plots", NAME])
 )
 def gpu_timeline_heatmap(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
     store = data_store.store()
-    previews: dict[str, str] = {}
 
     def one_day(day: str) -> DayOutcome:
         states = store.read_table(GPU_STATES, day, columns=COLUMNS)
@@ -43,20 +42,14 @@ def gpu_timeline_heatmap(context: dg.AssetExecutionContext, data_store: DataStor
         result = store.write_plot(NAME, day, rendered.png)
         for device, image in per_device.items():
             store.write_plot(NAME, day, image.png, variant=device)
-        devices = list(per_device)
-        previews[day] = rendered.preview_markdown(f"GPU timeline {day}")
         return DayOutcome(
             day=day,
             result=result,
             metrics=rendered.numbers,
-            details={"path": result.path, "device_images": len(devices)},
+            details={"path": dg.MetadataValue.path(result.path), "device_images": len(per_device),
+                     "preview": dg.MetadataValue.md(rendered.preview_markdown(f"GPU timeline {day}"))},
         )
 
     with heap_frozen():
         outcomes = run_days(context, one_day)
-    last = outcomes[-1]
-    extra = {
-        "path": dg.MetadataValue.path(last.result.path),
-        "preview": dg.MetadataValue.md(previews[last.day]),
-    }
-    return materialize_result(None, outcomes, extra=extra)
+    return materialize_result(None, outcomes)

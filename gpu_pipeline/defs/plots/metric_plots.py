@@ -39,27 +39,17 @@ def metric_plots(context: dg.AssetExecutionContext, data_store: DataStoreResourc
     store = data_store.store()
     selected = set(context.selected_asset_keys)
     names = [name for name in PLOTS if KEYS[name] in selected]  # only the plots the run selected
-    previews: dict[str, str] = {}
-
     def one_day(day: str):
         out = {}
         for name, rendered in renderer.day(day).items():
             result = store.write_plot(name, day, rendered.png)
-            previews[f"{name}/{day}"] = rendered.preview_markdown(f"{name} {day}")
-            out[KEYS[name]] = DayOutcome(day=day, result=result, metrics=rendered.numbers,
-                                         details={"path": result.path})
+            out[KEYS[name]] = DayOutcome(day=day, result=result, metrics=rendered.numbers, details={
+                "path": dg.MetadataValue.path(result.path),
+                "preview": dg.MetadataValue.md(rendered.preview_markdown(f"{name} {day}"))})
         return out
 
     # This process and a helper process render the range's plots at once (GPU_PIPELINE_HELPERS).
     with heap_frozen(), PlotRenderer(store, context.partition_keys, names, TIMEZONE) as renderer:
         outcomes = run_days_multi(context, list(KEYS.values()), one_day)
-    results: list = []
-    for name, key in KEYS.items():
-        if not outcomes[key]:
-            continue
-        last = outcomes[key][-1]
-        results.append(materialize_result(None, outcomes[key], asset_key=key, extra={
-            "path": dg.MetadataValue.path(last.result.path),
-            "preview": dg.MetadataValue.md(previews[f"{name}/{last.day}"]),
-        }))
+    results = [materialize_result(None, outcomes[key], asset_key=key) for key in KEYS.values() if outcomes[key]]
     yield from selected_results(context, results)
