@@ -204,9 +204,13 @@ def clean_slot_rows(
                            dense_rank() OVER (ORDER BY host) AS host_no,
                            dense_rank() OVER (ORDER BY trim(name)) AS name_no FROM host_map""")
         con.execute("CREATE TEMP TABLE gpu_no AS SELECT *, dense_rank() OVER (ORDER BY gpu_id) AS gpu_no FROM gpu_map")
+        # The rows classified as a view over the raw Arrow table, not a copy: the queries below and the
+        # output each join the raw rows to the small maps again, which costs about what copying them
+        # did at 1,000 GPUs, while a copy of a 10,000-GPU day (5.5 M rows with their text) filled
+        # DuckDB's memory and spilled (peak RSS of cleaning alone 2.36 -> 1.85 GB).
         con.execute(
             f"""
-            CREATE TEMP TABLE classified AS
+            CREATE TEMP VIEW classified AS
             SELECT r.row_i, r.snapshot_utc, r."Name", r."State", r."PrioritizedProjects", r."GPUs_DeviceName",
                    r."GPUs_GlobalMemoryMb", r."GPUsAverageUsage", r."RemoteOwner", r."GlobalJobId",
                    r."PreventJobsReason", h.host AS host_n, g.gpu_id AS gpu_id_n, h.excluded,
@@ -231,7 +235,7 @@ def clean_slot_rows(
         )
         excluded = dict(con.sql(
             "SELECT host_n, count(*) FROM classified WHERE excluded GROUP BY host_n ORDER BY host_n"
-        ).fetchall())
+        ).fetchall()) if patterns else {}
         q_idx, q_reason = [], []
         for i, reason in con.sql(
             "SELECT row_i, reason FROM classified WHERE NOT excluded AND reason IS NOT NULL ORDER BY row_i"
@@ -259,10 +263,6 @@ def clean_slot_rows(
         else:
             quarantine = quarantine_rows(raw, q_idx, q_reason, "raw/condor_slot_snapshots")
         out = _CleanOutput(con, _chunks(raw.column("snapshot_utc"), batch_rows, repeated), batch_rows)
-        # The raw rows are no longer needed: let them go before the output is built (when the
-        # caller holds no other reference, as the asset does not).
-        con.unregister("raw_rows")
-        del raw
         table, written = None, None
         if sink is None:
             table = pa.Table.from_batches(list(out.batches()), schema=CLEAN_SLOT_SNAPSHOTS.schema)

@@ -41,8 +41,7 @@ def slot_snapshots(
     def one_day(day: str) -> DayOutcome:
         # Only the columns cleaning reads, repetitive text dictionary-encoded (a 10,000-GPU day is
         # 5.6 M rows); quarantined rows are re-read whole. The clean rows stream from DuckDB into
-        # the partition file, one row group at a time; the raw table is passed without a name here so
-        # that cleaning can let it go once the rows are classified.
+        # the partition file, one row group at a time.
         cleaned = clean_slot_rows(
             store.read_table(RAW_CONDOR_SLOT_SNAPSHOTS, day, CLEAN_INPUT_COLUMNS, dictionary=DICTIONARY_COLUMNS),
             condor_archive.excluded_patterns(),
