@@ -39,6 +39,7 @@ def metric_plots(context: dg.AssetExecutionContext, data_store: DataStoreResourc
     store = data_store.store()
     selected = set(context.selected_asset_keys)
     names = [name for name in PLOTS if KEYS[name] in selected]  # only the plots the run selected
+
     def one_day(day: str):
         out = {}
         for name, rendered in renderer.day(day).items():
