@@ -9,7 +9,7 @@ from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.schemas import GPU_STATES as SPEC
 from gpu_pipeline.lib.schemas import STATES
-from gpu_pipeline.lib.states import states_for_day
+from gpu_pipeline.lib.states import BUCKET, bucket_count, states_for_day
 
 KEY = dg.AssetKey(["metrics", "gpu_states"])
 CONSERVATION = dg.AssetCheckSpec(
@@ -40,7 +40,7 @@ def gpu_states(context: dg.AssetExecutionContext, data_store: DataStoreResource)
         # the day's and the day before's clean partitions (the first bucket may carry a snapshot)
         table = states_for_day(store, day, start, end)
         result = store.write_partition(SPEC, day, table)
-        n_buckets = int((end - start).total_seconds() // 300)
+        n_buckets = bucket_count(start, end, BUCKET)
         gpus = len(pc.unique(table.column("gpu_id")))
         if table.num_rows != gpus * n_buckets:
             bad_days[day] = f"{table.num_rows} rows != {gpus} GPUs x {n_buckets} buckets"
