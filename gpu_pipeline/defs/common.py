@@ -11,7 +11,7 @@ import dagster as dg
 import pyarrow as pa
 
 from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_partitions
-from gpu_pipeline.lib.db import release_memory
+from gpu_pipeline.lib.db import close_databases, release_memory
 from gpu_pipeline.lib.schemas import TableSpec
 from gpu_pipeline.lib.store import WriteResult
 from gpu_pipeline.lib.timeutil import day_window
@@ -72,24 +72,27 @@ def run_days_multi(
     outcomes: dict[dg.AssetKey, list[DayOutcome]] = {k: [] for k in keys}
     selected = set(context.selected_asset_keys)
     failed: list[tuple[str, str]] = []
-    for day in context.partition_keys:
-        try:
-            by_key = fn(day)
-        except Exception as exc:  # noqa: BLE001 - reported below with the day
-            names = ", ".join(k.to_user_string() for k in keys)
-            context.log.error(f"{names} {day}: {exc}")
-            failed.append((day, f"{type(exc).__name__}: {exc}"))
-            continue
-        finally:
-            release_memory()  # what DuckDB freed for the day goes back, as a closed database's did
-        for key in keys:
-            outcome = by_key.get(key)
-            if outcome is not None:
-                outcomes[key].append(outcome)
-                if key in selected:
-                    # Each day's materialization carries that day's own figures (row count, URI,
-                    # KPIs), in a range run as in a one-day run; nothing of the other days.
-                    context.add_asset_metadata(_day_metadata(outcome), asset_key=key, partition_key=day)
+    try:
+        for day in context.partition_keys:
+            try:
+                by_key = fn(day)
+            except Exception as exc:  # noqa: BLE001 - reported below with the day
+                names = ", ".join(k.to_user_string() for k in keys)
+                context.log.error(f"{names} {day}: {exc}")
+                failed.append((day, f"{type(exc).__name__}: {exc}"))
+                continue
+            finally:
+                release_memory()  # what DuckDB freed for the day goes back (its block pages stay)
+            for key in keys:
+                outcome = by_key.get(key)
+                if outcome is not None:
+                    outcomes[key].append(outcome)
+                    if key in selected:
+                        # Each day's materialization carries that day's own figures (row count, URI,
+                        # KPIs), in a range run as in a one-day run; nothing of the other days.
+                        context.add_asset_metadata(_day_metadata(outcome), asset_key=key, partition_key=day)
+    finally:
+        close_databases()  # the step's DuckDB block pages go back before the next step
     if failed:
         lines = "; ".join(f"{d}: {e}" for d, e in failed)
         raise dg.Failure(

@@ -1,5 +1,5 @@
 """lib/db.connect: each connection its own session (UTC) of the process's database, with the limits from the
-arguments or the environment; release_memory."""
+arguments or the environment; release_memory, the block allocator and close_databases."""
 
 import inspect
 import multiprocessing
@@ -69,7 +69,7 @@ def test_connections_are_sessions_of_one_database_per_process_and_limits(monkeyp
     assert [_setting(c, "TimeZone") in ("UTC", "Etc/UTC") for c in cons] == [True] * 4
     for con in cons:
         con.close()
-    db._close_all()
+    db.close_databases()
 
 
 def _rss_mib() -> float:
@@ -77,13 +77,21 @@ def _rss_mib() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def test_release_memory_gives_back_what_closed_connections_freed():
+def _hold_memory() -> float:
+    """RSS (MiB) that a dropped temporary table and a distinct count leave with the database."""
     con = connect()
     before = _rss_mib()
     con.execute("CREATE TEMP TABLE big AS SELECT range AS i, range::VARCHAR || '-' || range::VARCHAR AS s "
                 "FROM range(6000000)")
     con.execute("SELECT count(DISTINCT s) FROM big").fetchone()
     con.close()  # the table is dropped, its memory kept by the database for its next queries
+    return before
+
+
+def test_release_memory_gives_back_what_closed_connections_freed(monkeypatch):
+    monkeypatch.setenv(db.ENV_BLOCK_MEMORY, "0")  # no block allocator: everything freed goes back
+    db.close_databases()
+    before = _hold_memory()
     held = _rss_mib() - before
     assert held > 100, held
     db.release_memory()
@@ -92,8 +100,38 @@ def test_release_memory_gives_back_what_closed_connections_freed():
     check, fresh = connect(), duckdb.connect()  # the flush thresholds are back at DuckDB's defaults
     for name in ("allocator_flush_threshold", "allocator_bulk_deallocation_flush_threshold"):
         assert _setting(check, name) == _setting(fresh, name)
+    assert _setting(check, "block_allocator_memory") == "0 bytes"
     check.close()
     fresh.close()
+    db.close_databases()
+
+
+def test_block_pages_stay_until_the_database_closes(monkeypatch):
+    monkeypatch.setenv(db.ENV_BLOCK_MEMORY, "256MB")
+    db.close_databases()
+    con = connect()
+    assert _setting(con, "block_allocator_memory") == "244.1 MiB"
+    con.close()
+    before = _hold_memory()
+    held = _rss_mib() - before
+    assert held > 100, held
+    db.release_memory()
+    kept = _rss_mib() - before
+    assert kept < 256 + 64, (held, kept)  # the block allocator's pages, at most its size, stay
+    db.close_databases()
+    gone = _rss_mib() - before
+    assert gone < held / 3 and gone < kept, (held, kept, gone)
+    again = connect()  # a new database starts, with the same settings
+    assert again.execute("SELECT 41 + 1").fetchone()[0] == 42
+    assert _setting(again, "block_allocator_memory") == "244.1 MiB"
+    again.close()
+    db.close_databases()
+
+
+def test_the_default_block_memory():
+    con = connect()
+    assert _setting(con, "block_allocator_memory") == "488.2 MiB"  # 512MB
+    con.close()
 
 
 def _child_query(out):
