@@ -77,25 +77,25 @@ def _rss_mib() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _hold_memory() -> float:
-    """RSS (MiB) that a dropped temporary table and a distinct count leave with the database."""
+def _held_then_released() -> tuple[float, float, float]:
+    """RSS (MiB): before, what a dropped temporary table and a distinct count leave with the
+    database (checked to be > 100 MiB), and what stays after ``release_memory``."""
     con = connect()
     before = _rss_mib()
     con.execute("CREATE TEMP TABLE big AS SELECT range AS i, range::VARCHAR || '-' || range::VARCHAR AS s "
                 "FROM range(6000000)")
     con.execute("SELECT count(DISTINCT s) FROM big").fetchone()
     con.close()  # the table is dropped, its memory kept by the database for its next queries
-    return before
+    held = _rss_mib() - before
+    assert held > 100, held
+    db.release_memory()
+    return before, held, _rss_mib() - before
 
 
 def test_release_memory_gives_back_what_closed_connections_freed(monkeypatch):
     monkeypatch.setenv(db.ENV_BLOCK_MEMORY, "0")  # no block allocator: everything freed goes back
     db.close_databases()
-    before = _hold_memory()
-    held = _rss_mib() - before
-    assert held > 100, held
-    db.release_memory()
-    after = _rss_mib() - before
+    _, held, after = _held_then_released()
     assert after < held / 3, (held, after)
     check, fresh = connect(), duckdb.connect()  # the flush thresholds are back at DuckDB's defaults
     for name in ("allocator_flush_threshold", "allocator_bulk_deallocation_flush_threshold"):
@@ -112,11 +112,7 @@ def test_block_pages_stay_until_the_database_closes(monkeypatch):
     con = connect()
     assert _setting(con, "block_allocator_memory") == "244.1 MiB"
     con.close()
-    before = _hold_memory()
-    held = _rss_mib() - before
-    assert held > 100, held
-    db.release_memory()
-    kept = _rss_mib() - before
+    before, held, kept = _held_then_released()
     assert kept < 256 + 64, (held, kept)  # the block allocator's pages, at most its size, stay
     db.close_databases()
     gone = _rss_mib() - before
