@@ -19,9 +19,9 @@ each day, as closing a database of its own did.
 Its buffer blocks (sorts, hash tables, temporary tables, query results) come from a block allocator
 that keeps up to ``GPU_PIPELINE_DUCKDB_BLOCK_MEMORY`` (default 512MB; ``0`` turns it off) of the
 pages it has used, so the next query reuses them instead of asking the kernel for new zeroed pages
-(a third fewer page faults in a range run; README, Performance). That memory goes back only when the database closes:
-:func:`close_databases` closes the process's databases, which the assets do at the end of each step,
-so a step's blocks are not held through the next step's.
+(40 % fewer page faults in a range run; README, Performance). That memory goes back only when the
+database closes: :func:`close_databases` closes the process's databases, which the assets do at the
+end of each step, so a step's blocks are not held through the next step's.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ ENV_BLOCK_MEMORY = "GPU_PIPELINE_DUCKDB_BLOCK_MEMORY"
 DEFAULT_BLOCK_MEMORY = "512MB"
 
 _lock = threading.Lock()
-_databases: dict[tuple, duckdb.DuckDBPyConnection] = {}  # (pid, threads, memory limit, spill folder, block memory) -> database
+# (pid, threads, memory limit, spill folder, block memory) -> database
+_databases: dict[tuple, duckdb.DuckDBPyConnection] = {}
 # A forked child's copies of its parent's databases: never used, closed or freed there (their threads
 # are the parent's: freeing one there crashes the child).
 _inherited: list[duckdb.DuckDBPyConnection] = []
