@@ -74,23 +74,13 @@ def run_days_multi(
     failed: list[tuple[str, str]] = []
     try:
         for day in context.partition_keys:
-            try:
-                by_key = fn(day)
-            except Exception as exc:  # noqa: BLE001 - reported below with the day
-                names = ", ".join(k.to_user_string() for k in keys)
-                context.log.error(f"{names} {day}: {exc}")
-                failed.append((day, f"{type(exc).__name__}: {exc}"))
-                continue
-            finally:
-                release_memory()  # what DuckDB freed for the day goes back (its block pages stay)
-            for key in keys:
-                outcome = by_key.get(key)
-                if outcome is not None:
-                    outcomes[key].append(outcome)
-                    if key in selected:
-                        # Each day's materialization carries that day's own figures (row count, URI,
-                        # KPIs), in a range run as in a one-day run; nothing of the other days.
-                        context.add_asset_metadata(_day_metadata(outcome), asset_key=key, partition_key=day)
+            by_key = _one_day(context, keys, fn, day, failed)
+            for key, outcome in by_key.items():
+                outcomes[key].append(outcome)
+                if key in selected:
+                    # Each day's materialization carries that day's own figures (row count, URI,
+                    # KPIs), in a range run as in a one-day run; nothing of the other days.
+                    context.add_asset_metadata(_day_metadata(outcome), asset_key=key, partition_key=day)
     finally:
         close_databases()  # the step's DuckDB block pages go back before the next step
     if failed:
@@ -100,6 +90,26 @@ def run_days_multi(
             metadata={"failed_days": [d for d, _ in failed]},
         )
     return outcomes
+
+
+def _one_day(
+    context: dg.AssetExecutionContext,
+    keys: list[dg.AssetKey],
+    fn: Callable[[str], dict[dg.AssetKey, DayOutcome]],
+    day: str,
+    failed: list[tuple[str, str]],
+) -> dict[dg.AssetKey, DayOutcome]:
+    """``fn(day)``'s outcomes for ``keys``; none when it failed, which is logged and added to ``failed``."""
+    try:
+        by_key = fn(day)
+    except Exception as exc:  # noqa: BLE001 - reported by the caller with the day
+        names = ", ".join(k.to_user_string() for k in keys)
+        context.log.error(f"{names} {day}: {exc}")
+        failed.append((day, f"{type(exc).__name__}: {exc}"))
+        return {}
+    finally:
+        release_memory()  # what DuckDB freed for the day goes back (its block pages stay)
+    return {key: by_key[key] for key in keys if by_key.get(key) is not None}
 
 
 def _day_metadata(o: DayOutcome) -> dict[str, Any]:

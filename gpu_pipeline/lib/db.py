@@ -48,6 +48,12 @@ _databases: dict[tuple, duckdb.DuckDBPyConnection] = {}
 _inherited: list[duckdb.DuckDBPyConnection] = []
 
 
+def _set_aside_inherited(pid: int) -> None:
+    """Move a forked parent's databases out of the registry, into ``_inherited`` (call under the lock)."""
+    for key in [k for k in _databases if k[0] != pid]:
+        _inherited.append(_databases.pop(key))
+
+
 def _session(threads: int | None, memory_limit: str | None, spill: str | None,
              block_memory: str) -> duckdb.DuckDBPyConnection:
     """A new connection to this process's in-memory database with these limits, which starts at its
@@ -56,8 +62,7 @@ def _session(threads: int | None, memory_limit: str | None, spill: str | None,
     with _lock:
         db = _databases.get(key)
         if db is None:
-            for other in [k for k in _databases if k[0] != key[0]]:
-                _inherited.append(_databases.pop(other))
+            _set_aside_inherited(key[0])
             db = duckdb.connect(":memory:")
             if threads:
                 db.execute(f"SET threads = {int(threads)}")
@@ -112,8 +117,9 @@ def close_databases() -> None:
     the next :func:`connect` starts a new one. Connections still open to them stop working: call it
     only when none is in use (the assets do at the end of a step)."""
     with _lock:
-        mine = [_databases.pop(key) for key in list(_databases) if key[0] == os.getpid()]
-        _inherited.extend(_databases.pop(key) for key in list(_databases))
+        _set_aside_inherited(os.getpid())
+        mine = list(_databases.values())
+        _databases.clear()
     for db in mine:
         db.close()
 
