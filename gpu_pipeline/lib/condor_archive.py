@@ -235,10 +235,11 @@ def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str,
 
     The driver fixes each result column's type from the values of its first batch; it stops at
     text in a numeric column, but writes a number in a text column as SQLite's text for it (not
-    always Python's) and a blob as its bytes. The plain query reads numeric columns as they are
-    (integers as reals) and text columns as they are where the column has TEXT affinity
-    (``text_columns``: no number can be stored there; a blob's bytes are what the row-by-row read
-    decodes), else with anything but text or NULL turned into invalid UTF-8. A column whose first
+    always Python's) and a blob as its bytes. The plain query reads numeric columns as they are (a
+    batch of integers is cast to reals in Arrow; integers and reals in one batch come as reals; a
+    real after a first batch of integers stops the driver) and text columns as they are where the
+    column has TEXT affinity (``text_columns``: no number can be stored there; a blob's bytes are
+    what the row-by-row read decodes), else with anything but text or NULL turned into invalid UTF-8. A column whose first
     batch is all NULL is typed wrongly, and the driver then stops at its first value. The ``masked``
     query returns no NULLs (a bit mask column says which values were NULL) and turns a value of the
     wrong storage class into a wrong type or invalid UTF-8, so that only odd values stop it. Raises
@@ -251,7 +252,7 @@ def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str,
     for c in sources:
         q = _q(c)
         if c in _NUMERIC:
-            exprs.append(f"CASE typeof({q}) WHEN 'integer' THEN {q} * 1.0 ELSE {q} END" if not masked else
+            exprs.append(q if not masked else
                          f"CASE typeof({q}) WHEN 'real' THEN {q} WHEN 'integer' THEN {q} * 1.0 "
                          f"WHEN 'null' THEN 0.0 ELSE 'not a number' END")
         elif not masked:
@@ -295,6 +296,8 @@ def _converted(con: adbc_sqlite.Connection, sql: str, params: tuple, schema: pa.
                 if i == 0:
                     continue
                 col = batch.column(i - 1 + skip)
+                if col.type == pa.int64() and field.type == pa.float64() and not masked:
+                    col = col.cast(pa.float64(), safe=False)  # rounded beyond 2**53, as SQLite's `* 1.0`
                 if col.type != field.type:
                     if masked or col.null_count != len(col):
                         raise _NotColumnar(f"{field.name}: read as {col.type}")

@@ -1,6 +1,7 @@
 import datetime as dt
 import sqlite3
 
+import pyarrow as pa
 import pytest
 
 from gpu_pipeline.lib.condor_archive import ArchiveError, read_window
@@ -194,6 +195,17 @@ def test_plain_columnar_read_then_masked_then_row_by_row(tmp_path, monkeypatch):
     late = case("late", ["UPDATE gpu_state SET GlobalJobId = NULL", "UPDATE gpu_state SET GlobalJobId = 's#1.0#1' "
                          "WHERE rowid = 4"], "columnar_masked")  # after a first batch (rows 1-3) of NULLs
     assert late.column("GlobalJobId").to_pylist()[2:5] == [None, "s#1.0#1", None]
+    # integers only in a reader's first batch (rows 1-3 of rows 1-5; the second reader reads rows
+    # 6-10), a real in its next one (row 5): the driver stops there
+    ints_then_real = case("ints_then_real", ["UPDATE gpu_state SET GPUs_GlobalMemoryMb = 40960 WHERE rowid = 2",
+                                             "UPDATE gpu_state SET GPUs_GlobalMemoryMb = 20480.25 WHERE rowid = 5"],
+                          "columnar_masked")
+    assert ints_then_real.column("GPUs_GlobalMemoryMb").to_pylist()[:6] == [81920.0, 40960.0, 81920.0, 81920.0,
+                                                                             20480.25, 81920.0]
+    ints = case("ints", ["UPDATE gpu_state SET GPUs_GlobalMemoryMb = 40960 WHERE rowid = 2",
+                         "UPDATE gpu_state SET GPUs_GlobalMemoryMb = 9007199254740993 WHERE rowid = 3"], "columnar")
+    assert ints.column("GPUs_GlobalMemoryMb").type == pa.float64()
+    assert ints.column("GPUs_GlobalMemoryMb").to_pylist()[:3] == [81920.0, 40960.0, 9007199254740992.0]
     case("odd", ["UPDATE gpu_state SET State = X'436c61696d6564ff' WHERE rowid = 5"], "row_by_row")
     # a text column declared without a type keeps numbers as numbers: SQLite's text for 1e20 is not Python's
     untyped = ["ALTER TABLE gpu_state ADD COLUMN PreventJobsReason", "UPDATE gpu_state SET PreventJobsReason = 'x'"]
