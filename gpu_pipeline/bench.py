@@ -461,8 +461,14 @@ class _RssSampler:
         self._thread.join(timeout=5)
 
     def peak_between(self, t0: float, t1: float) -> int | None:
+        """The largest sample taken from ``t0`` to ``t1``; for a span shorter than the sampling
+        interval, which may hold none, the larger of the samples just before and just after it."""
         inside = [rss for t, rss in self.samples if t0 <= t <= t1]
-        return max(inside) if inside else None
+        if inside:
+            return max(inside)
+        before = [rss for t, rss in self.samples if t < t0][-1:]
+        after = [rss for t, rss in self.samples if t > t1][:1]
+        return max(before + after) if before or after else None
 
 
 def _asset_key(user_string: str) -> Any:

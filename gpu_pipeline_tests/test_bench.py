@@ -288,3 +288,16 @@ def test_rss_sampler_counts_a_helper_process_started_after_it():
             child.wait()
     assert alone is not None and with_child is not None
     assert with_child - alone > 250 * mib
+
+
+def test_a_step_shorter_than_the_sampling_interval_gets_the_samples_either_side():
+    from gpu_pipeline.bench import _RssSampler
+
+    sampler = _RssSampler(interval=0.05)
+    sampler.samples = [(10.00, 100), (10.05, 300), (10.10, 200), (10.15, 150)]
+    assert sampler.peak_between(10.04, 10.11) == 300  # samples inside: their largest
+    assert sampler.peak_between(10.06, 10.09) == 300  # none inside: 300 before, 200 after
+    assert sampler.peak_between(10.11, 10.12) == 200
+    assert sampler.peak_between(9.0, 9.5) == 100  # only a sample after
+    assert sampler.peak_between(11.0, 12.0) == 150  # only a sample before
+    assert _RssSampler(interval=0.05).peak_between(0.0, 1.0) is None
