@@ -5,13 +5,15 @@ event it stores, opens a connection, commits and closes it, and disposes of the 
 materialization of every partition is such an event, and an asset event is written twice (the
 run's database and the cross-run index). On a two-core machine that came to 12-16 ms an event: a
 new engine has an empty statement cache, so each insert is compiled again, and closing the last
-connection to a database in WAL mode checkpoints its log.
+connection to a database in WAL mode checkpoints its log. Each asset event also made one more
+engine, to check that the index has its tag table.
 
 :class:`PooledSqliteStorage` is Dagster's SQLite storage (the same files, the same layout under
 ``base_dir``, the same schema) with an event log that keeps one engine per database file: the
 index and the most recently used run databases, at most ``max_open_databases`` (default 8) of
 them, the least recently used disposed first. Connections stay open between events in a pool; a
-forked child drops its parent's connections without closing them. Nothing else changes: every
+forked child drops its parent's connections without closing them. A table of the index, once
+found, is remembered (migrations only add tables). Nothing else changes: every
 event is still its own transaction, committed before Dagster goes on. It is named in the instance
 template, ``dagster.yaml``:
 
@@ -58,7 +60,18 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         self._max_open = max_open_databases
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._engines_pid = os.getpid()
+        self._tables_found: set[str] = set()
         super().__init__(base_dir, inst_data=inst_data)
+
+    def has_table(self, table_name: str) -> bool:
+        """Whether the index has the table. Dagster's own opens a new engine for every call (one per
+        asset event stored); a table once found is remembered, as migrations only add tables."""
+        if table_name in self._tables_found:
+            return True
+        found = super().has_table(table_name)
+        if found:
+            self._tables_found.add(table_name)
+        return found
 
     def open_databases(self) -> list[str]:
         """The shards (run ids, and ``index``) whose engines are open, least recently used first."""
@@ -104,6 +117,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     def wipe(self) -> None:
         # The run databases' files are deleted: their connections must not outlive them.
         self._dispose_engines()
+        self._tables_found.clear()
         super().wipe()
 
     def upgrade(self) -> None:

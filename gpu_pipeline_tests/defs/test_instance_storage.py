@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster._core.storage.event_log.sqlite import sqlite_event_log
 
 from gpu_pipeline import instance_storage
 from gpu_pipeline.instance_storage import PooledSqliteEventLogStorage
@@ -110,12 +111,23 @@ def test_one_engine_per_database_however_many_events(tmp_path, monkeypatch):
         created.append(str(url))
         return real(url, **kwargs)
 
+    dagster_created: list[str] = []
+    dagster_real = sqlite_event_log.create_engine
+
+    def dagster_counting(url, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        dagster_created.append(str(url))
+        return dagster_real(url, **kwargs)
+
     monkeypatch.setattr(instance_storage, "create_engine", counting)
     with dg.DagsterInstance.get() as instance:
+        monkeypatch.setattr(sqlite_event_log, "create_engine", dagster_counting)
         run_id = _range_run(instance)
         events = len(instance.all_logs(run_id))
         assert events > 20
         assert sorted(Path(u).name for u in created) == sorted(["index.db", f"{run_id}.db"])
+        # Dagster's has_table (an engine per call, one call per asset event) once per table.
+        assert _event_types(instance, run_id).count("ASSET_MATERIALIZATION") == 6
+        assert len(dagster_created) <= 2
         assert sorted(instance.event_log_storage.open_databases()) == sorted(["index", run_id])
 
 
