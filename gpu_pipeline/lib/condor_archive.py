@@ -233,19 +233,19 @@ def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str,
     Arrow record batches, straight from SQLite through the ADBC SQLite driver (no Python object per
     value).
 
-    The driver fixes each result column's type from the values of its first batch; it stops at
-    text in a numeric column, but writes a number in a text column as SQLite's text for it (not
-    always Python's) and a blob as its bytes. The plain query reads numeric columns as they are (a
-    batch of integers is cast to reals in Arrow; integers and reals in one batch come as reals; a
-    real after a first batch of integers stops the driver) and text columns as they are where the
-    column has TEXT affinity (``text_columns``: no number can be stored there; a blob's bytes are
-    what the row-by-row read decodes), else with anything but text or NULL turned into invalid UTF-8. A column whose first
-    batch is all NULL is typed wrongly, and the driver then stops at its first value. The ``masked``
-    query returns no NULLs (a bit mask column says which values were NULL) and turns a value of the
-    wrong storage class into a wrong type or invalid UTF-8, so that only odd values stop it. Raises
-    :class:`_NotColumnar` when the driver stops or returns a wrong type, when the file is locked or
-    damaged, or when a text is not valid UTF-8; the caller then tries the next way (masked, then
-    row by row with the per-value rules: the same table)."""
+    The driver fixes each result column's type from the values of its first batch (integers and
+    reals together: real; text among them: text) and stops at a later value of another type (text
+    in a numeric column, a real after integers); it writes a number in a text column as SQLite's
+    text for it (not always Python's) and a blob as its bytes. The plain query reads numeric columns
+    as they are (a batch of integers is cast to reals in Arrow) and text columns as they are where
+    the column has TEXT affinity (``text_columns``: no number can be stored there; a blob's bytes
+    are what the row-by-row read decodes), else with anything but text or NULL turned into invalid
+    UTF-8. A column whose first batch is all NULL is typed wrongly, and the driver then stops at its
+    first value. The ``masked`` query returns no NULLs (a bit mask column says which values were
+    NULL) and turns a value of the wrong storage class into a wrong type or invalid UTF-8, so that
+    only odd values stop it. Raises :class:`_NotColumnar` when the driver stops or returns a wrong
+    type, when the file is locked or damaged, or when a text is not valid UTF-8; the caller then
+    tries the next way (masked, then row by row with the per-value rules: the same table)."""
     schema = _read_types(wanted)
     sources = ["timestamp", *wanted]
     exprs = []
