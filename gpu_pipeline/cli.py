@@ -59,17 +59,11 @@ def prepare_dagster_home(home: Path) -> Path:
             if not marker.exists():
                 import dagster as dg
 
+                from gpu_pipeline.lib.envutil import scoped_env
+
                 # The template names its storage directory by $DAGSTER_HOME (see dagster.yaml).
-                saved = os.environ.get("DAGSTER_HOME")
-                os.environ["DAGSTER_HOME"] = str(home)
-                try:
-                    with dg.DagsterInstance.from_config(str(home)) as instance:
-                        instance.get_run_records(limit=1)
-                finally:
-                    if saved is None:
-                        del os.environ["DAGSTER_HOME"]
-                    else:
-                        os.environ["DAGSTER_HOME"] = saved
+                with scoped_env("DAGSTER_HOME", str(home)), dg.DagsterInstance.from_config(str(home)) as instance:
+                    instance.get_run_records(limit=1)
                 marker.touch()
     return home
 

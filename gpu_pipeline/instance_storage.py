@@ -77,15 +77,19 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         """The shards (run ids, and ``index``) whose engines are open, least recently used first."""
         return list(self._engines)
 
-    def _engine(self, shard: str) -> Engine:
-        """The shard's engine, made the most recently used; called under ``self._db_lock``."""
+    def _own_engines(self) -> OrderedDict[str, Engine]:
+        """This process's engines (call under ``self._db_lock``): a forked child drops its parent's,
+        whose SQLite connections it must neither use nor close."""
         if self._engines_pid != os.getpid():
-            # A forked child must not use its parent's SQLite connections, nor close them.
             for engine in self._engines.values():
                 engine.dispose(close=False)
             self._engines.clear()
             self._engines_pid = os.getpid()
-        engine = self._engines.pop(shard, None)
+        return self._engines
+
+    def _engine(self, shard: str) -> Engine:
+        """The shard's engine, made the most recently used; called under ``self._db_lock``."""
+        engine = self._own_engines().pop(shard, None)
         if engine is None:
             engine = create_engine(
                 self.conn_string_for_shard(shard),
@@ -109,7 +113,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
 
     def _dispose_engines(self) -> None:
         with self._db_lock:
-            engines = list(self._engines.values()) if self._engines_pid == os.getpid() else []
+            engines = list(self._own_engines().values())
             self._engines.clear()
         for engine in engines:
             engine.dispose()

@@ -90,6 +90,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import classad2
 
 from gpu_pipeline.lib import condor_archive
+from gpu_pipeline.lib.envutil import scoped_env
 
 log = logging.getLogger(__name__)
 
@@ -518,17 +519,11 @@ def ads_to_rows(ads: Iterable[classad2.ClassAd | Mapping], snapshot_time: dt.dat
 @contextlib.contextmanager
 def _query_timeout(htcondor2, timeout_s: float) -> Iterator[None]:
     """Run with ``QUERY_TIMEOUT = ceil(timeout_s)``; restore the previous setting afterwards."""
-    key = "_CONDOR_QUERY_TIMEOUT"
-    previous = os.environ.get(key)
-    os.environ[key] = str(max(1, math.ceil(timeout_s)))
-    htcondor2.reload_config()
     try:
-        yield
+        with scoped_env("_CONDOR_QUERY_TIMEOUT", str(max(1, math.ceil(timeout_s)))):
+            htcondor2.reload_config()
+            yield
     finally:
-        if previous is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = previous
         htcondor2.reload_config()
 
 
