@@ -73,6 +73,7 @@ import pyarrow as pa
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.gpu_specs import UNKNOWN, name_map
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
+from gpu_pipeline.lib.timeutil import epoch_us
 
 # --------------------------------------------------------------------------------------------------
 # Constants
@@ -334,13 +335,6 @@ def _ts(us_expr: str) -> str:
     return f"(TIMESTAMPTZ '1970-01-01 00:00:00+00' + to_microseconds(CAST({us_expr} AS BIGINT)))"
 
 
-def _us(t: dt.datetime) -> int:
-    if t.tzinfo is None:
-        raise ValueError(f"naive datetime {t!r}: pass a timezone-aware (UTC) time")
-    delta = t.astimezone(dt.UTC) - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    return (delta.days * 86400 + delta.seconds) * _US + delta.microseconds
-
-
 def _mean(value: str, weight: str) -> str:
     return (f"sum({value} * {weight}) FILTER (WHERE {value} IS NOT NULL) / "
             f"nullif(sum({weight}) FILTER (WHERE {value} IS NOT NULL), 0)")
@@ -376,7 +370,7 @@ def compute_efficiency(
     the window is read. Without ``states_sql`` there is no held-idle detection (null columns);
     without ``jobs_sql`` the job table is empty. Uses temporary tables ``_eff_*`` on ``con``.
     """
-    s_us, e_us = _us(start_utc), _us(end_utc)
+    s_us, e_us = epoch_us(start_utc), epoch_us(end_utc)
     lo = start_utc - LOOKAROUND
     hi = end_utc + LOOKAROUND
     counters: dict[str, float] = {}

@@ -24,10 +24,12 @@ import datetime as dt
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_STATES, conform
 from gpu_pipeline.lib.store import Store
+from gpu_pipeline.lib.timeutil import epoch_us
 
 BUCKET = dt.timedelta(minutes=5)
 STALE_FACTOR = 1.5
@@ -72,9 +74,14 @@ bucket_snaps AS (
 )"""
 
 
+def bucket_snaps_sql(rows_cte: str) -> str:
+    """``WITH params, rows, <bucket assignment CTEs>`` (no trailing comma: a SELECT may follow)."""
+    return "WITH" + PARAMS_SQL + ",\n" + rows_cte.strip("\n") + "," + BUCKET_SNAPS_SQL
+
+
 def with_bucket_snaps(rows_cte: str) -> str:
     """``WITH params, rows, <bucket assignment CTEs>,`` for a query that goes on with more CTEs."""
-    return "WITH" + PARAMS_SQL + ",\n" + rows_cte.strip("\n") + "," + BUCKET_SNAPS_SQL + ",\n"
+    return bucket_snaps_sql(rows_cte) + ",\n"
 
 
 # Columns of the clean slot table the state SQL reads (the temp table holds only these).
@@ -92,128 +99,168 @@ _RANK_CODE = """CASE
             ELSE 0
         END"""
 
-# The state SQL reads its rows from one of two sources (see _state_sql): a temp table ``slot_rows``
-# (any FROM clause copied in, e.g. an in-memory table), or the day's and the day before's Parquet
-# partitions straight (``$files``). A winner's own columns are fetched at the end by a row id: the
-# temp table's ``rowid``, or a Parquet row's file number and row number in the file.
-_STATE_HEAD = """
-rows AS (
-    SELECT {rid} AS rid, epoch_us(r.snapshot_utc) AS t_us, r.gpu_id, r.slot_name, r.host, r.device_name,
-        {rank_code} AS rank_code
-    FROM {rows_from} r, params p
-    WHERE epoch_us(r.snapshot_utc) < p.e_us{where}
+# The state SQL runs as three statements over one source of clean slot rows ``{src}``: the temp
+# table ``slot_rows`` (any FROM clause copied in, e.g. an in-memory table), or the day's and the
+# day before's Parquet partitions straight (``$files``). A row is known by a row id: the temp
+# table's ``rowid``, or a Parquet row's file number * 2^40 + its row number in the file.
+#
+# 1. The GPUs seen during the window, numbered in output order (host, GPU id), with the latest host
+#    and device name (a named row before an unnamed one: (named, time) packed in a BIGINT).
+_GPUS_SQL = """
+CREATE OR REPLACE TEMP TABLE _st_gpus AS
+SELECT *, row_number() OVER (ORDER BY host, gpu_id) - 1 AS g_no
+FROM (
+    SELECT gpu_id,
+           arg_max(host, t_us) AS host,
+           arg_max(device_name, CAST(device_name IS NOT NULL AS BIGINT) * 4611686018427387904 + t_us)
+               AS device_name
+    FROM (SELECT gpu_id, host, device_name, epoch_us(snapshot_utc) AS t_us FROM {src} r
+          WHERE r.snapshot_utc >= CAST($start AS TIMESTAMPTZ) AND r.snapshot_utc < CAST($end AS TIMESTAMPTZ))
+    GROUP BY gpu_id
 )"""
-_STATE_REST = """-- Order numbers of snapshot times and slot names, so that (rank, time, slot name) packs into one
--- BIGINT: rank_code * 2^48 + snapshot number * 2^24 + slot-name number.
-snap_no AS (SELECT t_us, row_number() OVER (ORDER BY t_us) AS snap_no FROM snaps),
+# 2. Each bucket's snapshots (the bucket assignment shared with allocation.py), from the snapshot
+#    times alone.
+_BUCKET_SNAPS_STMT = "CREATE OR REPLACE TEMP TABLE _st_bsnaps AS\n" + bucket_snaps_sql("""
+rows AS (
+    SELECT DISTINCT epoch_us(r.snapshot_utc) AS t_us FROM {src} r WHERE {window}
+)""") + "\nSELECT b_start_us, t_us FROM bucket_snaps"
+# 3. The winner of each (GPU, bucket) that has rows, with its state. A (GPU, bucket) is known by its
+#    row in the output, GPU-major: pos = GPU number * $n_buckets + bucket number; (rank, snapshot
+#    time, slot name) pack into one BIGINT: rank_code * 2^48 + snapshot number * 2^24 + slot-name
+#    number. The rows carry integers only (the GPU and slot name numbered as they are read): what
+#    the joins and the grouping hold stays small however many GPUs. The winners' own columns are
+#    read back by row id at the end. The dense grid (GPUs without a row in a bucket) is laid out by
+#    _assemble(), not sorted here.
+_WINNERS_SQL = """
+WITH""" + PARAMS_SQL + """,
 name_no AS (
     SELECT slot_name, row_number() OVER (ORDER BY slot_name) AS name_no
-    FROM (SELECT DISTINCT slot_name FROM rows)
+    FROM (SELECT DISTINCT r.slot_name FROM {src} r WHERE {window})
 ),
-gpus AS (
-    SELECT *, row_number() OVER (ORDER BY host, gpu_id) - 1 AS g_no  -- output order
-    FROM (
-        SELECT gpu_id,
-               arg_max(host, t_us) AS host,
-               -- the latest name, a named row before an unnamed one: (named, time) packed in a BIGINT
-               arg_max(device_name, CAST(device_name IS NOT NULL AS BIGINT) * 4611686018427387904 + t_us)
-                   AS device_name
-        FROM rows, params p
-        WHERE rows.t_us >= p.s_us
-        GROUP BY gpu_id
-    )
-),
--- A (GPU, bucket) is known by its row in the output, GPU-major: pos = g_no * $n_buckets + bucket
--- number. Grouping and joining on that one integer is cheaper than on (bucket, GPU id text).
-ranked AS (
-    SELECT g.g_no * $n_buckets + (bs.b_start_us - p.s_us) // p.b_us AS pos, r.rid,
-        r.rank_code * 281474976710656 + sn.snap_no * 16777216 + nn.name_no AS win_key
-    FROM bucket_snaps bs
-    JOIN rows r ON r.t_us = bs.t_us
-    JOIN snap_no sn ON sn.t_us = r.t_us
+rows AS (
+    SELECT {rid} AS rid, epoch_us(r.snapshot_utc) AS t_us, g.g_no, nn.name_no, {rank_code} AS rank_code
+    FROM {src} r
+    JOIN _st_gpus g ON g.gpu_id = r.gpu_id
     JOIN name_no nn ON nn.slot_name = r.slot_name
-    JOIN gpus g ON g.gpu_id = r.gpu_id
-    CROSS JOIN params p
+    WHERE {window}
+),
+snap_no AS (
+    SELECT t_us, row_number() OVER (ORDER BY t_us) AS snap_no FROM (SELECT DISTINCT t_us FROM _st_bsnaps)
 ),
 best AS (
-    SELECT pos, arg_max(rid, win_key) AS rid, count(*) AS n_slot_rows
-    FROM ranked
-    GROUP BY pos
+    SELECT r.g_no * $n_buckets + (bs.b_start_us - p.s_us) // p.b_us AS pos,
+           arg_max(r.rid, r.rank_code * 281474976710656 + sn.snap_no * 16777216 + r.name_no) AS rid,
+           count(*) AS n_slot_rows
+    FROM _st_bsnaps bs
+    JOIN rows r ON r.t_us = bs.t_us
+    JOIN snap_no sn ON sn.t_us = bs.t_us
+    CROSS JOIN params p
+    GROUP BY ALL
 ),
 winners AS (
-    SELECT best.pos, best.n_slot_rows,
-        struct_pack(r.tier, r.slot_name, r.slot_state, r.global_job_id, r.remote_owner, r.gpu_usage_pct,
-                    r.snapshot_utc,
-                    rank_code := {rank_code}) AS w
-    FROM best JOIN {winner_join}
-),
-covered AS (SELECT DISTINCT b_start_us FROM bucket_snaps),
-grid AS (
-    SELECT b.b_start_us, g.gpu_id, g.host, g.device_name,
-           g.g_no * $n_buckets + (b.b_start_us - p.s_us) // p.b_us AS pos
-    FROM buckets b CROSS JOIN gpus g CROSS JOIN params p
+    SELECT best.pos, best.n_slot_rows, r.tier, r.slot_name, r.slot_state, r.global_job_id, r.remote_owner,
+           r.gpu_usage_pct, r.snapshot_utc, {rank_code} AS rc
+    FROM best JOIN (SELECT *, {rid} AS rid FROM {src} r WHERE {window}) r ON r.rid = best.rid
 )
--- A GPU's own columns are given on its first bucket's row only and repeated by with_gpu_columns()
--- (converting 1,000 names once instead of 288,000 times, and sorting rows without them).
-SELECT
-    make_timestamptz(b.b_start_us) AS bucket_start_utc,
-    CASE WHEN b.b_start_us = p.s_us THEN b.gpu_id END AS gpu_id,
-    CASE WHEN b.b_start_us = p.s_us THEN b.host END AS host,
-    CASE WHEN b.b_start_us = p.s_us THEN b.device_name END AS device_name,
+SELECT pos,
     CASE
-        WHEN w.w IS NULL THEN 'na'
-        WHEN w.w.rank_code = 5 AND w.w.tier = 'priority' THEN 'busy_prioritized'
-        WHEN w.w.rank_code = 5 THEN 'busy_shared'
-        WHEN w.w.rank_code = 4 THEN 'busy_backfill'
-        WHEN w.w.rank_code = 3 AND w.w.tier = 'priority' THEN 'idle_prioritized'
-        WHEN w.w.rank_code = 3 THEN 'idle_shared'
-        WHEN w.w.rank_code = 1 THEN 'idle_backfill'
+        WHEN rc = 5 AND tier = 'priority' THEN 'busy_prioritized'
+        WHEN rc = 5 THEN 'busy_shared'
+        WHEN rc = 4 THEN 'busy_backfill'
+        WHEN rc = 3 AND tier = 'priority' THEN 'idle_prioritized'
+        WHEN rc = 3 THEN 'idle_shared'
+        WHEN rc = 1 THEN 'idle_backfill'
         ELSE 'na'
     END AS state,
-    CASE WHEN w.w.rank_code IN (0, 2) THEN NULL ELSE w.w.tier END AS tier,
-    w.w.slot_name AS slot_name,
-    w.w.slot_state AS slot_state,
-    CASE WHEN w.w.rank_code IN (4, 5) THEN w.w.global_job_id END AS global_job_id,
-    CASE WHEN w.w.rank_code IN (4, 5) THEN w.w.remote_owner END AS remote_owner,
-    w.w.gpu_usage_pct AS gpu_usage_pct,
-    w.w.snapshot_utc AS snapshot_utc,
-    CAST(coalesce(w.n_slot_rows, 0) AS INTEGER) AS n_slot_rows,
-    CASE
-        WHEN cv.b_start_us IS NULL THEN 'no_snapshot'
-        WHEN w.w IS NULL THEN 'dropout'
-        WHEN w.w.rank_code IN (0, 2) THEN w.w.slot_state
-    END AS na_reason,
-    b.pos
-FROM grid b
-CROSS JOIN params p
-LEFT JOIN winners w ON w.pos = b.pos
-LEFT JOIN covered cv ON cv.b_start_us = b.b_start_us
-ORDER BY b.pos
-"""
+    CASE WHEN rc IN (0, 2) THEN NULL ELSE tier END AS tier,
+    slot_name,
+    slot_state,
+    CASE WHEN rc IN (4, 5) THEN global_job_id END AS global_job_id,
+    CASE WHEN rc IN (4, 5) THEN remote_owner END AS remote_owner,
+    gpu_usage_pct,
+    snapshot_utc,
+    CAST(n_slot_rows AS INTEGER) AS n_slot_rows,
+    CASE WHEN rc IN (0, 2) THEN slot_state END AS na_reason
+FROM winners"""
+_WINDOW = ("r.snapshot_utc >= CAST($start AS TIMESTAMPTZ) - INTERVAL 1 HOUR "
+           "AND r.snapshot_utc < CAST($end AS TIMESTAMPTZ)")
 
 
-_PARQUET_ROWS = "read_parquet($files, union_by_name=false)"
-_FROM_LOOKBACK = "snapshot_utc >= CAST($start AS TIMESTAMPTZ) - INTERVAL 1 HOUR"
-
-
-def _state_sql(parquet: bool) -> str:
-    """The state SQL over the temp table ``slot_rows``, or (``parquet``) over ``$files`` from an hour
-    before ``$start``. A Parquet row's id is its file's number in ``$files`` * 2^40 + its row number
-    in the file, and the winners' columns are read back by it (only from the window's row groups)."""
+def _statements(parquet: bool) -> tuple[str, str, str]:
+    """The three statements over the temp table ``slot_rows``, or (``parquet``) over ``$files``."""
     if parquet:
-        rid, rows_from, where = "r.file_index * 1099511627776 + r.file_row_number", _PARQUET_ROWS, f" AND r.{_FROM_LOOKBACK}"
-        winner_join = (f"(SELECT *, file_index * 1099511627776 + file_row_number AS rid FROM {_PARQUET_ROWS} "
-                       f"WHERE {_FROM_LOOKBACK} AND snapshot_utc < CAST($end AS TIMESTAMPTZ)) r ON r.rid = best.rid")
+        src, rid = "read_parquet($files, union_by_name=false)", "r.file_index * 1099511627776 + r.file_row_number"
     else:
-        rid, rows_from, where = "r.rowid", "slot_rows", ""
-        winner_join = "slot_rows r ON r.rowid = best.rid"
-    head = _STATE_HEAD.format(rid=rid, rows_from=rows_from, where=where, rank_code=_RANK_CODE)
-    rest = _STATE_REST.replace("{winner_join}", winner_join).replace("{rank_code}", _RANK_CODE)
-    return with_bucket_snaps(head) + rest
+        src, rid = "slot_rows", "r.rowid"
+
+    def fill(sql: str) -> str:
+        return (sql.replace("{src}", src).replace("{rid}", rid).replace("{window}", _WINDOW)
+                .replace("{rank_code}", _RANK_CODE))
+
+    return fill(_GPUS_SQL), fill(_BUCKET_SNAPS_STMT), fill(_WINNERS_SQL)
 
 
-STATE_SQL = _state_sql(parquet=False)
-STATE_SQL_PARQUET = _state_sql(parquet=True)
+STATE_STATEMENTS = _statements(parquet=False)
+STATE_STATEMENTS_PARQUET = _statements(parquet=True)
+
+
+def _run_state_statements(
+    con: duckdb.DuckDBPyConnection, statements: tuple[str, str, str], params: dict
+) -> pa.Table:
+    """Run the three statements on ``con`` and lay their winners out on the dense grid."""
+    gpus_sql, bsnaps_sql, winners_sql = statements
+    try:
+        con.execute(gpus_sql, _used(gpus_sql, params))
+        con.execute(bsnaps_sql, _used(bsnaps_sql, params))
+        winners = con.sql(winners_sql, params=_used(winners_sql, params)).to_arrow_table()
+        gpus = con.sql("SELECT gpu_id, host, device_name FROM _st_gpus ORDER BY g_no").to_arrow_table()
+        covered = con.sql(
+            "SELECT DISTINCT (b_start_us - epoch_us(CAST($start AS TIMESTAMPTZ))) // $bucket_us FROM _st_bsnaps",
+            params={"start": params["start"], "bucket_us": params["bucket_us"]},
+        ).fetchnumpy()
+    finally:
+        con.execute("DROP TABLE IF EXISTS _st_gpus")
+        con.execute("DROP TABLE IF EXISTS _st_bsnaps")
+    (covered_no,) = covered.values()
+    return _assemble(winners, gpus, np.asarray(covered_no, dtype=np.int64), params)
+
+
+def _used(sql: str, params: dict) -> dict:
+    """The named parameters ``sql`` uses (DuckDB refuses unused ones)."""
+    return {k: v for k, v in params.items() if f"${k}" in sql}
+
+
+def _assemble(winners: pa.Table, gpus: pa.Table, covered_no: np.ndarray, params: dict) -> pa.Table:
+    """The state table: one row per GPU (in ``gpus``' order) per bucket, GPU by GPU. A (GPU, bucket)
+    with a winner takes the winner's columns; one without is ``na``, ``dropout`` when a snapshot
+    covers the bucket, else ``no_snapshot``."""
+    n_buckets = params["n_buckets"]
+    n_rows = gpus.num_rows * n_buckets
+    pos = winners.column("pos").to_numpy()
+    if len(pos) and (pos.min() < 0 or pos.max() >= n_rows):
+        raise RuntimeError(f"state winners outside the grid of {gpus.num_rows} GPUs x {n_buckets} buckets")
+    at = np.full(n_rows, -1, dtype=np.int64)
+    at[pos] = np.arange(len(pos), dtype=np.int64)
+    if np.count_nonzero(at >= 0) != len(pos):
+        raise RuntimeError("more than one state winner for a (GPU, bucket)")
+    has = at >= 0
+    taken = winners.drop_columns(["pos"]).take(pa.array(at, mask=~has))
+    bucket_no = np.tile(np.arange(n_buckets, dtype=np.int64), gpus.num_rows)
+    covered = np.zeros(max(n_buckets, 1), dtype=bool)
+    covered[covered_no[(covered_no >= 0) & (covered_no < n_buckets)]] = True
+    missing = pc.if_else(pa.array(covered[bucket_no]), pa.scalar("dropout"), pa.scalar("no_snapshot"))
+    s_us = epoch_us(params["start"])
+    starts = pa.array(s_us + bucket_no * params["bucket_us"], type=pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    gpu_rows = pa.array(np.repeat(np.arange(gpus.num_rows, dtype=np.int64), n_buckets))
+    columns = {
+        "bucket_start_utc": starts,
+        **{name: gpus.column(name).take(gpu_rows) for name in _GPU_COLUMNS},
+        **{name: taken.column(name) for name in taken.column_names},
+    }
+    columns["state"] = pc.fill_null(columns["state"], "na")
+    columns["n_slot_rows"] = pc.fill_null(columns["n_slot_rows"], 0)
+    columns["na_reason"] = pc.if_else(pa.array(has), columns["na_reason"], missing)
+    return conform(pa.table(columns), GPU_STATES)
 
 
 def compute_gpu_states(
@@ -234,8 +281,7 @@ def compute_gpu_states(
         f"WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ) - INTERVAL 1 HOUR",
         [*params, start_utc],
     )
-    params = _state_params(start_utc, end_utc, bucket)
-    return with_gpu_columns(con.sql(STATE_SQL, params=params).to_arrow_table(), params["n_buckets"])
+    return _run_state_statements(con, STATE_STATEMENTS, _state_params(start_utc, end_utc, bucket))
 
 
 def bucket_count(start_utc: dt.datetime, end_utc: dt.datetime, bucket: dt.timedelta) -> int:
@@ -252,22 +298,6 @@ def _state_params(start_utc: dt.datetime, end_utc: dt.datetime, bucket: dt.timed
 _GPU_COLUMNS = ("gpu_id", "host", "device_name")
 
 
-def with_gpu_columns(table: pa.Table, n_buckets: int) -> pa.Table:
-    """The state SQL's rows (GPU by GPU, bucket by bucket, a dense grid: row ``pos`` = GPU number *
-    ``n_buckets`` + bucket number) with each GPU's own columns, which the SQL gives on its first
-    bucket's row only, repeated on all its rows."""
-    pos = table.column("pos").to_numpy()
-    if len(pos) % max(n_buckets, 1) or not np.array_equal(pos, np.arange(len(pos))):
-        raise RuntimeError(f"state rows are not a dense grid of {n_buckets} buckets per GPU in order")
-    table = table.drop_columns(["pos"])
-    firsts = pa.array(np.arange(0, len(pos), max(n_buckets, 1), dtype=np.int64))
-    repeat = pa.array(np.repeat(np.arange(len(firsts), dtype=np.int64), n_buckets))
-    for name in _GPU_COLUMNS:
-        column = table.column(name).take(firsts).combine_chunks().take(repeat)
-        table = table.set_column(table.schema.get_field_index(name), name, column)
-    return conform(table, GPU_STATES)
-
-
 def states_for_day(store: Store, day: dt.date | str, start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
     """One partition's states, read straight from the clean slot snapshots' Parquet files of the day
     and the day before (for the carried-forward first bucket): the table :func:`compute_gpu_states`
@@ -278,9 +308,8 @@ def states_for_day(store: Store, day: dt.date | str, start_utc: dt.datetime, end
         return states_from_table(CLEAN_SLOT_SNAPSHOTS.empty(), start_utc, end_utc)
     con = db_connect()
     try:
-        params = _state_params(start_utc, end_utc, BUCKET)
-        table = con.sql(STATE_SQL_PARQUET, params={**params, "files": files}).to_arrow_table()
-        return with_gpu_columns(table, params["n_buckets"])
+        return _run_state_statements(con, STATE_STATEMENTS_PARQUET,
+                                     {**_state_params(start_utc, end_utc, BUCKET), "files": files})
     finally:
         con.close()
 

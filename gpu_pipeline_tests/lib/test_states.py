@@ -84,6 +84,28 @@ def test_higher_rank_wins_even_from_an_earlier_snapshot_in_the_bucket():
     assert states(rows, 5)[("GPU-aaaaaaaa", 0)]["state"] == "busy_shared"
 
 
+def test_equal_rank_in_one_snapshot_the_greatest_slot_name_wins_whatever_the_row_order():
+    # Two unclaimed primary slots name one GPU in the same snapshot: the greater slot name wins,
+    # not the later row (the rows come greatest name first) nor the later host.
+    t = snap(0)
+    rows = [row(t, "slot2", "GPU-aaaaaaaa", "Unclaimed", "shared", host="h1"),
+            row(t, "slot1", "GPU-aaaaaaaa", "Unclaimed", "priority", host="h1"),
+            row(t, "slot1", "GPU-aaaaaaaa", "Unclaimed", "priority", host="h9")]
+    r = states(rows, 5)[("GPU-aaaaaaaa", 0)]
+    assert (r["slot_name"], r["state"], r["n_slot_rows"]) == ("slot2@h1", "idle_shared", 3)
+
+
+def test_a_gpu_seen_only_in_the_hour_before_the_window_gets_no_rows():
+    # The 23:57 snapshot carries into the first bucket, but only GPUs seen during the window count.
+    rows = [row(snap(-3), "slot1", "GPU-aaaaaaaa", "Claimed", "shared", job="a#1.0#1"),
+            row(snap(-3), "slot1", "GPU-bbbbbbbb", "Claimed", "shared", host="h2", job="b#1.0#1"),
+            row(snap(5), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared")]
+    out = states(rows, 10)
+    assert sorted(out) == [("GPU-aaaaaaaa", 0), ("GPU-aaaaaaaa", 5)]
+    assert (out[("GPU-aaaaaaaa", 0)]["state"], out[("GPU-aaaaaaaa", 0)]["snapshot_utc"]) == ("busy_shared", snap(-3))
+    assert out[("GPU-aaaaaaaa", 5)]["state"] == "idle_shared"
+
+
 def test_dropout_missing_snapshot_and_carry_forward():
     rows = []
     for m in (0, 5, 15, 20, 25):  # the 10-minute snapshot is missing from the whole pool
