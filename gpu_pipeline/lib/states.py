@@ -212,7 +212,10 @@ def _run_state_statements(
     try:
         con.execute(gpus_sql, _used(gpus_sql, params))
         con.execute(bsnaps_sql, _used(bsnaps_sql, params))
-        winners = con.sql(winners_sql, params=_used(winners_sql, params)).to_arrow_table()
+        table = con.sql(winners_sql, params=_used(winners_sql, params)).to_arrow_table()
+        # held by this dict alone, so that _assemble() lets each column go once it has laid it out
+        winners = dict(zip(table.column_names, table.columns, strict=True))
+        del table
         gpus = con.sql("SELECT gpu_id, host, device_name FROM _st_gpus ORDER BY g_no").to_arrow_table()
         covered = con.sql(
             "SELECT DISTINCT (b_start_us - epoch_us(CAST($start AS TIMESTAMPTZ))) // $bucket_us FROM _st_bsnaps",
@@ -230,13 +233,16 @@ def _used(sql: str, params: dict) -> dict:
     return {k: v for k, v in params.items() if f"${k}" in sql}
 
 
-def _assemble(winners: pa.Table, gpus: pa.Table, covered_no: np.ndarray, params: dict) -> pa.Table:
+def _assemble(
+    winners: dict[str, pa.ChunkedArray], gpus: pa.Table, covered_no: np.ndarray, params: dict
+) -> pa.Table:
     """The state table: one row per GPU (in ``gpus``' order) per bucket, GPU by GPU. A (GPU, bucket)
     with a winner takes the winner's columns; one without is ``na``, ``dropout`` when a snapshot
-    covers the bucket, else ``no_snapshot``."""
+    covers the bucket, else ``no_snapshot``. ``winners``' columns are taken out of the dict one at a
+    time (at most one column is held twice: at 10,000 GPUs a full copy is about 400 MB)."""
     n_buckets = params["n_buckets"]
     n_rows = gpus.num_rows * n_buckets
-    pos = winners.column("pos").to_numpy()
+    pos = winners.pop("pos").to_numpy()
     if len(pos) and (pos.min() < 0 or pos.max() >= n_rows):
         raise RuntimeError(f"state winners outside the grid of {gpus.num_rows} GPUs x {n_buckets} buckets")
     at = np.full(n_rows, -1, dtype=np.int64)
@@ -244,7 +250,8 @@ def _assemble(winners: pa.Table, gpus: pa.Table, covered_no: np.ndarray, params:
     if np.count_nonzero(at >= 0) != len(pos):
         raise RuntimeError("more than one state winner for a (GPU, bucket)")
     has = at >= 0
-    taken = winners.drop_columns(["pos"]).take(pa.array(at, mask=~has))
+    index = pa.array(at, mask=~has)
+    taken = {name: winners.pop(name).take(index) for name in list(winners)}
     bucket_no = np.tile(np.arange(n_buckets, dtype=np.int64), gpus.num_rows)
     covered = np.zeros(max(n_buckets, 1), dtype=bool)
     covered[covered_no[(covered_no >= 0) & (covered_no < n_buckets)]] = True
@@ -255,7 +262,7 @@ def _assemble(winners: pa.Table, gpus: pa.Table, covered_no: np.ndarray, params:
     columns = {
         "bucket_start_utc": starts,
         **{name: gpus.column(name).take(gpu_rows) for name in _GPU_COLUMNS},
-        **{name: taken.column(name) for name in taken.column_names},
+        **taken,
     }
     columns["state"] = pc.fill_null(columns["state"], "na")
     columns["n_slot_rows"] = pc.fill_null(columns["n_slot_rows"], 0)
