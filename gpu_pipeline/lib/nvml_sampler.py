@@ -86,6 +86,7 @@ import pynvml
 
 from gpu_pipeline.lib.schemas import GPU_SAMPLES, conform
 from gpu_pipeline.lib.telemetry import short_gpu_id
+from gpu_pipeline.lib.timeutil import epoch_us
 
 log = logging.getLogger(__name__)
 
@@ -171,13 +172,6 @@ def _as_utc(value: dt.datetime) -> dt.datetime:
     if value.tzinfo is None:
         raise ValueError(f"clock must return timezone-aware datetimes, got naive {value!r}")
     return value.astimezone(UTC)
-
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _to_us(value: dt.datetime) -> int:
-    return (value - _EPOCH) // dt.timedelta(microseconds=1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,7 +310,7 @@ class NvmlSession:
         the sample as a whole fails (device count unreadable, driver gone)."""
         if not self.ready:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
-        ts = _to_us(_as_utc(when))
+        ts = epoch_us(_as_utc(when))
         rows: list[dict[str, Any]] = []
         count = pynvml.nvmlDeviceGetCount()
         for index in range(count):

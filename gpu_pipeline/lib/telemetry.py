@@ -92,6 +92,7 @@ from prometheus_client.parser import text_fd_to_metric_families, text_string_to_
 
 from gpu_pipeline.lib.exposition import line_error, parser_reason, split_sample_line
 from gpu_pipeline.lib.schemas import GPU_SAMPLES, QUARANTINE, TS, conform, sorted_rows
+from gpu_pipeline.lib.timeutil import epoch_us
 
 UTC = dt.UTC
 
@@ -235,14 +236,7 @@ def _sorted(table: pa.Table) -> pa.Table:
     return sorted_rows(table, ("sample_utc", "host", "gpu_id"))
 
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 _US = dt.timedelta(microseconds=1)
-
-
-def _to_us(value: dt.datetime) -> int:
-    """Microseconds since the epoch of an aware datetime (sample times travel as int64 until the
-    table is built, which is cheaper than converting Python datetimes)."""
-    return (value - _EPOCH) // _US
 
 
 def _utc(value: dt.datetime, what: str) -> dt.datetime:
@@ -476,7 +470,7 @@ class _Localizer:
         key = (naive, fold)
         out = self._cache.get(key)
         if out is None:
-            out = _to_us(naive.replace(tzinfo=self.zone, fold=fold))
+            out = epoch_us(naive.replace(tzinfo=self.zone, fold=fold))
             self._cache[key] = out
         return out
 
@@ -512,7 +506,7 @@ def parse_nvidia_smi_csv(
     path that reads well-formed input (``fast=False`` forces the line-by-line parser)."""
     counters: Counter[str] = Counter()
     localize = _Localizer(source_tz, ambiguous, counters)  # checks the policy and the zone first
-    default_ts = _to_us(_utc(default_time_utc, "default_time_utc")) if default_time_utc is not None else None
+    default_ts = epoch_us(_utc(default_time_utc, "default_time_utc")) if default_time_utc is not None else None
     staged = _try_fast(partial(_NvsmiFast.read, path_or_text, localize.zone, host, source_file, fields)) \
         if fast else None
     return _finish_or_slow(staged, partial(_parse_nvidia_smi_lines, path_or_text, host, source_file, fields,
@@ -1111,7 +1105,7 @@ def parse_dcgm_text(
     file; ``fast=False`` forces the line-by-line reading. ``whole_file=True`` instead feeds the whole
     file to the parser in one pass; when it raises, the lines it rejects on their own are located,
     quarantined and the rest parsed again. All give the same rows (tested)."""
-    default_us = _to_us(_utc(default_time_utc, "default_time_utc")) if default_time_utc is not None else None
+    default_us = epoch_us(_utc(default_time_utc, "default_time_utc")) if default_time_utc is not None else None
     staged = _try_fast(partial(_DcgmFast.read, path_or_text, host, source_file)) \
         if fast and not whole_file else None
     return _finish_or_slow(staged, partial(_parse_dcgm_lines, path_or_text, host, default_us, source_file,
@@ -1482,7 +1476,7 @@ def read_telemetry_dir(
     first_day, last_day = start_utc.astimezone(zone).date(), (end_utc - _US).astimezone(zone).date()
     lo, hi = first_day - dt.timedelta(days=margin_days), last_day + dt.timedelta(days=margin_days)
     lo_s, hi_s = pa.scalar(start_utc, type=TS), pa.scalar(end_utc, type=TS)
-    lo_us, hi_us = _to_us(start_utc), _to_us(end_utc)
+    lo_us, hi_us = epoch_us(start_utc), epoch_us(end_utc)
 
     tables: list[pa.Table] = []
     quarantine: list[QuarantinedLine] = []

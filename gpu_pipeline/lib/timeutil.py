@@ -18,12 +18,15 @@ def day_window(day: dt.date | str, tz: str = "UTC") -> tuple[dt.datetime, dt.dat
     return start, end
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
+_US = dt.timedelta(microseconds=1)
+
+
 def epoch_us(t: dt.datetime) -> int:
     """Microseconds since the epoch of a timezone-aware time, exactly (no float rounding)."""
     if t.tzinfo is None:
         raise ValueError(f"naive datetime {t!r}: pass a timezone-aware (UTC) time")
-    delta = t.astimezone(UTC) - dt.datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return (t - _EPOCH) // _US
 
 
 def days_between(start: dt.date, end: dt.date) -> list[dt.date]:
