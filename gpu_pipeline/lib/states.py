@@ -182,7 +182,9 @@ SELECT pos,
     CAST(n_slot_rows AS INTEGER) AS n_slot_rows,
     CASE WHEN rc IN (0, 2) THEN slot_state END AS na_reason
 FROM winners"""
-_WINDOW = ("r.snapshot_utc >= CAST($start AS TIMESTAMPTZ) - INTERVAL 1 HOUR "
+# The hour before the window (LOOKBACK), for the first bucket's carried snapshot.
+_LOOKBACK_SQL = f"INTERVAL {int(LOOKBACK.total_seconds())} SECOND"
+_WINDOW = (f"r.snapshot_utc >= CAST($start AS TIMESTAMPTZ) - {_LOOKBACK_SQL} "
            "AND r.snapshot_utc < CAST($end AS TIMESTAMPTZ)")
 
 
@@ -285,7 +287,7 @@ def compute_gpu_states(
     """
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE slot_rows AS SELECT {', '.join(STATE_COLUMNS)} FROM {rows_from_sql} "
-        f"WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ) - INTERVAL 1 HOUR",
+        f"WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ) - {_LOOKBACK_SQL}",
         [*params, start_utc],
     )
     return _run_state_statements(con, STATE_STATEMENTS, _state_params(start_utc, end_utc, bucket))
