@@ -135,3 +135,102 @@ def test_chunks_never_split_a_snapshot():
     assert [c[2] for c in _chunks(ts, 4, {minute2})] == [False, False, True, False]
     assert [c[2] for c in _chunks(out_of_order, 4, {minute2})] == [True]
     assert [c[2] for c in _chunks(ts, 4, set())] == [False] * 4
+
+
+_RESULT_FIELDS = ("rows_in", "rows_out", "gpus", "duplicate_keys", "excluded_by_host", "duplicates_dropped",
+                  "quarantined_by_reason", "usage_out_of_range_nulled")
+
+
+def _quirky_rows(seed, n=400, repeat_key=False):
+    """Raw rows with every spelling the rules treat differently: names with spaces and odd cases of
+    'backfill', no '@', missing Machine, GPU ids in each form, MIG ids, replacement characters,
+    blank and null text, memory halves, usage outside 0..1 and NaN, snapshots out of order, one slot
+    name on two hosts. Each (snapshot, slot name, GPU) once unless ``repeat_key``."""
+    import random
+
+    rng = random.Random(seed)
+    names = ["slot1_1@gpu01", " slot1_2@gpu01 ", "backfill1_1@gpu02", "slot1_BackFill@gpu03", "BACKFİLL@gpu04",
+             "slot1@gpu05", "noat", "", None, "slot1_1@gpu\ufffd6", "slot1_9@gpu07"]
+    machines = {"slot1_9@gpu07": ["gpu07", "gpu07b"]}  # one slot name on two hosts
+    gpus = ["GPU-0667CE7C", "GPUs_GPU_b156e653", "GPU-b156e653-784d-a422-e6df-726e913aa35d", "GPU-aaaa0001",
+            "MIG-4f2b6d2e-1c3a-5e7f-9a0b-123456789abc", "GPU-MIG-abc", " GPU-cccc0002 ", "", None, "GPU-\ufffd"]
+    rows, seen = [], set()
+    snaps = [T + dt.timedelta(minutes=5 * k) for k in range(6)]
+    while len(rows) < n:
+        name, gpu, snap = rng.choice(names), rng.choice(gpus), rng.choice(snaps)
+        machine = rng.choice(machines.get(name, [None, "", "gpu09", " gpu10 ", "login-gpu1"]))
+        key = (snap, (name or "").strip(" "), normalize_gpu_id(gpu))
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append({
+            "snapshot_utc": snap, "Name": name, "Machine": machine, "AssignedGPUs": gpu,
+            "State": rng.choice(["Claimed", " Unclaimed ", "", None, "Owner", "Drain\ufffd"]),
+            "PrioritizedProjects": rng.choice(["", "  ", None, "ChemLab", " Lab "]),
+            "GPUs_DeviceName": rng.choice(["NVIDIA A100", " H100 ", "", None]),
+            "GPUs_GlobalMemoryMb": rng.choice([81920.0, 0.5, 2.5, -0.5, -2.5, 1.4999999999999998, None, 0.49999999999999994]),
+            "GPUsAverageUsage": rng.choice([0.0, 1.0, 0.25, -0.1, 1.5, None, float("nan"), -0.0]),
+            "RemoteOwner": rng.choice(["alice", " bob ", " ", "", None]),
+            "GlobalJobId": rng.choice(["sched#1.0#1", " sched#2.0#2", "", None]),
+            "PreventJobsReason": rng.choice([None, "", "draining ", "x"]),
+        })
+    if repeat_key:
+        rows.append(dict(next(r for r in rows if r["Name"] == "slot1_1@gpu01" and r["AssignedGPUs"] == "GPU-aaaa0001"
+                               and r["State"] == "Claimed"), State="Owner"))
+    base = {"timestamp_local": "x", "source_file": "f.db"}
+    return conform(pa.Table.from_pylist([{**base, "source_rowid": i, **r} for i, r in enumerate(rows)]),
+                   RAW_CONDOR_SLOT_SNAPSHOTS)
+
+
+def _dictionary_read(table):
+    """The raw rows as the asset reads them: the repetitive text dictionary-encoded, in several chunks."""
+    from gpu_pipeline.lib.slots import DICTIONARY_COLUMNS
+
+    cut = table.num_rows // 3
+    table = pa.concat_tables([table.slice(0, cut), table.slice(cut)])
+    for c in DICTIONARY_COLUMNS:
+        i = table.schema.get_field_index(c)
+        table = table.set_column(i, c, pa.chunked_array([pa.compute.dictionary_encode(ch) for ch in table.column(c).chunks]))
+    return table
+
+
+def test_columnar_cleaning_gives_the_sql_path_s_table_and_counts():
+    from gpu_pipeline.lib.slots import _columnar
+
+    for seed in range(6):
+        raw_rows = _quirky_rows(seed)
+        for table in (raw_rows, _dictionary_read(raw_rows)):
+            assert _columnar(table, ["login-*"]) is not None  # the columnar path decides these
+            a = clean_slot_rows(table, excluded_hosts=["login-*"], batch_rows=50)
+            b = clean_slot_rows(table, excluded_hosts=["login-*"], batch_rows=50, columnar=False)
+            assert a.table.equals(b.table), seed
+            assert a.quarantine.equals(b.quarantine), seed
+            for f in _RESULT_FIELDS:
+                assert getattr(a, f) == getattr(b, f), (seed, f)
+            assert a.rows_out > 50 and a.quarantine.num_rows > 10 and a.excluded_by_host
+            assert a.usage_out_of_range_nulled > 0 and "non-UTF-8 bytes in Name" in a.quarantined_by_reason
+            mem = a.table.column("gpu_memory_mib").to_pylist()
+            assert {1, 3, -1, -3, 0}.issuperset({m for m in mem if m is not None and abs(m) < 10})
+            assert {1, 3, -3}.issubset(set(mem))  # halves away from zero
+
+
+def test_what_the_columnar_path_leaves_to_sql_gives_the_same_result():
+    from gpu_pipeline.lib.slots import _columnar
+
+    repeated = _quirky_rows(1, repeat_key=True)  # a key repeated with another State: both rows kept
+    assert _columnar(repeated, []) is None
+    res = clean_slot_rows(repeated)
+    assert res.duplicate_keys == 1 and res.rows_out == clean_slot_rows(_quirky_rows(1)).rows_out + 1
+    not_castable = _quirky_rows(2)
+    i = next(i for i, r in enumerate(not_castable.to_pylist()) if r["Name"] == "slot1_1@gpu01" and r["State"] == "Claimed"
+             and r["AssignedGPUs"] == "GPU-aaaa0001")
+    memory = not_castable.column("GPUs_GlobalMemoryMb").to_pylist()
+    memory[i] = float("inf")
+    not_castable = not_castable.set_column(not_castable.schema.get_field_index("GPUs_GlobalMemoryMb"),
+                                           "GPUs_GlobalMemoryMb", pa.array(memory, pa.float64()))
+    assert _columnar(not_castable, []) is None  # SQL's CAST decides (it raises, naming the value)
+    import duckdb
+    import pytest
+
+    with pytest.raises(duckdb.Error):
+        clean_slot_rows(not_castable)
