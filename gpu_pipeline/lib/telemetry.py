@@ -1250,17 +1250,30 @@ class _DcgmFast:
         return cls(codes, entries, values, sample_us, host, src)
 
     def finish(self, sort: bool = True) -> ParseResult:
+        return self.finish_many([self], sort)
+
+    @classmethod
+    def finish_many(cls, staged: Sequence[_DcgmFast], sort: bool = True) -> ParseResult:
+        """One result for several files read on the fast path: their rows together in file order
+        (sorted unless ``sort`` is false), their counters summed, ``files`` in order -- what each
+        finished on its own gives, concatenated. A row never spans two files (its GPU is keyed by file
+        too). Raises ``_NotFast`` where any of them would."""
         counters: Counter[str] = Counter()
-        codes = self.codes
+        offsets = np.cumsum([0] + [len(s.entries) for s in staged])
+        codes = np.concatenate([s.codes + offsets[f] for f, s in enumerate(staged)])
+        entries = [entry for s in staged for entry in s.entries]
+        file_of = np.repeat(np.arange(len(staged)), [len(s.entries) for s in staged])  # per series
+        sample_us = np.concatenate([s.sample_us for s in staged])
+        srcs = [s.src for s in staged]
         # Per distinct series: value-matrix slot (-1: unmapped metric, -2: no UUID), row GPU, scaling.
-        n_series = len(self.entries)
+        n_series = len(entries)
         slot_of = np.full(n_series, -1, dtype=np.int64)
         gpu_of = np.zeros(n_series, dtype=np.int64)
         scale_of = np.ones(n_series)
         blank_of = np.zeros(n_series)
         gpus: dict[tuple, int] = {}
-        keys = [_dcgm_row_key(labels, self.host) for _, labels in self.entries]
-        for k, ((name, _), key) in enumerate(zip(self.entries, keys, strict=True)):
+        keys = [_dcgm_row_key(labels, staged[f].host) for f, (_, labels) in zip(file_of.tolist(), entries, strict=True)]
+        for k, ((name, _), key) in enumerate(zip(entries, keys, strict=True)):
             target = _DCGM_METRICS.get(name)
             if target is None:
                 continue
@@ -1270,15 +1283,16 @@ class _DcgmFast:
             slot_of[k] = _DCGM_SLOTS.index(target[0])
             scale_of[k] = target[1]
             blank_of[k] = _dcgm_blank_limit(name)
-            gpu_of[k] = gpus.setdefault(key, len(gpus))
+            gpu_of[k] = gpus.setdefault((file_of[k], key), len(gpus))
         slot = slot_of[codes]
         kept = np.flatnonzero(slot >= 0)
-        if len(kept) == 0:
-            raise _NotFast
+        if np.count_nonzero(np.bincount(file_of[codes[kept]], minlength=len(staged))) < len(staged):
+            raise _NotFast  # a file without a sample of a metric the table holds
         counters["samples"] = len(codes)
         _count(counters, unmapped_samples=slot == -1, samples_without_uuid=slot == -2)
-        k_codes, k_slot, k_us = codes[kept], slot[kept], self.sample_us[kept]
-        value = pc.cast(self.values, pa.float64()).to_numpy()[kept]
+        k_codes, k_slot, k_us = codes[kept], slot[kept], sample_us[kept]
+        value = pc.cast(pa.concat_arrays([s.values for s in staged]) if len(staged) > 1 else staged[0].values,
+                        pa.float64()).to_numpy()[kept]
         nan = np.isnan(value)
         blank = ~nan & (value >= blank_of[k_codes])
         _count(counters, nan_values=nan, blank_values=blank)
@@ -1300,7 +1314,7 @@ class _DcgmFast:
         matrix[row, k_slot] = value
         # Identity columns per distinct first series of a row (its labels name the row's GPU).
         row_series, row_of_series = np.unique(k_codes[first], return_inverse=True)
-        ids = [_dcgm_row_ids(keys[k][0], keys[k][1], self.entries[k][1]) for k in row_series.tolist()]
+        ids = [_dcgm_row_ids(keys[k][0], keys[k][1], entries[k][1]) for k in row_series.tolist()]
         good = np.array([i is not None for i in ids])[row_of_series]
         _count(counters, rows_bad_uuid=~good)
         pick = pa.array(row_of_series[good])
@@ -1326,10 +1340,10 @@ class _DcgmFast:
                for col in _DcgmRowIds._fields},
             **{col: pa.array(v, mask=np.isnan(v))
                for col in _FLOAT_COLUMNS for v in [slots.get(col, none)]},
-            "source_file": pa.repeat(pa.scalar(self.src, pa.string()), n),
+            "source_file": identity([srcs[f] for f in file_of[row_series].tolist()], pa.string()),
         }
         return _result(conform(pa.table(columns), GPU_SAMPLES), [], counters,
-                       [self.src] if self.src else [], fast_parsed=1, sort=sort)
+                       [src for src in srcs if src], fast_parsed=len(staged), sort=sort)
 
 
 def _count(counters: Counter[str], **masks: np.ndarray) -> None:
@@ -1346,8 +1360,8 @@ def _count(counters: Counter[str], **masks: np.ndarray) -> None:
 
 # Threads that parse telemetry files at once (a file's parse is mostly Arrow kernels, which release the GIL).
 _READ_THREADS = min(4, os.cpu_count() or 1)
-# nvidia-smi files finished together (see _NvsmiFast.finish_many).
-_NVSMI_FILES_AT_ONCE = 32
+# Files of one kind finished together (see _NvsmiFast.finish_many, _DcgmFast.finish_many).
+_FILES_AT_ONCE = 32
 _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
@@ -1457,9 +1471,11 @@ def read_telemetry_dir(
     timestamps (:func:`dcgm_sample_times`, or the local dates of :func:`nvidia_smi_sample_dates`),
     else the fast path does as far as its timestamps. A file neither can read is parsed in full, so
     no in-window sample is ever lost. The quarantined lines of a skipped file are reported by the
-    windows of the dates it is named for. Files are parsed on a few threads, nvidia-smi files of
-    the fast path finished a few dozen at a time (:meth:`_NvsmiFast.finish_many`); the result is
-    the same as one file at a time. DCGM samples without a timestamp get the file's mtime.
+    windows of the dates it is named for. Files are parsed on a few threads, the files of the fast
+    path finished a few dozen of one kind at a time (:meth:`_NvsmiFast.finish_many`,
+    :meth:`_DcgmFast.finish_many`), and the rows of all files kept to the window at once; the result
+    is the same as one file at a time (one 10,000-GPU day, 2,051 files: 5.3-6.3 -> 3.5-3.9 s on two
+    threads). DCGM samples without a timestamp get the file's mtime.
     ``source_file`` is the path relative to ``root``. A missing ``root`` or source folder yields
     an empty table. ``fast=False`` parses every file line by line and skips no margin file.
 
@@ -1536,19 +1552,19 @@ def read_telemetry_dir(
         rows on the same key would change nothing there."""
         staged = [st for st in map(stage, unit) if st is not None]
         skipped = len(unit) - len(staged)
-        if unit[0][0] == "nvidia-smi" and len(staged) > 1 and all(st is not None for _, st, _ in staged):
+        if len(staged) > 1 and all(st is not None for _, st, _ in staged):
+            many = _NvsmiFast.finish_many if unit[0][0] == "nvidia-smi" else _DcgmFast.finish_many
             try:
-                return [([rel for rel, _, _ in staged],
-                         _NvsmiFast.finish_many([st for _, st, _ in staged], sort=False))], skipped
+                return [([rel for rel, _, _ in staged], many([st for _, st, _ in staged], sort=False))], skipped
             except (_NotFast, pa.ArrowInvalid):
                 pass
         return [([rel], _finish_or_slow(st, slow, sort=False)) for rel, st, slow in staged], skipped
 
-    # nvidia-smi files are taken a few dozen at a time (a small file's parse is mostly the fixed cost
-    # of the Arrow calls), DCGM files one by one.
+    # Files are taken a few dozen of one kind at a time (a small file's parse is mostly the fixed
+    # cost of the Arrow and numpy calls).
     units: list[list[tuple[str, str, Path, dt.date | None]]] = []
     for task in tasks:
-        if units and task[0] == "nvidia-smi" == units[-1][0][0] and len(units[-1]) < _NVSMI_FILES_AT_ONCE:
+        if units and task[0] == units[-1][0][0] and len(units[-1]) < _FILES_AT_ONCE:
             units[-1].append(task)
         else:
             units.append([task])
@@ -1565,15 +1581,17 @@ def read_telemetry_dir(
                 fast_parsed += part.fast_parsed
                 counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
                 quarantine.extend(part.quarantine)
-                ts = part.table.column("sample_utc")
-                mask = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))
-                kept = part.table.filter(mask)
-                counters["rows_outside_window"] += part.table.num_rows - kept.num_rows
-                if kept.num_rows:
-                    tables.append(kept)
+                if part.table.num_rows:
+                    tables.append(part.table)
             del parts
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     table = pa.concat_tables(tables) if tables else GPU_SAMPLES.empty()
+    del tables
+    ts = table.column("sample_utc")
+    inside = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))
+    if inside.null_count or not pc.all(inside).as_py():
+        table = table.filter(inside)
+    counters["rows_outside_window"] += len(ts) - table.num_rows
     counters["files_read"] = len(files)
     return _result(table, quarantine, counters, files, fast_parsed)

@@ -366,29 +366,53 @@ def test_read_telemetry_dir_on_several_threads_equals_one_thread(sim_telemetry, 
     assert results[0] == results[1] and results[0].files == results[1].files
 
 
-def test_nvidia_smi_files_finished_together_give_what_each_gives_alone(sim_telemetry, monkeypatch):
-    """The directory reader finishes the nvidia-smi files of the fast path a few dozen at a time:
-    the same rows, counters, file list and fast-path count as one file at a time."""
+def test_files_finished_together_give_what_each_gives_alone(sim_telemetry, monkeypatch):
+    """The directory reader finishes the nvidia-smi files and the DCGM files of the fast path a few
+    dozen of one kind at a time: the same rows, counters, file list and fast-path count as one file
+    at a time."""
     from gpu_pipeline.lib import telemetry
 
-    together: list[int] = []
-    real = telemetry._NvsmiFast.finish_many.__func__
+    together: dict[str, list[int]] = {"nvidia-smi": [], "dcgm": []}
+    for kind, cls_ in (("nvidia-smi", telemetry._NvsmiFast), ("dcgm", telemetry._DcgmFast)):
+        def spy(cls, staged, sort=True, kind=kind, real=cls_.finish_many.__func__):
+            together[kind].append(len(staged))
+            return real(cls, staged, sort)
 
-    def spy(cls, staged, sort=True):
-        together.append(len(staged))
-        return real(cls, staged, sort)
-
-    monkeypatch.setattr(telemetry._NvsmiFast, "finish_many", classmethod(spy))
+        monkeypatch.setattr(cls_, "finish_many", classmethod(spy))
     for day in SIM_DAYS:
         start, end = day_window(day, SIM_TZ)
-        monkeypatch.setattr(telemetry, "_NVSMI_FILES_AT_ONCE", 32)
+        monkeypatch.setattr(telemetry, "_FILES_AT_ONCE", 32)
         batched = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1)
-        monkeypatch.setattr(telemetry, "_NVSMI_FILES_AT_ONCE", 1)
+        monkeypatch.setattr(telemetry, "_FILES_AT_ONCE", 1)
         alone = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1)
         assert batched.table.equals(alone.table) and batched.rows > 0
         assert dict(batched.counters) == dict(alone.counters)
         assert batched.files == alone.files and batched.fast_parsed == alone.fast_parsed
-    assert together and max(together) > 1
+    assert max(together["nvidia-smi"]) > 1 and max(together["dcgm"]) > 1
+
+
+def test_dcgm_files_finished_together_keep_each_file_s_rows_apart(sim_telemetry):
+    """Two files of one host with the same samples give two rows per (time, GPU), as when each is
+    finished alone; a file without a sample of a mapped metric makes the whole group give up (then
+    each file is finished on its own)."""
+    import pyarrow as pa
+
+    from gpu_pipeline.lib import telemetry
+
+    path = next(p for p in sim_files(sim_telemetry, "dcgm") if SIM_DAYS[1].isoformat() in p.name)
+    host = path.parent.name
+    a = telemetry._DcgmFast.read(path, host, "a.prom")
+    b = telemetry._DcgmFast.read(path, host, "b.prom")
+    together = telemetry._DcgmFast.finish_many([a, b], sort=False)
+    alone = [s.finish(sort=False) for s in (a, b)]
+    assert together.table.equals(pa.concat_tables([r.table for r in alone]))
+    assert together.table.num_rows == 2 * alone[0].table.num_rows > 0
+    assert dict(together.counters) == {k: alone[0].counters[k] + alone[1].counters[k]
+                                       for k in together.counters}
+    assert together.files == ["a.prom", "b.prom"] and together.fast_parsed == 2
+    unmapped = telemetry._DcgmFast.read('DCGM_FI_DEV_UNKNOWN{gpu="0",UUID="GPU-1"} 1 1700000000000\n', host, "c")
+    with pytest.raises(telemetry._NotFast):
+        telemetry._DcgmFast.finish_many([a, unmapped])
 
 
 def test_the_directory_reader_sorts_the_rows_of_all_files_once(sim_telemetry, monkeypatch):
@@ -398,18 +422,18 @@ def test_the_directory_reader_sorts_the_rows_of_all_files_once(sim_telemetry, mo
     from gpu_pipeline.lib import telemetry
 
     asked: list[tuple[str, bool]] = []
-    real_dcgm, real_nvsmi = telemetry._DcgmFast.finish, telemetry._NvsmiFast._finish
+    real_dcgm, real_nvsmi = telemetry._DcgmFast.finish_many.__func__, telemetry._NvsmiFast._finish
 
-    def dcgm(self, sort=True):
+    def dcgm(cls, staged, sort=True):
         asked.append(("dcgm", sort))
-        return real_dcgm(self, sort)
+        return real_dcgm(cls, staged, sort)
 
     def nvsmi(self, files, sort=True):
         asked.append(("nvidia-smi", sort))
         return real_nvsmi(self, files, sort)
 
     start, end = day_window(SIM_DAYS[2], SIM_TZ)
-    monkeypatch.setattr(telemetry._DcgmFast, "finish", dcgm)
+    monkeypatch.setattr(telemetry._DcgmFast, "finish_many", classmethod(dcgm))
     monkeypatch.setattr(telemetry._NvsmiFast, "_finish", nvsmi)
     read = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ)
     assert {kind for kind, _ in asked} == {"dcgm", "nvidia-smi"}
@@ -437,7 +461,7 @@ def test_nvidia_smi_files_of_different_layouts_are_finished_one_by_one(sim_telem
     start, end = day_window(day, SIM_TZ)
     fast = read_telemetry_dir(root, start, end, SIM_TZ)
     assert fast.table.equals(read_telemetry_dir(root, start, end, SIM_TZ, fast=False).table)
-    monkeypatch.setattr(telemetry, "_NVSMI_FILES_AT_ONCE", 1)
+    monkeypatch.setattr(telemetry, "_FILES_AT_ONCE", 1)
     alone = read_telemetry_dir(root, start, end, SIM_TZ)
     assert dict(fast.counters) == dict(alone.counters) and fast.files == alone.files
     assert fast.fast_parsed == alone.fast_parsed == len(fast.files)
