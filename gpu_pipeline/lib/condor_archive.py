@@ -180,8 +180,8 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
         try:
             ranges = _reader_ranges(con, path, lo, hi)
-            # The first reader stays a few batches ahead; the second reads on meanwhile, up to _AHEAD
-            # batches (about 0.5 M rows: all of a 1,000-GPU day's half; a bound on memory beyond).
+            # The first reader stays a few batches ahead; the second reads its whole range meanwhile
+            # (see _AHEAD).
             for masked in (False, True):
                 readers = [_Prefetch(_sqlite_batches(path, wanted, lo, hi, rows, masked, text_columns),
                                      depth=2 if i == 0 else _AHEAD) for i, rows in enumerate(ranges)]
@@ -212,7 +212,11 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
 # Rows per record batch of the columnar read (the driver's default, 1,024, makes the per-batch work
 # dominate); also the rows whose values fix each column's type.
 _BATCH_ROWS = 65_536
-_AHEAD = 8
+# Batches the second reader may hold before the caller takes them. Every row read lies in the window
+# (the ranges come from the time index) and the caller keeps it in the day's table, so a batch that
+# waits costs no more memory than once taken. A bound of 8 (0.5 M rows) stopped the second reader
+# a tenth of the way into a 10,000-GPU day's half: read 11.9 -> 8.6 s, peak RSS 1.81 -> 1.82 GB.
+_AHEAD = 1024
 
 
 class _NotColumnar(Exception):
