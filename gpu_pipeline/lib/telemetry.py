@@ -1360,8 +1360,10 @@ def _count(counters: Counter[str], **masks: np.ndarray) -> None:
 
 # Threads that parse telemetry files at once (a file's parse is mostly Arrow kernels, which release the GIL).
 _READ_THREADS = min(4, os.cpu_count() or 1)
-# Files of one kind finished together (see _NvsmiFast.finish_many, _DcgmFast.finish_many).
+# Files of one kind finished together (see _NvsmiFast.finish_many, _DcgmFast.finish_many), up to
+# this many bytes together (a day of 30-second samples of one host is ~10-20 MB: alone).
 _FILES_AT_ONCE = 32
+_BYTES_AT_ONCE = 4 << 20
 _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
@@ -1560,14 +1562,19 @@ def read_telemetry_dir(
                 pass
         return [([rel], _finish_or_slow(st, slow, sort=False)) for rel, st, slow in staged], skipped
 
-    # Files are taken a few dozen of one kind at a time (a small file's parse is mostly the fixed
-    # cost of the Arrow and numpy calls).
+    # Small files are taken a few dozen of one kind at a time (a small file's parse is mostly the
+    # fixed cost of the Arrow and numpy calls); a large one alone, so that the threads share them.
     units: list[list[tuple[str, str, Path, dt.date | None]]] = []
+    unit_bytes = 0
     for task in tasks:
-        if units and task[0] == units[-1][0][0] and len(units[-1]) < _FILES_AT_ONCE:
+        size = task[2].stat().st_size
+        if (units and task[0] == units[-1][0][0] and len(units[-1]) < _FILES_AT_ONCE
+                and unit_bytes + size <= _BYTES_AT_ONCE):
             units[-1].append(task)
+            unit_bytes += size
         else:
             units.append([task])
+            unit_bytes = size
     # Units are parsed on a few threads (Arrow's kernels run without the GIL) and taken in order; a
     # file that fails stops the read (the units not yet started are not parsed).
     pool = ThreadPoolExecutor(max_workers=_READ_THREADS)

@@ -382,6 +382,7 @@ def test_files_finished_together_give_what_each_gives_alone(sim_telemetry, monke
     for day in SIM_DAYS:
         start, end = day_window(day, SIM_TZ)
         monkeypatch.setattr(telemetry, "_FILES_AT_ONCE", 32)
+        monkeypatch.setattr(telemetry, "_BYTES_AT_ONCE", 1 << 40)  # the test's files together, whatever their size
         batched = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1)
         monkeypatch.setattr(telemetry, "_FILES_AT_ONCE", 1)
         alone = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1)
@@ -389,6 +390,14 @@ def test_files_finished_together_give_what_each_gives_alone(sim_telemetry, monke
         assert dict(batched.counters) == dict(alone.counters)
         assert batched.files == alone.files and batched.fast_parsed == alone.fast_parsed
     assert max(together["nvidia-smi"]) > 1 and max(together["dcgm"]) > 1
+    # A unit holds at most _BYTES_AT_ONCE of files: larger files are taken one by one.
+    monkeypatch.setattr(telemetry, "_FILES_AT_ONCE", 32)
+    monkeypatch.setattr(telemetry, "_BYTES_AT_ONCE", 1)
+    for kind in together:
+        together[kind].clear()
+    one_by_one = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, margin_days=1)
+    assert one_by_one.table.equals(batched.table) and dict(one_by_one.counters) == dict(batched.counters)
+    assert together["nvidia-smi"] == [] and set(together["dcgm"]) == {1}
 
 
 def test_dcgm_files_finished_together_keep_each_file_s_rows_apart(sim_telemetry):
