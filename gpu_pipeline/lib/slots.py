@@ -76,6 +76,18 @@ def _lookup(con: duckdb.DuckDBPyConnection, name: str, rows: dict[str, list]) ->
 
 _BAD = "\ufffd"
 
+# Why a row is quarantined, in the order the rules are checked (both paths give these texts; a
+# replacement character in any identity column comes first, as "non-UTF-8 bytes in <columns>").
+_MISSING_NAME = "missing slot Name"
+_NO_HOST = "no host (Machine empty and Name has no '@')"
+_MISSING_STATE = "missing State"
+_NO_GPU = "no GPU id in AssignedGPUs"
+_NON_UTF8 = "non-UTF-8 bytes in "
+
+
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
 
 #: The raw columns :func:`clean_slot_rows` reads (the asset reads only these; quarantined rows are
 #: re-read whole through ``full_rows``).
@@ -205,7 +217,6 @@ class _Columnar:
     :func:`_columnar`): ``order`` is the raw rows of the clean table in its order, the other arrays
     how each clean column is made of the raw rows (taken a batch at a time)."""
 
-    raw: pa.Table
     order: np.ndarray
     columns: dict[str, Callable[[np.ndarray], pa.Array]]  #: each clean column of the raw rows given
     excluded_by_host: dict[str, int]
@@ -268,10 +279,8 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
     bad = {"Name": name["bad"][name_code], "Machine": host["bad"][row_host],
            "AssignedGPUs": gpu["bad"][assigned_code], "State": state["bad"][state_code]}
     any_bad = bad["Name"] | bad["Machine"] | bad["AssignedGPUs"] | bad["State"]
-    missing = [("missing slot Name", name["missing"][name_code]),
-               ("no host (Machine empty and Name has no '@')", host["missing"][row_host]),
-               ("missing State", state["missing"][state_code]),
-               ("no GPU id in AssignedGPUs", gpu["missing"][assigned_code])]
+    missing = [(_MISSING_NAME, name["missing"][name_code]), (_NO_HOST, host["missing"][row_host]),
+               (_MISSING_STATE, state["missing"][state_code]), (_NO_GPU, gpu["missing"][assigned_code])]
     flagged = any_bad.copy()
     for _, mask in missing:
         flagged |= mask
@@ -280,7 +289,7 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
     q_reason = []
     for i in q_idx.tolist():
         if any_bad[i]:
-            q_reason.append("non-UTF-8 bytes in " + ", ".join(c for c, mask in bad.items() if mask[i]))
+            q_reason.append(_NON_UTF8 + ", ".join(c for c, mask in bad.items() if mask[i]))
         else:
             q_reason.append(next(reason for reason, mask in missing if mask[i]))
     kept = np.flatnonzero(~flagged & ~excluded)
@@ -375,7 +384,7 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
         if count:
             excluded_rows[hosts[k]] += count
     return _Columnar(
-        raw=raw, order=order, columns=columns,
+        order=order, columns=columns,
         excluded_by_host=dict(sorted(excluded_rows.items())),
         q_idx=q_idx.tolist(), q_reason=q_reason,
         usage_out_of_range=int(np.count_nonzero(out_of_range[kept])),
@@ -411,11 +420,7 @@ def clean_slot_rows(
     patterns = [p.strip() for p in (excluded_hosts or []) if p.strip()]
     plan = _columnar(raw, patterns) if columnar else None
     if plan is not None:
-        if plan.q_idx and full_rows is not None:
-            quarantine = quarantine_rows(full_rows(plan.q_idx), list(range(len(plan.q_idx))), plan.q_reason,
-                                         "raw/condor_slot_snapshots")
-        else:
-            quarantine = quarantine_rows(raw, plan.q_idx, plan.q_reason, "raw/condor_slot_snapshots")
+        quarantine = _quarantine(raw, full_rows, plan.q_idx, plan.q_reason)
         table, written = None, None
         if sink is None:
             table = pa.Table.from_batches(list(plan.batches(batch_rows)), schema=CLEAN_SLOT_SNAPSHOTS.schema)
@@ -461,15 +466,15 @@ def clean_slot_rows(
                    CASE
                      WHEN contains(coalesce(r."Name", ''), '{_BAD}') OR contains(coalesce(h.host, ''), '{_BAD}')
                        OR contains(coalesce(g.gpu_id, ''), '{_BAD}') OR contains(coalesce(r."State", ''), '{_BAD}')
-                     THEN 'non-UTF-8 bytes in ' || concat_ws(', ',
+                     THEN {_sql_text(_NON_UTF8)} || concat_ws(', ',
                          CASE WHEN contains(r."Name", '{_BAD}') THEN 'Name' END,
                          CASE WHEN contains(h.host, '{_BAD}') THEN 'Machine' END,
                          CASE WHEN contains(g.gpu_id, '{_BAD}') THEN 'AssignedGPUs' END,
                          CASE WHEN contains(r."State", '{_BAD}') THEN 'State' END)
-                     WHEN coalesce(r."Name", '') = '' THEN 'missing slot Name'
-                     WHEN coalesce(h.host, '') = '' THEN 'no host (Machine empty and Name has no ''@'')'
-                     WHEN coalesce(r."State", '') = '' THEN 'missing State'
-                     WHEN g.gpu_id IS NULL THEN 'no GPU id in AssignedGPUs'
+                     WHEN coalesce(r."Name", '') = '' THEN {_sql_text(_MISSING_NAME)}
+                     WHEN coalesce(h.host, '') = '' THEN {_sql_text(_NO_HOST)}
+                     WHEN coalesce(r."State", '') = '' THEN {_sql_text(_MISSING_STATE)}
+                     WHEN g.gpu_id IS NULL THEN {_sql_text(_NO_GPU)}
                    END AS reason
             FROM raw_rows r
             LEFT JOIN host_no h ON r."Name" IS NOT DISTINCT FROM h.name AND r."Machine" IS NOT DISTINCT FROM h.machine
@@ -501,10 +506,7 @@ def clean_slot_rows(
         ).fetchall():
             repeated.update((lo, hi))
         rows_in = raw.num_rows
-        if q_idx and full_rows is not None:
-            quarantine = quarantine_rows(full_rows(q_idx), list(range(len(q_idx))), q_reason, "raw/condor_slot_snapshots")
-        else:
-            quarantine = quarantine_rows(raw, q_idx, q_reason, "raw/condor_slot_snapshots")
+        quarantine = _quarantine(raw, full_rows, q_idx, q_reason)
         out = _CleanOutput(con, _chunks(raw.column("snapshot_utc"), batch_rows, repeated), batch_rows)
         table, written = None, None
         if sink is None:
@@ -527,6 +529,15 @@ def clean_slot_rows(
         quarantined_by_reason=dict(sorted(Counter(q_reason).items())),
         usage_out_of_range_nulled=usage_out_of_range,
     )
+
+
+def _quarantine(raw: pa.Table, full_rows: Callable[[list[int]], pa.Table] | None, idx: list[int],
+                reasons: list[str]) -> pa.Table:
+    """The quarantine rows of raw rows ``idx``, whole: through ``full_rows`` when given (the caller
+    read only some columns), else from ``raw``."""
+    if idx and full_rows is not None:
+        return quarantine_rows(full_rows(idx), list(range(len(idx))), reasons, "raw/condor_slot_snapshots")
+    return quarantine_rows(raw, idx, reasons, "raw/condor_slot_snapshots")
 
 
 def quarantine_rows(raw: pa.Table, idx: list[int], reasons: list[str], source_table: str) -> pa.Table:
