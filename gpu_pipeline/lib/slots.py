@@ -208,6 +208,9 @@ def _round_half_away(values: np.ndarray) -> np.ndarray:
     return whole + np.where(np.abs(values - whole) >= 0.5, np.sign(values), 0.0)
 
 
+# Raw text columns read as nullif(trim(...), '') into the clean column named.
+_FREE_TEXT = {"RemoteOwner": "remote_owner", "GlobalJobId": "global_job_id", "PreventJobsReason": "prevent_jobs_reason"}
+
 _MEMORY_LIMIT = 2.0 ** 63  # CAST(... AS BIGINT) fails at and beyond this; the SQL path raises then
 
 
@@ -249,7 +252,6 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
         assigned, assigned_code = _codes(raw.column("AssignedGPUs"))
         states, state_code = _codes(raw.column("State"))
         projects, project_code = _codes(raw.column("PrioritizedProjects"))
-        devices, device_code = _codes(raw.column("GPUs_DeviceName"))
         # hosts: per distinct (Name, Machine)
         pair_dict = pc.dictionary_encode(pa.array(name_code.astype(np.int64) * len(machines) + machine_code))
         pairs, pair_code = pair_dict.dictionary.to_numpy(), pair_dict.indices.to_numpy()
@@ -271,7 +273,11 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
             trim(v) AS slot_state, coalesce(v, '') = '' AS missing, contains(coalesce(v, ''), '{_BAD}') AS bad""")
         project = _per_value(con, projects, """
             coalesce(trim(v), '') AS prioritized_projects, coalesce(trim(v), '') <> '' AS prioritized""")
-        device = _per_value(con, devices, "nullif(trim(v), '') AS device_name")
+        # the device name and the free text: nullif(trim(...), ''), once per distinct value
+        blank_to_null = {}
+        for col in ("GPUs_DeviceName", *_FREE_TEXT):
+            values, codes = _codes(raw.column(col))
+            blank_to_null[col] = (_per_value(con, values, "nullif(trim(v), '') AS v")["v"], codes)
     finally:
         con.close()
 
@@ -352,16 +358,6 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
             in_range = (values >= 0) & (values <= 1)
         return pa.array(np.where(in_range, values * 100.0, 0.0), mask=~in_range)
 
-    def trimmed_or_null(col: str) -> Callable[[np.ndarray], pa.Array]:
-        def column(rows: np.ndarray) -> pa.Array:
-            text = raw.column(col).take(pa.array(rows)).combine_chunks().cast(pa.string())
-            edge = pc.or_(pc.or_(pc.starts_with(text, " "), pc.ends_with(text, " ")), pc.equal(text, ""))
-            if not pc.any(edge).as_py():
-                return text
-            text = pc.utf8_trim(text, " ")
-            return pc.if_else(pc.equal(text, ""), pa.scalar(None, pa.string()), text)
-        return column
-
     snapshot = raw.column("snapshot_utc")
     columns: dict[str, Callable[[np.ndarray], pa.Array]] = {
         "snapshot_utc": lambda rows: snapshot.take(pa.array(rows)),
@@ -371,13 +367,11 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
         "tier": by_code(pa.array(["backfill", "priority", "shared"]), tier_code),
         "is_backfill_slot": by_code(pa.array(name["backfill"]), name_code),
         "slot_state": by_code(state["slot_state"], state_code),
-        "device_name": by_code(device["device_name"], device_code),
+        "device_name": by_code(*blank_to_null["GPUs_DeviceName"]),
         "gpu_memory_mib": memory_mib,
         "prioritized_projects": by_code(project["prioritized_projects"], project_code),
         "gpu_usage_pct": usage_pct,
-        "remote_owner": trimmed_or_null("RemoteOwner"),
-        "global_job_id": trimmed_or_null("GlobalJobId"),
-        "prevent_jobs_reason": trimmed_or_null("PreventJobsReason"),
+        **{name: by_code(*blank_to_null[col]) for col, name in _FREE_TEXT.items()},
     }
     excluded_rows: Counter[str] = Counter()
     for k, count in enumerate(np.bincount(row_host[excluded], minlength=len(hosts)).tolist()):
@@ -407,7 +401,7 @@ def clean_slot_rows(
     which every (snapshot, slot name, GPU) comes once -- the common case -- is cleaned columnar
     (:func:`_columnar`): the SQL rules too run once per distinct value, the rows carry integer codes
     and the clean columns are taken from them a batch at a time (one 1,000-GPU day 0.7 -> 0.2 s,
-    10,000 GPUs 10.2 -> 5.8 s with the Parquet write, peak RSS 1.85 -> 1.64 GB). Other days, and
+    10,000 GPUs 10.2 -> 5.8 s with the Parquet write, peak RSS 1.85 -> 1.64-1.70 GB). Other days, and
     ``columnar=False``, go through SQL: the rows are classified, typed, de-duplicated and sorted in
     DuckDB (which spills to disk under its memory limit). Both give the same table and counts
     (tested). ``full_rows(indices)`` gives the complete raw rows for the quarantine (default:
