@@ -78,10 +78,13 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
         table = table.slice(0, 0)
     else:
         table = table.filter(pc.greater_equal(table["sample_utc"], pa.scalar(first, table["sample_utc"].type)))
-    files = {r["scrape_utc"]: r["source_file"] for r in rows}
+    # each row's scrape file, looked up in Arrow (the last scrape of a time wins, as in a dict); a
+    # Python datetime per row cost a fifth of the step
+    times = pa.array([r["scrape_utc"] for r in reversed(rows)], type=table["sample_utc"].type)
+    files = pa.array([r["source_file"] for r in reversed(rows)], type=pa.string())
     table = table.set_column(
         table.schema.get_field_index("source_file"),
         "source_file",
-        pa.array([files.get(t) for t in table["sample_utc"].to_pylist()], type=pa.string()),
+        files.take(pc.index_in(table["sample_utc"], value_set=times)),
     )
     return conform(table, KUEUE_DEMAND), dict(result.counters)

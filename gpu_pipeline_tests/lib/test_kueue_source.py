@@ -27,6 +27,11 @@ def test_day_of_scrapes_has_a_baseline_and_pending_matches_truth(sim):
     assert len(inside) == 96 and sum(not r["in_window"] for r in raw.to_pylist()) == 1
     table, counters = clean_scrapes(raw)
     assert table.schema == KUEUE_DEMAND.schema
+    # every row names the file of its own scrape
+    files = {r["scrape_utc"]: r["source_file"] for r in inside}
+    assert table["source_file"].null_count == 0
+    assert table["source_file"].to_pylist() == [files[t] for t in table["sample_utc"].to_pylist()]
+    assert len(set(table["source_file"].to_pylist())) == 96
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     con.register("kd", table)
