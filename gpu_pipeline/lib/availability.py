@@ -63,6 +63,7 @@ import duckdb
 import pyarrow as pa
 
 from gpu_pipeline.lib.db import connect as db_connect
+from gpu_pipeline.lib.db import exact_avg, exact_sum
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
 BUCKET = dt.timedelta(minutes=5)
@@ -402,6 +403,14 @@ def stitch_periods(con: duckdb.DuckDBPyConnection, pieces_from_sql: str, params:
     return con.sql(sql, params=params).to_arrow_table()
 
 
+# Sums and means the same on every run (lib.db.exact_sum)
+_SUMMARY_SUMS = {
+    "piece_seconds": exact_sum("epoch(least(end_utc, params.e)) - epoch(greatest(start_utc, params.s))"),
+    "mean_duration": exact_avg("duration_s", "ended"),
+    "mean_claim": exact_avg("duration_s", "ended AND end_reason = 'backfill_claimed'"),
+    "sum_h": exact_sum("h"),
+}
+
 _SUMMARY_SQL = """
 WITH
 params AS (SELECT CAST($start AS TIMESTAMPTZ) AS s, CAST($end AS TIMESTAMPTZ) AS e),
@@ -418,7 +427,7 @@ rows AS (
 ),
 day_hours AS (
     SELECT device_name, tier,
-           sum(epoch(least(end_utc, params.e)) - epoch(greatest(start_utc, params.s))) / 3600.0 AS h
+           {piece_seconds} / 3600.0 AS h
     FROM pieces, params
     WHERE end_utc > params.s AND start_utc < params.e
     GROUP BY ALL
@@ -430,14 +439,17 @@ stats AS (
         count(*) FILTER (WHERE ended) AS periods,
         count(*) FILTER (WHERE open_at_end) AS periods_open_at_day_end,
         count(*) FILTER (WHERE ended AND truncated) AS periods_start_truncated,
-        avg(duration_s) FILTER (WHERE ended) AS duration_mean_s,
+        {mean_duration} AS duration_mean_s,
         quantile_cont(duration_s, 0.5) FILTER (WHERE ended) AS duration_median_s,
         quantile_cont(duration_s, 0.9) FILTER (WHERE ended) AS duration_p90_s,
         min(duration_s) FILTER (WHERE ended) AS duration_min_s,
         max(duration_s) FILTER (WHERE ended) AS duration_max_s,
-        stddev_samp(duration_s) FILTER (WHERE ended) AS duration_std_s,
+        -- one thread over the sorted durations: the same bits on every run (a parallel stddev_samp
+        -- merges its partial states in whatever order the threads finish)
+        list_aggregate(list(duration_s ORDER BY duration_s) FILTER (WHERE ended), 'stddev_samp')
+            AS duration_std_s,
         count(*) FILTER (WHERE ended AND end_reason = 'backfill_claimed') AS backfill_claims,
-        avg(duration_s) FILTER (WHERE ended AND end_reason = 'backfill_claimed') AS time_to_claim_mean_s,
+        {mean_claim} AS time_to_claim_mean_s,
         quantile_cont(duration_s, 0.5) FILTER (WHERE ended AND end_reason = 'backfill_claimed')
             AS time_to_claim_median_s,
         quantile_cont(duration_s, 0.9) FILTER (WHERE ended AND end_reason = 'backfill_claimed')
@@ -449,7 +461,7 @@ stats AS (
 hours AS (
     SELECT CASE WHEN grouping(device_name) = 1 THEN 'ALL' ELSE device_name END AS device_name,
            CASE WHEN grouping(tier) = 1 THEN 'ALL' ELSE tier END AS tier,
-           sum(h) AS available_gpu_hours
+           {sum_h} AS available_gpu_hours
     FROM day_hours
     GROUP BY GROUPING SETS ((device_name, tier), (device_name), (tier), ())
 ),
@@ -506,7 +518,7 @@ def compute_availability_summary(
         [*params, end_utc],
     )
     try:
-        sql = _SUMMARY_SQL.format(stitched=stitched_periods_sql("pieces"))
+        sql = _SUMMARY_SQL.format(stitched=stitched_periods_sql("pieces"), **_SUMMARY_SUMS)
         table = con.sql(sql, params={"start": start_utc, "end": end_utc}).to_arrow_table()
     finally:
         con.execute("DROP TABLE IF EXISTS _avail_pieces")

@@ -95,6 +95,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
+from gpu_pipeline.lib.db import exact_avg, exact_sum
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND
 from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, TS, TableSpec, _f, conform
 from gpu_pipeline.lib.states import BUCKET
@@ -349,7 +350,7 @@ iv_h AS (
 dem AS (
     SELECT h_start,
         CASE WHEN grouping(device_class) = 1 THEN '{all}' ELSE device_class END AS device_class,
-        sum(request_gpus * overlap_us) AS gpu_us,
+        {gpu_us} AS gpu_us,
         sum(overlap_us) AS job_us,
         sum(until_us - q_us) AS wait_us,
         count(*) AS n_iv
@@ -380,6 +381,26 @@ LEFT JOIN cap c ON c.h_start = g.h_start AND c.device_class = g.device_class
 LEFT JOIN dem d ON d.h_start = g.h_start AND d.device_class = g.device_class
 """
 
+# The Kueue sums and means, the same on every run (lib.db.exact_sum)
+_GPU_ROWS = f"kind = 'resource' AND resource = '{KUEUE_GPU_RESOURCE}'"
+_KUEUE_SUMS = {
+    "pending_gpus": exact_sum("resource_pending", _GPU_ROWS),
+    "pending_wl": exact_sum("pending_workloads", "kind = 'queue'"),
+    "usage": exact_sum("resource_usage", f"{_GPU_ROWS} AND flavor IS NOT NULL"),
+    "quota": exact_sum("nominal_quota", f"{_GPU_ROWS} AND flavor IS NOT NULL"),
+    "idle": exact_sum("greatest(coalesce(nominal_quota, 0) - coalesce(resource_usage, 0), 0)",
+                      f"{_GPU_ROWS} AND flavor IS NOT NULL"),
+    "wait_sum": exact_sum("wait_mean_s * wait_count_interval", "kind = 'admission_wait'"),
+    "wait_n": exact_sum("wait_count_interval", "kind = 'admission_wait' AND wait_mean_s IS NOT NULL"),
+    "avg_demand": exact_avg("coalesce(pending_gpus, pending_wl * (SELECT gpw FROM params))"),
+    "avg_pending_wl": exact_avg("pending_wl"),
+    "sum_wait_sum": exact_sum("wait_sum"),
+    "sum_wait_n": exact_sum("wait_n"),
+    "avg_idle": exact_avg("idle"),
+    "avg_usage": exact_avg("usage"),
+    "avg_quota": exact_avg("quota"),
+}
+
 _KUEUE_SQL = """
 WITH
 params AS (
@@ -394,17 +415,13 @@ k AS (
 ),
 per_scrape AS (
     SELECT h_start, sample_utc,
-        sum(resource_pending) FILTER (WHERE kind = 'resource' AND resource = '{gpu}') AS pending_gpus,
-        sum(pending_workloads) FILTER (WHERE kind = 'queue') AS pending_wl,
-        sum(resource_usage) FILTER (WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL)
-            AS usage,
-        sum(nominal_quota) FILTER (WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL)
-            AS quota,
-        sum(greatest(coalesce(nominal_quota, 0) - coalesce(resource_usage, 0), 0))
-            FILTER (WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL) AS idle,
-        sum(wait_mean_s * wait_count_interval) FILTER (WHERE kind = 'admission_wait') AS wait_sum,
-        sum(wait_count_interval) FILTER (WHERE kind = 'admission_wait' AND wait_mean_s IS NOT NULL)
-            AS wait_n
+        {pending_gpus} AS pending_gpus,
+        {pending_wl} AS pending_wl,
+        {usage} AS usage,
+        {quota} AS quota,
+        {idle} AS idle,
+        {wait_sum} AS wait_sum,
+        {wait_n} AS wait_n
     FROM k
     GROUP BY h_start, sample_utc
 )
@@ -412,13 +429,13 @@ SELECT
     make_timestamptz(h_start) AS hour_start_utc,
     'kueue' AS source,
     '{all}' AS device_class,
-    avg(coalesce(pending_gpus, pending_wl * (SELECT gpw FROM params))) AS demand_gpus,
-    avg(pending_wl) AS pending_jobs,
-    sum(wait_sum) / nullif(sum(wait_n), 0) AS mean_wait_s,
-    coalesce(avg(idle), 0) AS idle_gpus,
-    coalesce(avg(idle), 0) AS idle_open_gpus,
-    coalesce(avg(usage), 0) AS busy_gpus,
-    coalesce(avg(quota), 0) AS total_gpus
+    {avg_demand} AS demand_gpus,
+    {avg_pending_wl} AS pending_jobs,
+    {sum_wait_sum} / nullif({sum_wait_n}, 0) AS mean_wait_s,
+    coalesce({avg_idle}, 0) AS idle_gpus,
+    coalesce({avg_idle}, 0) AS idle_open_gpus,
+    coalesce({avg_usage}, 0) AS busy_gpus,
+    coalesce({avg_quota}, 0) AS total_gpus
 FROM per_scrape
 GROUP BY h_start
 """
@@ -482,10 +499,10 @@ long AS (
 ),
 agg AS (
     SELECT dimension, coalesce(key, '{NO_KEY}') AS key,
-           sum(gh) AS demand_gpu_hours, count(DISTINCT global_job_id) AS jobs
+           {exact_sum("gh")} AS demand_gpu_hours, count(DISTINCT global_job_id) AS jobs
     FROM long GROUP BY ALL
 ),
-total AS (SELECT sum(gh) AS t FROM iv),
+total AS (SELECT {exact_sum("gh")} AS t FROM iv),
 ranked AS (
     SELECT a.*, a.demand_gpu_hours / nullif(t.t, 0) AS share,
            row_number() OVER (PARTITION BY dimension ORDER BY demand_gpu_hours DESC, key) AS rank
@@ -521,15 +538,15 @@ hours AS (
 ),
 per_hour AS (
     -- mean pending GPUs of the queue over the hour's scrapes x the hour's length = its GPU-hours
-    SELECT k.key, k.h_start, sum(k.resource_pending) / any_value(sc.n) AS pending
+    SELECT k.key, k.h_start, {exact_sum("k.resource_pending")} / any_value(sc.n) AS pending
     FROM k JOIN scrapes sc ON sc.h_start = k.h_start GROUP BY k.key, k.h_start
 ),
 agg AS (
-    SELECT ph.key, sum(ph.pending * h.h_len / 3.6e9) AS demand_gpu_hours
+    SELECT ph.key, {exact_sum("ph.pending * h.h_len / 3.6e9")} AS demand_gpu_hours
     FROM per_hour ph JOIN hours h ON h.h_start = ph.h_start
     GROUP BY ph.key
 ),
-total AS (SELECT sum(demand_gpu_hours) AS t FROM agg),
+total AS (SELECT {exact_sum("demand_gpu_hours")} AS t FROM agg),
 ranked AS (
     SELECT a.*, a.demand_gpu_hours / nullif(t.t, 0) AS share,
            row_number() OVER (ORDER BY demand_gpu_hours DESC, key) AS rank
@@ -628,7 +645,8 @@ def compute_demand_capacity(
     )
     try:
         base = con.sql(
-            _CAPACITY_SQL.format(unknown=UNKNOWN_DEVICE, all=ALL_DEVICES, any=ANY_DEVICE),
+            _CAPACITY_SQL.format(unknown=UNKNOWN_DEVICE, all=ALL_DEVICES, any=ANY_DEVICE,
+                                 gpu_us=exact_sum("request_gpus * overlap_us")),
             params={"start": start_utc, "end": end_utc, "hour_us": hour_us, "bucket_us": _us(BUCKET)},
         ).to_arrow_table()
         top = con.sql(_TOP_SQL, params={"top_n": top_n, "day_start": start_utc}).to_arrow_table()
@@ -641,7 +659,7 @@ def compute_demand_capacity(
             kp = {"start": start_utc, "end": end_utc, "hour_us": hour_us}
             parts.append(
                 con.sql(
-                    _KUEUE_SQL.format(gpu=KUEUE_GPU_RESOURCE, all=ALL_DEVICES),
+                    _KUEUE_SQL.format(all=ALL_DEVICES, **_KUEUE_SUMS),
                     params={**kp, "gpus_per_workload": kueue_gpus_per_workload},
                 ).to_arrow_table()
             )

@@ -71,6 +71,7 @@ import duckdb
 import pyarrow as pa
 
 from gpu_pipeline.lib.db import connect as db_connect
+from gpu_pipeline.lib.db import exact_avg, exact_sum
 from gpu_pipeline.lib.gpu_specs import UNKNOWN, name_map
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 from gpu_pipeline.lib.timeutil import epoch_us
@@ -336,8 +337,15 @@ def _ts(us_expr: str) -> str:
 
 
 def _mean(value: str, weight: str) -> str:
-    return (f"sum({value} * {weight}) FILTER (WHERE {value} IS NOT NULL) / "
-            f"nullif(sum({weight}) FILTER (WHERE {value} IS NOT NULL), 0)")
+    """SQL: the ``weight``-weighted mean of ``value`` over the rows where it is known, by exact sums (the
+    same bits on every run, whatever order DuckDB's threads add the rows in; lib.db.exact_sum)."""
+    known = f"{value} IS NOT NULL"
+    return f"{exact_sum(f'{value} * {weight}', known)} / nullif({exact_sum(weight, known)}, 0)"
+
+
+# Capability-weighted fleet RFU: sum(realized x coverage) / sum(achievable x coverage) over GPU-hours with a PIF
+_RFU_NUM = exact_sum("realized_tflops * coverage_s", "pif IS NOT NULL")
+_RFU_DEN = exact_sum("achievable_tflops * coverage_s", "pif IS NOT NULL")
 
 
 def _trap(col: str) -> str:
@@ -579,7 +587,7 @@ def _stage_held(con, states_sql, states_params, s_us, e_us):
             FROM y
         ), runs AS (
             SELECT gpu_id, grp, any_value(job) AS job, min(t) AS t0, max(t_end) AS t1, count(*) AS n,
-                   avg(power) FILTER (WHERE t >= {s_us} AND t < {e_us}) AS p_day, avg(power) AS p_all
+                   {exact_avg('power', f't >= {s_us} AND t < {e_us}')} AS p_day, {exact_avg('power')} AS p_all
             FROM z GROUP BY gpu_id, grp
         )
         SELECT r.gpu_id, g.host, g.device_name, r.job AS global_job_id,
@@ -613,7 +621,7 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
         busy = f"""
         , st_h AS (
             SELECT gpu_id, (epoch_us(bucket_start_utc) // {_HOUR_US}) * {_HOUR_US} AS h,
-                   avg(CASE WHEN state LIKE 'busy%' THEN 1.0 ELSE 0.0 END) AS state_busy_share
+                   count(*) FILTER (WHERE state LIKE 'busy%') / count(*) AS state_busy_share
             FROM {states_sql}
             WHERE epoch_us(bucket_start_utc) >= {s_us} AND epoch_us(bucket_start_utc) < {e_us}
             GROUP BY ALL
@@ -650,16 +658,17 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
         ), pw AS (
             SELECT *, (cb - ca) / {_US}.0 AS w FROM pieces WHERE cb > ca
         ), seg_h AS (
-            SELECT gpu_id, h, sum(w) AS coverage_s,
+            SELECT gpu_id, h, sum(cb - ca) / {_US}.0 AS coverage_s,
                    {_mean("util", "w")} AS util_tw, {_mean("power", "w")} AS power_tw,
                    {_mean("plimit", "w")} AS plimit_tw,
-                   sum(coalesce(energy_counter_j, energy_power_j) * w / len_s) AS energy_j,
+                   {exact_sum('coalesce(energy_counter_j, energy_power_j) * w / len_s')} AS energy_j,
                    count(energy_counter_j) AS n_counter,
                    count(*) FILTER (WHERE energy_counter_j IS NULL AND energy_power_j IS NOT NULL) AS n_power
             FROM pw GROUP BY gpu_id, h
         ), smp_h AS (
             SELECT gpu_id, (t // {_HOUR_US}) * {_HOUR_US} AS h, count(*) AS samples,
-                   avg(util) AS util_m, avg(power) AS power_m, avg(plimit) AS plimit_m
+                   {exact_avg('util')} AS util_m, {exact_avg('power')} AS power_m,
+                   {exact_avg('plimit')} AS plimit_m
             FROM _eff_samples WHERE t >= {s_us} AND t < {e_us} GROUP BY ALL
         ){busy}, base AS (
             SELECT gpu_id, h, coalesce(smp_h.samples, 0) AS samples, coalesce(seg_h.coverage_s, 0.0) AS coverage_s,
@@ -752,11 +761,11 @@ def _jobs(con, jobs_sql, jobs_params, s_us, e_us, have_states) -> pa.Table:
                    s.util, s.power, s.plimit, coalesce(s.energy_counter_j, s.energy_power_j) AS energy_j
             FROM jg JOIN _eff_seg s ON s.gpu_id = jg.gpu AND s.a < jg.ce AND s.b > jg.cs
         ), per_gpu AS (
-            SELECT global_job_id, run_index, gpu, sum(w) AS cov,
-                   {_mean("util", "w")} AS util, sum(w) FILTER (WHERE util IS NOT NULL) AS cov_u,
-                   {_mean("power", "w")} AS power, sum(w) FILTER (WHERE power IS NOT NULL) AS cov_p,
+            SELECT global_job_id, run_index, gpu, {exact_sum('w')} AS cov,
+                   {_mean("util", "w")} AS util, {exact_sum('w', 'util IS NOT NULL')} AS cov_u,
+                   {_mean("power", "w")} AS power, {exact_sum('w', 'power IS NOT NULL')} AS cov_p,
                    {_mean("plimit", "w")} AS plimit,
-                   sum(energy_j * w / len_s) AS energy_j
+                   {exact_sum('energy_j * w / len_s')} AS energy_j
             FROM ov GROUP BY ALL
         ), per_gpu2 AS (
             SELECT p.*, g.device_name, g.achievable_tflops AS ach,
@@ -764,14 +773,14 @@ def _jobs(con, jobs_sql, jobs_params, s_us, e_us, have_states) -> pa.Table:
                    {pif_sql("p.power", "coalesce(p.plimit, g.tdp_w)")} AS pif
             FROM per_gpu p JOIN _eff_gpu g ON g.gpu_id = p.gpu
         ), agg AS (
-            SELECT global_job_id, run_index, sum(cov) AS cov, min(device_name) AS device_name,
+            SELECT global_job_id, run_index, {exact_sum('cov')} AS cov, min(device_name) AS device_name,
                    {_mean("util", "cov_u")} AS util,
                    {_mean("power", "cov_p")} AS power,
                    {_mean("maxp", "cov_p")} AS maxp,
                    {_mean("pif", "cov_p")} AS pif,
-                   sum(ach * pif * cov_p) FILTER (WHERE pif IS NOT NULL)
-                     / nullif(sum(ach * cov_p) FILTER (WHERE pif IS NOT NULL), 0) AS rfu_frac,
-                   sum(energy_j) AS energy_j
+                   {exact_sum('ach * pif * cov_p', 'pif IS NOT NULL')}
+                     / nullif({exact_sum('ach * cov_p', 'pif IS NOT NULL')}, 0) AS rfu_frac,
+                   {exact_sum('energy_j')} AS energy_j
             FROM per_gpu2 GROUP BY ALL
         ), smp AS (
             SELECT jg.global_job_id, jg.run_index, count(*) AS samples
@@ -829,15 +838,13 @@ def efficiency_daily(hourly: pa.Table, held_idle: pa.Table | None, day_start_utc
             hi AS (SELECT coalesce(device_name, 'unknown') AS device_name, duration_s FROM ({held_sql})),
             per AS (
                 SELECT GROUPING(device_name) AS is_all, device_name,
-                       count(DISTINCT gpu_id) AS gpus, sum(coverage_s) / 3600.0 AS gpu_hours_sampled,
+                       count(DISTINCT gpu_id) AS gpus, {exact_sum('coverage_s')} / 3600.0 AS gpu_hours_sampled,
                        {_mean("util_pct", "coverage_s")} AS util_pct,
-                       100.0 * sum(realized_tflops * coverage_s) FILTER (WHERE pif IS NOT NULL)
-                         / nullif(sum(achievable_tflops * coverage_s) FILTER (WHERE pif IS NOT NULL), 0)
-                         AS rfu_pct_fleet,
-                       sum(energy_kwh) AS energy_kwh
+                       100.0 * {_RFU_NUM} / nullif({_RFU_DEN}, 0) AS rfu_pct_fleet,
+                       {exact_sum('energy_kwh')} AS energy_kwh
                 FROM h GROUP BY GROUPING SETS ((device_name), ())
             ), held_per AS (
-                SELECT GROUPING(device_name) AS is_all, device_name, sum(duration_s) / 3600.0 AS held_h
+                SELECT GROUPING(device_name) AS is_all, device_name, {exact_sum('duration_s')} / 3600.0 AS held_h
                 FROM hi GROUP BY GROUPING SETS ((device_name), ())
             )
             SELECT ? AS day_start_utc,
@@ -865,10 +872,9 @@ def fleet_rfu(hourly: pa.Table, tz: str = "UTC") -> dict[str, dict[str, float | 
     try:
         con.register("hourly", hourly)
         rows = con.execute(
-            """
+            f"""
             SELECT day, GROUPING(device_name) AS is_all, device_name,
-                   100.0 * sum(realized_tflops * coverage_s) FILTER (WHERE pif IS NOT NULL)
-                     / nullif(sum(achievable_tflops * coverage_s) FILTER (WHERE pif IS NOT NULL), 0)
+                   100.0 * {_RFU_NUM} / nullif({_RFU_DEN}, 0)
             FROM (SELECT CAST(timezone(?, hour_start_utc) AS DATE) AS day,
                          coalesce(device_name, 'unknown') AS device_name, realized_tflops, achievable_tflops,
                          coverage_s, pif FROM hourly)

@@ -71,6 +71,7 @@ import duckdb
 import pyarrow as pa
 
 from gpu_pipeline.lib.db import connect as db_connect
+from gpu_pipeline.lib.db import exact_sum
 from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, TS, TableSpec, _f, conform
 
 BUCKET = dt.timedelta(minutes=5)
@@ -509,7 +510,7 @@ host_tier AS (
 bf AS (
     SELECT st.device_name, ht.tier,
            CAST(hour(timezone($tz, st.bucket_start_utc)) AS INTEGER) AS hour_local,
-           count(*) * $bucket_s / 3600.0 AS h
+           count(*) AS n
     FROM _rate_states st
     LEFT JOIN host_tier ht ON ht.host = st.host
     CROSS JOIN params
@@ -528,7 +529,7 @@ ev_agg AS (
            CASE WHEN grouping(tier) = 1 THEN 'ALL' ELSE tier END AS tier,
            hour_local, grouping(hour_local) = 1 AS all_hours,
            count(*) AS evictions,
-           coalesce(sum(lost_gpu_hours), 0.0) AS lost_gpu_hours,
+           coalesce({lost_sum}, 0.0) AS lost_gpu_hours,
            quantile_cont(runtime_s, 0.1) AS p10, quantile_cont(runtime_s, 0.5) AS p50,
            quantile_cont(runtime_s, 0.9) AS p90
     FROM ev
@@ -538,7 +539,8 @@ bf_agg AS (
     SELECT CASE WHEN grouping(device_name) = 1 THEN 'ALL' ELSE device_name END AS device_name,
            CASE WHEN grouping(tier) = 1 THEN 'ALL' ELSE tier END AS tier,
            hour_local, grouping(hour_local) = 1 AS all_hours,
-           sum(h) AS backfill_gpu_hours
+           -- buckets counted, then turned into hours: the same bits on every run
+           sum(n) * $bucket_s / 3600.0 AS backfill_gpu_hours
     FROM bf
     GROUP BY CUBE (device_name, tier, hour_local)
 ),
@@ -567,7 +569,7 @@ SELECT device_name, tier, hour_local, evictions, backfill_gpu_hours,
 FROM joined
 WHERE NOT (evictions = 0 AND backfill_gpu_hours = 0 AND NOT (device_name = 'ALL' AND tier = 'ALL' AND all_hours))
 ORDER BY device_name = 'ALL', device_name, tier = 'ALL', tier, hour_local NULLS LAST
-"""
+""".format(lost_sum=exact_sum("lost_gpu_hours"))
 
 
 def compute_eviction_rates(

@@ -164,3 +164,78 @@ def test_pipeline_code_creates_only_temporary_tables_and_views():
     # the SQLite archive writers' CREATE TABLE text is SQLite's, not DuckDB's
     found = [f for f in found if not f.startswith(("lib/sim_condor.py", "lib/condor_collector.py"))]
     assert not found, found
+
+
+# --- exact_sum / exact_avg ------------------------------------------------------------------------
+
+def _threaded() -> duckdb.DuckDBPyConnection:
+    """A database of its own on four threads, so that one group's rows are summed by several."""
+    con = duckdb.connect()
+    con.execute("SET threads = 4")
+    return con
+
+
+def test_exact_sum_does_not_depend_on_the_order_of_the_rows():
+    import math
+
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    groups, per_group = 50, 8_000  # 400k rows: several row groups, scanned by several threads
+    values = rng.lognormal(0.0, 3.0, groups * per_group) * rng.choice([-1.0, 1.0], groups * per_group)
+    table = pa.table({"g": np.repeat(np.arange(groups), per_group), "v": values})
+    shuffled = table.take(pa.array(rng.permutation(len(values))))
+    fsum = {g: math.fsum(values[g * per_group:(g + 1) * per_group]) for g in range(groups)}
+    con = _threaded()
+    try:
+        con.register("t", table)
+        con.register("shuffled", shuffled)
+        exact = f"SELECT g, {db.exact_sum('v')} FROM {{}} GROUP BY g"
+        first = dict(con.sql(exact.format("t")).fetchall())
+        for name in ("shuffled", "t", "shuffled"):
+            assert dict(con.sql(exact.format(name)).fetchall()) == first
+        for g in range(groups):
+            # each value is taken within about an ulp of itself (a float sum's bound is n - 1 times this)
+            magnitude = math.fsum(np.abs(values[g * per_group:(g + 1) * per_group]))
+            assert abs(first[g] - fsum[g]) <= 2.0 ** -52 * magnitude + math.ulp(fsum[g])
+        # the data tells the two apart: a plain floating-point sum changes with the order
+        plain = "SELECT g, sum(v) FROM {} GROUP BY g"
+        assert dict(con.sql(plain.format("t")).fetchall()) != dict(con.sql(plain.format("shuffled")).fetchall())
+        avg = f"SELECT g, {db.exact_avg('v')} FROM {{}} GROUP BY g"
+        assert dict(con.sql(avg.format("shuffled")).fetchall()) == {g: first[g] / per_group for g in range(groups)}
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize(
+    ("values", "where", "expected"),
+    [
+        ([0.1, 0.2, 0.3], None, 0.6),                  # a float sum gives 0.6000000000000001
+        ([0.1, 0.2, 0.3], "v > 0.15", 0.5),            # FILTER
+        ([None, None], None, None),                    # no known value: NULL, as sum()
+        ([], None, None),                              # no row: NULL
+        ([1.0, float("inf")], None, float("inf")),     # not finite: the float sum's answer
+        ([1e30, 2.0], None, 1e30),                     # beyond the exact range: the float sum
+        ([-1.5, 1.5, None], None, 0.0),
+        ([2.7e9, 1.0, 0.3], None, 2700000001.3),      # whole numbers stay whole (no 2699999999.99...)
+        ([1e-7, 2e-7], None, 3e-7),                    # small values keep their digits
+    ],
+)
+def test_exact_sum_edges(values, where, expected):
+    con = _threaded()
+    try:
+        con.register("t", pa.table({"v": pa.array(values, pa.float64())}))
+        got = con.sql(f"SELECT {db.exact_sum('v', where)} FROM t").fetchall()[0][0]
+    finally:
+        con.close()
+    assert got == expected
+
+
+def test_exact_sum_of_nan_is_nan():
+    con = _threaded()
+    try:
+        con.register("t", pa.table({"v": pa.array([1.0, float("nan")])}))
+        got = con.sql(f"SELECT {db.exact_sum('v')}, {db.exact_avg('v')} FROM t").fetchall()[0]
+    finally:
+        con.close()
+    assert all(x != x for x in got)
