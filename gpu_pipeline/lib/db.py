@@ -134,29 +134,27 @@ atexit.register(close_databases)
 # DuckDB aggregates in parallel: each thread sums its share of a group's rows, and the partial sums
 # are added in whatever order the threads finish. Floating-point addition is not associative, so the
 # same rows can give sums that differ in the last bits from one run to the next, and a re-run of a
-# day writes different bytes. The sums below are exact instead -- integer arithmetic, the same in
-# any order: each value is split into its nearest integer (summed as BIGINT) and the rest, within
-# +-0.5 (summed as DECIMAL(38, 18), which DuckDB takes within about 1e-16 of it, relative), and the
-# exact total is rounded to DOUBLE once (through its decimal text: DuckDB's direct DECIMAL -> DOUBLE
-# cast can be an ulp off). So whole numbers add up exactly (a one-step cast of 2.7e9 to 18 decimals
-# is off in its 7th decimal), and the total is within an ulp or so of the exact sum of the values --
-# better than a floating-point sum, whose error grows with the number of rows. Where a value is not
-# finite or the sum could leave BIGINT (max |value| x rows >= 9e18: no metric here comes near it;
-# the largest, demand in GPU-microseconds, stays below 1e16), the group falls back to DuckDB's
-# floating-point sum, whose infinities and NaN the caller gets as before. A sum costs about three
-# times a plain one (20-30 ns more a value).
+# day writes different bytes. The sums below add integers instead, which is exact and the same in
+# any order: each value is split into its nearest integer and the rest (within +-0.5), the rest
+# scaled by 2^62 (exact: a power of two) and rounded, and both are summed as BIGINT (into HUGEINT);
+# the two exact totals then make one DOUBLE. A value is so taken within 2^-63 (1e-19) of itself,
+# whole numbers exactly, and the total is within an ulp or two of the exact sum of the values --
+# better than a floating-point sum, whose error grows with the rows. Where a value is not finite or
+# beyond BIGINT (|value| > 9.2e18), the group falls back to DuckDB's floating-point sum, whose
+# infinities and NaN the caller gets as before. A sum costs about twice a plain one (measured:
+# 4 M rows in 20 k groups, 0.066 vs 0.029 s; a DECIMAL(38, 18) sum took 0.15 s).
 
-_EXACT_BOUND = "9e18"
+_SCALE = "4611686018427387904.0"  # 2^62
 
 
 def exact_sum(value: str, where: str | None = None) -> str:
     """SQL for ``sum(value) [FILTER (WHERE where)]`` over DOUBLE values, as DOUBLE, the same whatever the
     order in which the rows are added (see above). NULL when no row counts, as ``sum``."""
     f = f" FILTER (WHERE {where})" if where else ""
-    whole = f"sum(TRY_CAST(round({value}) AS BIGINT)){f}"
-    rest = f"sum(TRY_CAST({value} - round({value}) AS DECIMAL(38, 18))){f}"
-    return (f"(CASE WHEN max(abs({value})){f} * count({value}){f} < {_EXACT_BOUND} "
-            f"THEN CAST(CAST(CAST({whole} AS DECIMAL(38, 18)) + {rest} AS VARCHAR) AS DOUBLE) "
+    whole = f"TRY_CAST(round({value}) AS BIGINT)"
+    rest = f"TRY_CAST(round(({value} - round({value})) * {_SCALE}) AS BIGINT)"
+    return (f"(CASE WHEN count({whole}){f} = count({value}){f} "
+            f"THEN CAST(sum({whole}){f} AS DOUBLE) + CAST(sum({rest}){f} AS DOUBLE) / {_SCALE} "
             f"ELSE sum({value}){f} END)")
 
 
