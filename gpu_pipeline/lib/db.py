@@ -139,10 +139,13 @@ atexit.register(close_databases)
 # scaled by 2^62 (exact: a power of two) and rounded, and both are summed as BIGINT (into HUGEINT);
 # the two exact totals then make one DOUBLE. A value is so taken within 2^-63 (1e-19) of itself,
 # whole numbers exactly, and the total is within an ulp or two of the exact sum of the values --
-# better than a floating-point sum, whose error grows with the rows. Where a value is not finite or
-# beyond BIGINT (|value| > 9.2e18), the group falls back to DuckDB's floating-point sum, whose
-# infinities and NaN the caller gets as before. A sum costs about twice a plain one (measured:
-# 4 M rows in 20 k groups, 0.066 vs 0.029 s; a DECIMAL(38, 18) sum took 0.15 s).
+# better than a floating-point sum, whose error grows with the rows. The floating-point sum is
+# computed too, as the guard: where it is not finite (an infinite or NaN value) or not below 4e18,
+# it is the answer, as before. (Values beyond BIGINT, |value| > 9.2e18, would be left out of the
+# exact sum, so a group of such values that cancel to below 4e18 would be summed wrong; no metric
+# here comes near that: the largest, demand in GPU-microseconds, stays below 1e16.) Measured on 4 M
+# rows in 20 k groups: 0.066 s against 0.029 s for a plain sum (a DECIMAL(38, 18) sum: 0.15 s); in
+# a query with few rows the cost is DuckDB's planning, which grows with the aggregates: three here.
 
 _SCALE = "4611686018427387904.0"  # 2^62
 
@@ -153,7 +156,7 @@ def exact_sum(value: str, where: str | None = None) -> str:
     f = f" FILTER (WHERE {where})" if where else ""
     whole = f"TRY_CAST(round({value}) AS BIGINT)"
     rest = f"TRY_CAST(round(({value} - round({value})) * {_SCALE}) AS BIGINT)"
-    return (f"(CASE WHEN count({whole}){f} = count({value}){f} "
+    return (f"(CASE WHEN abs(sum({value}){f}) < 4e18 "
             f"THEN CAST(sum({whole}){f} AS DOUBLE) + CAST(sum({rest}){f} AS DOUBLE) / {_SCALE} "
             f"ELSE sum({value}){f} END)")
 
