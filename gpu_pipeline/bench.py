@@ -77,8 +77,12 @@ SEED = 7
 TELEMETRY_INTERVAL_S = 30
 #: Cadences tried, in order, when 30-second telemetry is too much for a size.
 TELEMETRY_STEPS_S = (30, 60, 120, 300, 600, 900, 1800, 3600)
-#: Samples per size above which the cadence is lowered (~60 s of the telemetry assets, ~0.5 GB).
-MAX_TELEMETRY_SAMPLES = 600_000
+#: Samples per size above which the cadence is lowered: 1,000 GPUs x 7 days at 30 s (20.2 million
+#: samples, ~19 GB of text) run at 30 s; 10,000 GPUs for a day (28.8 million) at 60 s, with the cost at
+#: 30 s estimated on a slice.
+MAX_TELEMETRY_SAMPLES = 21_000_000
+#: Samples of the slice a coarsened size's 30-second telemetry is measured on (~0.5 GB of text).
+SLICE_SAMPLES = 600_000
 #: Bytes of telemetry text per sample (measured on the simulator: DCGM text and nvidia-smi CSV).
 TELEMETRY_BYTES_PER_SAMPLE = 950
 KUEUE_INTERVAL_S = 900
@@ -867,14 +871,13 @@ def bench_telemetry_slice(gpus: int, cfg: BenchConfig, scratch: Path, reuse: boo
     allows, through the library calls the telemetry assets make (raw read, clean, both partitions
     written); the per-day cost for ``gpus`` is that times ``gpus / slice`` (the work is per file and
     per sample, both in proportion to GPUs)."""
-    from gpu_pipeline.lib.samples import clean_samples, raw_samples
-    from gpu_pipeline.lib.schemas import GPU_SAMPLES, RAW_GPU_TELEMETRY
+    from gpu_pipeline.lib.samples import RawStream, write_clean_samples, write_raw_samples
     from gpu_pipeline.lib.simulate import SimConfig
     from gpu_pipeline.lib.store import Store
     from gpu_pipeline.lib.timeutil import day_window
 
     per_gpu = 86400 // cfg.telemetry_interval_s
-    n = max(1, min(gpus, cfg.max_telemetry_samples // per_gpu))
+    n = max(1, min(gpus, min(cfg.max_telemetry_samples, SLICE_SAMPLES) // per_gpu))
     dest = scratch / f"telemetry-slice-{n}"
     _log(f"[{gpus} GPUs] telemetry at {cfg.telemetry_interval_s} s: one day of {n} GPUs")
     summary, _, _ = _simulate(dest / "sources", SimConfig(
@@ -886,11 +889,9 @@ def bench_telemetry_slice(gpus: int, cfg: BenchConfig, scratch: Path, reuse: boo
     day = cfg.start.isoformat()
 
     def both() -> int:
-        raw = raw_samples(dest / "sources" / "telemetry", start, end, SIM_TZ, 0)
-        store.write_partition(RAW_GPU_TELEMETRY, day, raw.table)
-        cleaned = clean_samples(store.read_table(RAW_GPU_TELEMETRY, day))
-        store.write_partition(GPU_SAMPLES, day, cleaned.table)
-        return raw.table.num_rows
+        written = write_raw_samples(store, day, RawStream(dest / "sources" / "telemetry", start, end, SIM_TZ, 0))
+        write_clean_samples(store, day)
+        return written.rows
 
     # The first run pays the process's one-time costs (imports, Arrow kernels' first use, the series
     # caches); a range run pays them once, not per day, and they do not grow with GPUs: the per-day

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gpu_pipeline.lib.db import connect as db_connect
 
@@ -37,20 +39,29 @@ class Coverage:
 
 
 def coverage(
-    table: pa.Table,
+    table: pa.Table | Path,
     time_col: str,
     series_cols: list[str],
     start_utc: dt.datetime,
     end_utc: dt.datetime,
     gap_factor: float = 3.0,
 ) -> Coverage:
-    """Coverage of ``table`` (one row per sample) over [start_utc, end_utc)."""
+    """Coverage of ``table`` (one row per sample) over [start_utc, end_utc); ``table`` may be a
+    Parquet file (read by DuckDB, within its memory limit, instead of held)."""
     window_s = (end_utc - start_utc).total_seconds()
-    if table.num_rows == 0:
+    if isinstance(table, Path):
+        rows = pq.ParquetFile(table).metadata.num_rows
+    else:
+        rows = table.num_rows
+    if rows == 0:
         return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
     con = db_connect()
     try:
-        con.register("t", table.select([time_col, *series_cols]))
+        if isinstance(table, Path):
+            names = ", ".join(f'"{c}"' for c in (time_col, *series_cols))
+            con.read_parquet(str(table)).project(names).create_view("t")
+        else:
+            con.register("t", table.select([time_col, *series_cols]))
         key = ", ".join(f'"{c}"' for c in series_cols) or "1"
         row = con.sql(
             f"""

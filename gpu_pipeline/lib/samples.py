@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,8 +29,11 @@ from gpu_pipeline.lib.schemas import (
     conform,
     sorted_rows,
 )
-from gpu_pipeline.lib.telemetry import read_telemetry_dir
+from gpu_pipeline.lib.spill import TimeSlabSorter
+from gpu_pipeline.lib.store import Store, WriteResult
+from gpu_pipeline.lib.telemetry import TelemetryDir, quarantine_lines_table
 from gpu_pipeline.lib.terapixel import parse_gpu_csv
+from gpu_pipeline.lib.timeutil import epoch_us
 
 # column -> (min, max) inclusive; None = unbounded
 RANGES: dict[str, tuple[float | None, float | None]] = {
@@ -82,41 +87,92 @@ def raw_samples(
     prometheus: PrometheusConfig | None = None,
     terapixel_dir: str | Path | None = None,
 ) -> RawSamples:
-    """Samples of [start_utc, end_utc) from the telemetry files and/or Prometheus.
+    """Samples of [start_utc, end_utc) from the telemetry files and/or Prometheus, held in memory and
+    sorted on :data:`RAW_ORDER` (:class:`RawStream` and :func:`write_raw_samples` give the same rows
+    without holding the day).
 
     ``margin_days`` = 0 reads only files whose name carries a local date of the window (files rolled
     at local midnight); raise it for loggers that roll at another time."""
-    parts: list[pa.Table] = []
-    files: list[str] = []
-    quarantine = None
-    counters: dict[str, int] = {}
-    if telemetry_dir:
-        root = Path(telemetry_dir)
-        if not root.is_dir():
-            raise FileNotFoundError(f"{root}: telemetry directory does not exist")
-        parsed = read_telemetry_dir(root, start_utc, end_utc, source_tz, margin_days=margin_days)
-        nvml, nvml_files = read_nvml_dir(root, start_utc, end_utc)
-        parts += [conform(parsed.table, RAW_GPU_TELEMETRY), nvml]
-        files += list(parsed.files) + nvml_files
-        quarantine = parsed.quarantine_table()
-        counters.update(parsed.counters)
-    if terapixel_dir:
-        gpu_csv = Path(terapixel_dir) / "gpu.csv"
-        if not gpu_csv.is_file():
-            raise FileNotFoundError(f"{gpu_csv}: Terapixel gpu.csv not found")
-        tp = parse_gpu_csv(gpu_csv, start_utc=start_utc, end_utc=end_utc)
-        parts.append(conform(tp.table, RAW_GPU_TELEMETRY))
-        files.append(str(gpu_csv))
-        tq = tp.quarantine_table()
-        quarantine = tq if quarantine is None else pa.concat_tables([quarantine, tq])
-        counters.update({f"terapixel_{k}": v for k, v in tp.counters.items()})
-    if prometheus is not None:
-        fetched = fetch_dcgm_range(prometheus, start_utc, end_utc)
-        parts.append(conform(fetched.table, RAW_GPU_TELEMETRY))
-        counters.update({f"prometheus_{k}": v for k, v in fetched.counters.items()})
-    table = pa.concat_tables(parts) if parts else RAW_GPU_TELEMETRY.empty()
-    table = sorted_rows(table, _KEY)
-    return RawSamples(table=table, files=files, quarantine=quarantine, counters=counters)
+    stream = RawStream(telemetry_dir, start_utc, end_utc, source_tz, margin_days, prometheus, terapixel_dir)
+    parts = list(stream.parts())
+    table = sorted_rows(pa.concat_tables(parts), RAW_ORDER) if parts else RAW_GPU_TELEMETRY.empty()
+    return RawSamples(table=table, files=stream.files, quarantine=stream.quarantine, counters=stream.counters)
+
+
+class RawStream:
+    """The sources of :func:`raw_samples`, read part by part: :meth:`parts` yields tables of the
+    raw schema (telemetry files a few at a time, then the NVML files, Terapixel, Prometheus);
+    ``files``, ``quarantine`` and ``counters`` are complete once it is exhausted. Missing
+    directories raise here, before anything is read."""
+
+    def __init__(self, telemetry_dir: str | Path | None, start_utc: dt.datetime, end_utc: dt.datetime,
+                 source_tz: str, margin_days: int = 0, prometheus: PrometheusConfig | None = None,
+                 terapixel_dir: str | Path | None = None):
+        self.start_utc, self.end_utc = start_utc, end_utc
+        self.prometheus = prometheus
+        self.files: list[str] = []
+        self.quarantine: pa.Table | None = None
+        self.counters: dict[str, int] = {}
+        self.root = self.reader = None
+        if telemetry_dir:
+            self.root = Path(telemetry_dir)
+            if not self.root.is_dir():
+                raise FileNotFoundError(f"{self.root}: telemetry directory does not exist")
+            self.reader = TelemetryDir(self.root, start_utc, end_utc, source_tz, margin_days=margin_days)
+        self.gpu_csv = None
+        if terapixel_dir:
+            self.gpu_csv = Path(terapixel_dir) / "gpu.csv"
+            if not self.gpu_csv.is_file():
+                raise FileNotFoundError(f"{self.gpu_csv}: Terapixel gpu.csv not found")
+
+    @property
+    def expected_bytes(self) -> int:
+        """A rough size of the rows in memory, known before reading: half the telemetry files' bytes
+        (a DCGM scrape's text is about 3.4x its rows, nvidia-smi CSV about 1x)."""
+        return self.reader.input_bytes // 2 if self.reader is not None else 0
+
+    def parts(self) -> Iterator[pa.Table]:
+        if self.reader is not None and self.root is not None:
+            for part in self.reader.parts():
+                yield conform(part, RAW_GPU_TELEMETRY)
+            nvml, nvml_files = read_nvml_dir(self.root, self.start_utc, self.end_utc)
+            if nvml.num_rows:
+                yield nvml
+            self.files += list(self.reader.files) + nvml_files
+            self.quarantine = quarantine_lines_table(self.reader.quarantine, GPU_SAMPLES.path)
+            self.counters.update(self.reader.counters)
+        if self.gpu_csv is not None:
+            tp = parse_gpu_csv(self.gpu_csv, start_utc=self.start_utc, end_utc=self.end_utc)
+            yield conform(tp.table, RAW_GPU_TELEMETRY)
+            self.files.append(str(self.gpu_csv))
+            tq = tp.quarantine_table()
+            self.quarantine = tq if self.quarantine is None else pa.concat_tables([self.quarantine, tq])
+            self.counters.update({f"terapixel_{k}": v for k, v in tp.counters.items()})
+        if self.prometheus is not None:
+            fetched = fetch_dcgm_range(self.prometheus, self.start_utc, self.end_utc)
+            yield conform(fetched.table, RAW_GPU_TELEMETRY)
+            self.counters.update({f"prometheus_{k}": v for k, v in fetched.counters.items()})
+
+
+def write_raw_samples(store: Store, day: str, stream: RawStream, spill_dir: str | Path | None = None) -> WriteResult:
+    """The stream's rows sorted on :data:`RAW_ORDER` into the day's ``raw/gpu_telemetry`` partition
+    (the file :func:`raw_samples` + ``Store.write_partition`` would write), as :func:`write_sorted_raw`
+    writes them."""
+    return write_sorted_raw(store, day, stream.parts(), stream.start_utc, stream.end_utc,
+                            expected_bytes=stream.expected_bytes, spill_dir=spill_dir)
+
+
+def write_sorted_raw(store: Store, day: str, parts: Iterable[pa.Table], start_utc: dt.datetime,
+                     end_utc: dt.datetime, **sorter: Any) -> WriteResult:
+    """Rows of the raw schema within [start_utc, end_utc), part by part, sorted on :data:`RAW_ORDER`
+    into the day's ``raw/gpu_telemetry`` partition through a
+    :class:`~gpu_pipeline.lib.spill.TimeSlabSorter` (``sorter``: its keyword options): a day too
+    large to hold is spilled to disk in time slabs and sorted one slab at a time."""
+    with TimeSlabSorter(RAW_GPU_TELEMETRY.schema, RAW_ORDER, epoch_us(start_utc), epoch_us(end_utc),
+                        **sorter) as slabs:
+        for part in parts:
+            slabs.add(part)
+        return store.write_partition_batches(RAW_GPU_TELEMETRY, day, slabs.sorted_batches())
 
 
 @dataclass
@@ -129,8 +185,12 @@ class CleanSamples:
 
 
 # The duplicate key, in the output's sort order; among rows of one key the first by source_file
-# (nulls last) is the one kept.
+# (nulls last) is the one kept. The raw table is sorted on RAW_ORDER, so that its rows come in the
+# order the cleaning keeps them.
 _KEY = ("sample_utc", "host", "gpu_id", "source")
+RAW_ORDER = (*_KEY, "source_file")
+_CLEAN_BATCH_ROWS = 1 << 17
+_ROW_BYTES = 280  # about, in Arrow (a DCGM row)
 
 
 def _out_of_range(table: pa.Table) -> dict[str, np.ndarray]:
@@ -171,41 +231,170 @@ def _repeats_previous(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
     return same
 
 
+def _out_of_order(table: pa.Table, columns: tuple[str, ...]) -> bool:
+    """Whether some row of ``table`` comes before the previous one on ``columns`` (ascending, nulls
+    last, as :func:`~gpu_pipeline.lib.schemas.sorted_rows` orders them)."""
+    n = table.num_rows
+    if n < 2:
+        return False
+    undecided = np.ones(n - 1, dtype=bool)
+    for col in columns:
+        arr = table[col].combine_chunks()
+        later, earlier = arr.slice(1), arr.slice(0, n - 1)
+        later_null = later.is_null().to_numpy(zero_copy_only=False)
+        earlier_null = earlier.is_null().to_numpy(zero_copy_only=False)
+        less = pc.fill_null(pc.less(later, earlier), False).to_numpy(zero_copy_only=False)
+        greater = pc.fill_null(pc.greater(later, earlier), False).to_numpy(zero_copy_only=False)
+        less |= earlier_null & ~later_null  # nulls last: a value after a null comes too early
+        greater |= later_null & ~earlier_null
+        if (undecided & less).any():
+            return True
+        undecided &= ~greater
+        if not undecided.any():
+            return False
+    return False
+
+
+class RawNotSorted(ValueError):
+    """A raw partition whose rows are not in :data:`RAW_ORDER` (one written by an earlier version)."""
+
+
+class _Cleaner:
+    """The cleaning of rows sorted on :data:`RAW_ORDER`, a piece at a time: each piece's rows are
+    compared with the last row of the piece before (a repeated key across the cut is a duplicate)."""
+
+    def __init__(self) -> None:
+        self.rows_in = 0
+        self.duplicates_dropped = 0
+        self.reasons: dict[str, int] = {}
+        self.q_rows: list[dict] = []
+        self._last: pa.Table | None = None  # the previous piece's last row
+
+    def piece(self, table: pa.Table, check_order: bool) -> pa.Table:
+        n = table.num_rows
+        if not n:
+            return GPU_SAMPLES.empty()
+        self.rows_in += n
+        joined = table if self._last is None else pa.concat_tables([self._last, table])
+        if check_order and _out_of_order(joined, RAW_ORDER):
+            raise RawNotSorted(f"raw rows are not sorted on {RAW_ORDER}")
+        dup = _repeats_previous(joined, _KEY)[joined.num_rows - n:]
+        self._last = table.slice(n - 1)
+        violations = _out_of_range(table)
+        is_bad = np.zeros(n, dtype=bool)
+        for mask in violations.values():
+            is_bad |= mask
+        bad_rows = np.flatnonzero(is_bad)
+        for i, r in zip(bad_rows.tolist(), table.take(pa.array(bad_rows)).to_pylist(), strict=True):
+            cols = [c for c, mask in violations.items() if mask[i]]
+            for c in cols:
+                self.reasons[f"{c} out of range"] = self.reasons.get(f"{c} out of range", 0) + 1
+            detail = ", ".join(f"{c}={r[c]!r} (allowed {RANGES[c][0]}..{RANGES[c][1]})" for c in cols)
+            self.q_rows.append({
+                "source_table": "raw/gpu_telemetry",
+                "reason": f"value out of range: {detail}",
+                "source_file": r.get("source_file"),
+                "source_row": None,
+                "record_utc": r["sample_utc"],
+                "row_json": json.dumps(r, default=str, sort_keys=True),
+            })
+        self.duplicates_dropped += int(np.count_nonzero(dup & ~is_bad))
+        keep = ~is_bad & ~dup
+        return conform(table if keep.all() else table.filter(pa.array(keep)), GPU_SAMPLES)
+
+    def quarantine(self) -> pa.Table:
+        if not self.q_rows:
+            return QUARANTINE_GPU_SAMPLES.empty()
+        return pa.Table.from_pylist(self.q_rows, schema=QUARANTINE_GPU_SAMPLES.schema)
+
+
 def clean_samples(raw: pa.Table) -> CleanSamples:
     """Quarantine out-of-range rows and drop repeated keys, with the output sorted on ``_KEY``.
 
     One sort on ``_KEY`` + source_file (nulls last) puts a key's rows together with the one to keep
     first; a later row of the key is a duplicate unless it is quarantined itself. A quarantined first
     row still takes the key: the key's other rows are dropped as duplicates."""
-    table = sorted_rows(raw, (*_KEY, "source_file"))
-    violations = _out_of_range(table)
-    is_bad = np.zeros(table.num_rows, dtype=bool)
-    for mask in violations.values():
-        is_bad |= mask
-    dup = _repeats_previous(table, _KEY)
-    good = table.filter(pa.array(~is_bad & ~dup))
-    reasons: dict[str, int] = {}
-    q_rows = []
-    bad_rows = np.flatnonzero(is_bad)
-    for i, r in zip(bad_rows.tolist(), table.take(pa.array(bad_rows)).to_pylist(), strict=True):
-        cols = [c for c, mask in violations.items() if mask[i]]
-        for c in cols:
-            reasons[f"{c} out of range"] = reasons.get(f"{c} out of range", 0) + 1
-        detail = ", ".join(f"{c}={r[c]!r} (allowed {RANGES[c][0]}..{RANGES[c][1]})" for c in cols)
-        q_rows.append({
-            "source_table": "raw/gpu_telemetry",
-            "reason": f"value out of range: {detail}",
-            "source_file": r.get("source_file"),
-            "source_row": None,
-            "record_utc": r["sample_utc"],
-            "row_json": json.dumps(r, default=str, sort_keys=True),
-        })
-    quarantine = pa.Table.from_pylist(q_rows, schema=QUARANTINE_GPU_SAMPLES.schema) if q_rows else QUARANTINE_GPU_SAMPLES.empty()
-    dups = int(np.count_nonzero(dup & ~is_bad))
+    cleaner = _Cleaner()
+    good = cleaner.piece(sorted_rows(raw, RAW_ORDER), check_order=False)
     return CleanSamples(
-        table=conform(good, GPU_SAMPLES),
-        quarantine=quarantine,
+        table=good,
+        quarantine=cleaner.quarantine(),
         rows_in=raw.num_rows,
-        duplicates_dropped=dups,
-        quarantined_by_reason=dict(sorted(reasons.items())),
+        duplicates_dropped=cleaner.duplicates_dropped,
+        quarantined_by_reason=dict(sorted(cleaner.reasons.items())),
     )
+
+
+@dataclass
+class CleanWrite:
+    """What :func:`write_clean_samples` wrote and counted."""
+
+    result: WriteResult
+    quarantine: pa.Table
+    rows_in: int
+    duplicates_dropped: int
+    quarantined_by_reason: dict[str, int]
+    gpus: int  #: distinct gpu_id in the written rows
+    repeated_keys: int  #: written rows whose key repeats the row before (0 unless something is wrong)
+    sorted_raw: bool  #: False when the raw partition was out of order and had to be sorted first
+
+
+def _written_rows(batches: Iterable[pa.Table], seen: dict[str, object]) -> Iterator[pa.RecordBatch]:
+    """Pass the cleaned pieces on as batches, counting distinct GPUs and keys that repeat the row
+    before (across pieces too) into ``seen``."""
+    gpus: set[str] = set()
+    last: pa.Table | None = None
+    repeated = 0
+    for table in batches:
+        if not table.num_rows:
+            continue
+        keys = table.select(list(_KEY))
+        joined = keys if last is None else pa.concat_tables([last, keys])
+        repeated += int(np.count_nonzero(_repeats_previous(joined, _KEY)))
+        last = keys.slice(keys.num_rows - 1)
+        gpus.update(pc.unique(table["gpu_id"]).to_pylist())
+        yield from table.to_batches()
+    seen["gpus"], seen["repeated_keys"] = len(gpus), repeated
+
+
+def write_clean_samples(store: Store, day: str, spill_dir: str | Path | None = None,
+                        batch_rows: int = _CLEAN_BATCH_ROWS, **sorter: Any) -> CleanWrite:
+    """The day's ``raw/gpu_telemetry`` partition cleaned (:func:`clean_samples`) into
+    ``clean/gpu_samples`` and its quarantine, a batch at a time: the raw rows are already in the
+    order the cleaning needs. A raw partition that is not (written by an earlier version) is sorted
+    first through a :class:`~gpu_pipeline.lib.spill.TimeSlabSorter`; the output is the same."""
+    path = store.partition_file(RAW_GPU_TELEMETRY, day)
+
+    def raw_batches() -> Iterator[pa.RecordBatch]:
+        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
+
+    def run(batches: Iterable[pa.RecordBatch], check_order: bool) -> tuple[_Cleaner, WriteResult, dict]:
+        cleaner, seen = _Cleaner(), {}
+        pieces = (cleaner.piece(pa.Table.from_batches([b]), check_order) for b in batches)
+        result = store.write_partition_batches(GPU_SAMPLES, day, _written_rows(pieces, seen))
+        return cleaner, result, seen
+
+    sorted_raw = True
+    try:
+        cleaner, result, seen = run(raw_batches(), check_order=True)
+    except RawNotSorted:
+        sorted_raw = False
+        start, end = (epoch_us(t) for t in _day_bounds(path))
+        sorter.setdefault("expected_bytes", pq.ParquetFile(path).metadata.num_rows * _ROW_BYTES)
+        with TimeSlabSorter(RAW_GPU_TELEMETRY.schema, RAW_ORDER, start, end, spill_dir=spill_dir, **sorter) as slabs:
+            for batch in raw_batches():
+                slabs.add(conform(pa.Table.from_batches([batch]), RAW_GPU_TELEMETRY))
+            cleaner, result, seen = run(slabs.sorted_batches(), check_order=False)
+    quarantine = cleaner.quarantine()
+    store.write_partition(QUARANTINE_GPU_SAMPLES, day, quarantine)
+    return CleanWrite(result=result, quarantine=quarantine, rows_in=cleaner.rows_in,
+                      duplicates_dropped=cleaner.duplicates_dropped,
+                      quarantined_by_reason=dict(sorted(cleaner.reasons.items())),
+                      gpus=int(seen["gpus"]), repeated_keys=int(seen["repeated_keys"]), sorted_raw=sorted_raw)
+
+
+def _day_bounds(path: Path) -> tuple[dt.datetime, dt.datetime]:
+    """The window of a raw partition's sample times (the sorter's): its first, and just after its last."""
+    times = pq.read_table(path, columns=["sample_utc"])["sample_utc"]
+    lo, hi = pc.min_max(times).values()
+    return lo.as_py(), hi.as_py() + dt.timedelta(microseconds=1)

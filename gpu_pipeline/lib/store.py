@@ -29,6 +29,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpu_pipeline.lib.db import connect  # noqa: F401 - re-exported: callers open DuckDB through the store
@@ -105,38 +106,40 @@ def _parquet_options(schema: pa.Schema) -> dict[str, object]:
             "store_schema": True}
 
 
-def parquet_bytes(table: pa.Table) -> bytes:
+def parquet_bytes(table: pa.Table, row_group_rows: int | None = None) -> bytes:
     """Serialize deterministically: the same table gives the same bytes."""
     sink = io.BytesIO()
-    pq.write_table(table, sink, row_group_size=ROW_GROUP_SIZE, **_parquet_options(table.schema))
+    pq.write_table(table, sink, row_group_size=row_group_rows or ROW_GROUP_SIZE, **_parquet_options(table.schema))
     return sink.getvalue()
 
 
-def _row_groups(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.Table]:
-    """Re-cut a stream of batches into tables of exactly ROW_GROUP_SIZE rows (the last one shorter),
-    so a streamed file has the row groups -- and the bytes -- of ``parquet_bytes`` on the whole table."""
+def _row_groups(batches: Iterable[pa.RecordBatch], schema: pa.Schema, size: int) -> Iterator[pa.Table]:
+    """Re-cut a stream of batches into tables of exactly ``size`` rows (the last one shorter), so a
+    streamed file has the row groups -- and the bytes -- of ``parquet_bytes`` on the whole table."""
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in batches:
         while batch.num_rows:
-            take = min(batch.num_rows, ROW_GROUP_SIZE - rows)
+            take = min(batch.num_rows, size - rows)
             pending.append(batch.slice(0, take))
             batch = batch.slice(take)
             rows += take
-            if rows == ROW_GROUP_SIZE:
+            if rows == size:
                 yield pa.Table.from_batches(pending, schema=schema)
                 pending, rows = [], 0
     if pending:
         yield pa.Table.from_batches(pending, schema=schema)
 
 
-def atomic_write_parquet(target: Path, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> tuple[int, int]:
+def atomic_write_parquet(target: Path, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
+                         row_group_rows: int | None = None) -> tuple[int, int]:
     """Stream ``batches`` into a Parquet file at ``target`` (temp file + fsync + rename, as
     :func:`atomic_write_bytes`); returns (rows, bytes). Holds one row group at a time."""
     rows = 0
+    size = row_group_rows or ROW_GROUP_SIZE
     with _atomic_file(target) as fh, pq.ParquetWriter(fh, schema, **_parquet_options(schema)) as writer:
-        for group in _row_groups(batches, schema):
-            writer.write_table(group, row_group_size=ROW_GROUP_SIZE)
+        for group in _row_groups(batches, schema, size):
+            writer.write_table(group, row_group_size=size)
             rows += group.num_rows
     return rows, target.stat().st_size
 
@@ -179,7 +182,7 @@ class Store:
 
     def write_partition(self, spec: TableSpec, day: dt.date | str, table: pa.Table) -> WriteResult:
         """Replace one day of ``spec`` with ``table`` (conformed to the table's schema)."""
-        data = parquet_bytes(conform(table, spec))
+        data = parquet_bytes(conform(table, spec), spec.row_group_rows)
         target = self.partition_file(spec, day)
         with self._partition_lock(target.parent):
             atomic_write_bytes(target, data)
@@ -192,7 +195,7 @@ class Store:
         holding the table in memory; the file is the one :meth:`write_partition` would write."""
         target = self.partition_file(spec, day)
         with self._partition_lock(target.parent):
-            rows, size = atomic_write_parquet(target, batches, spec.schema)
+            rows, size = atomic_write_parquet(target, batches, spec.schema, spec.row_group_rows)
         return WriteResult(path=str(target), rows=rows, bytes=size)
 
     def write_plot(self, name: str, day: dt.date | str, png: bytes, variant: str | None = None) -> WriteResult:
@@ -226,10 +229,13 @@ class Store:
         return out
 
     def read_table(self, spec: TableSpec, day: dt.date | str, columns: Sequence[str] | None = None,
-                   dictionary: Sequence[str] | None = None) -> pa.Table:
+                   dictionary: Sequence[str] | None = None, where: tuple[str, str, object] | None = None) -> pa.Table:
         """The day's partition (only ``columns`` when given; the ``dictionary`` columns dictionary-encoded,
-        which saves memory on repetitive text)."""
+        which saves memory on repetitive text; only the rows matching ``where``, a pyarrow filter
+        ``(column, op, value)`` applied batch by batch as the file is read)."""
         path = self.partition_file(spec, day)
+        if where is not None:
+            return _read_where(path, spec, columns, where)
         if dictionary:
             return pq.read_table(path, columns=list(columns) if columns is not None else None,
                                  read_dictionary=list(dictionary))
@@ -253,6 +259,26 @@ class Store:
             )
             return f"(SELECT {cols} LIMIT 0)", []
         return "read_parquet(?, union_by_name=false)", [files]
+
+
+_WHERE_OPS = {"==": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater,
+              ">=": pc.greater_equal}
+
+
+def _read_where(path: Path, spec: TableSpec, columns: Sequence[str] | None, where: tuple[str, str, object]) -> pa.Table:
+    """The rows of ``path`` matching ``where``, a row group at a time: the filter column first, the
+    other columns only of row groups with a match."""
+    column, op, value = where
+    test = _WHERE_OPS[op]
+    names = list(columns) if columns is not None else spec.schema.names
+    pf = pq.ParquetFile(path)
+    parts = []
+    for i in range(pf.num_row_groups):
+        mask = pc.fill_null(test(pf.read_row_group(i, columns=[column])[column], value), False)
+        if pc.any(mask).as_py():
+            parts.append(pf.read_row_group(i, columns=names).filter(mask))
+    schema = pa.schema([spec.schema.field(n) for n in names], metadata=spec.schema.metadata)
+    return pa.concat_tables([p.select(names).cast(schema) for p in parts]) if parts else schema.empty_table()
 
 
 def _q(name: str) -> str:

@@ -75,9 +75,9 @@ import json
 import math
 import os
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
@@ -1364,6 +1364,8 @@ _READ_THREADS = min(4, os.cpu_count() or 1)
 # this many bytes together (a day of 30-second samples of one host is ~10-20 MB: alone).
 _FILES_AT_ONCE = 32
 _BYTES_AT_ONCE = 4 << 20
+# Units parsed ahead of the one the reader waits for, beyond one per thread.
+_AHEAD = 1
 _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
@@ -1484,74 +1486,95 @@ def read_telemetry_dir(
     margin files without a timestamp in the window), ``files_read``, ``rows_outside_window`` (rows of
     the parsed files outside the window), and each parser's counters of the parsed files, prefixed
     ``nvidia-smi:`` / ``dcgm:``."""
-    root = Path(root)
-    start_utc, end_utc = _utc(start_utc, "start_utc"), _utc(end_utc, "end_utc")
-    zone = ZoneInfo(source_tz)
-    _check_ambiguous(ambiguous)
-    if end_utc <= start_utc:
-        raise ValueError(f"empty window: end_utc {end_utc} <= start_utc {start_utc}")
-    first_day, last_day = start_utc.astimezone(zone).date(), (end_utc - _US).astimezone(zone).date()
-    lo, hi = first_day - dt.timedelta(days=margin_days), last_day + dt.timedelta(days=margin_days)
-    lo_s, hi_s = pa.scalar(start_utc, type=TS), pa.scalar(end_utc, type=TS)
-    lo_us, hi_us = epoch_us(start_utc), epoch_us(end_utc)
+    reader = TelemetryDir(root, start_utc, end_utc, source_tz, ambiguous=ambiguous, margin_days=margin_days,
+                          fast=fast)
+    tables = list(reader.parts())
+    table = pa.concat_tables(tables) if tables else GPU_SAMPLES.empty()
+    return _result(table, reader.quarantine, reader.counters, reader.files, reader.fast_parsed)
 
-    tables: list[pa.Table] = []
-    quarantine: list[QuarantinedLine] = []
-    counters: Counter[str] = Counter()
-    files: list[str] = []
-    fast_parsed = 0
-    tasks: list[tuple[str, str, Path, dt.date | None]] = []
-    for kind, pattern in (("nvidia-smi", "*.csv"), ("dcgm", "*.prom")):
-        base = root / kind
-        if not base.is_dir():
-            continue
-        for host_dir in sorted(p for p in base.iterdir() if p.is_dir()):
-            for path in sorted(host_dir.glob(pattern)):
-                day = _file_day(path.name)
-                if day is not None and not lo <= day <= hi:
-                    counters["files_outside_window"] += 1
-                    continue
-                tasks.append((kind, host_dir.name, path, day))
 
-    first_date, last_date = (int(d.strftime("%Y%m%d")) for d in (first_day, last_day))
+class TelemetryDir:
+    """The files of :func:`read_telemetry_dir` for one window, read part by part: :meth:`parts`
+    yields the rows of each parsed unit of files (kept to the window, unsorted), in file order;
+    ``quarantine``, ``counters``, ``files`` and ``fast_parsed`` are complete once it is exhausted
+    (``counters`` then also holds ``rows_out`` and ``quarantined_lines``, as in a
+    :class:`ParseResult`). At most a few units are parsed ahead of the consumer, so a caller that
+    writes each part away holds a few files' rows, not the day's. ``input_bytes`` is the size of the
+    files to parse, known before any is read."""
 
-    def _no_sample_in_window(kind: str, data: bytes) -> bool:
+    def __init__(self, root: str | Path, start_utc: dt.datetime, end_utc: dt.datetime, source_tz: str, *,
+                 ambiguous: str = "earlier", margin_days: int = 1, fast: bool = True):
+        self.root = root = Path(root)
+        self.start_utc, self.end_utc = _utc(start_utc, "start_utc"), _utc(end_utc, "end_utc")
+        self.source_tz, self.ambiguous, self.fast = source_tz, ambiguous, fast
+        self.zone = ZoneInfo(source_tz)
+        _check_ambiguous(ambiguous)
+        if self.end_utc <= self.start_utc:
+            raise ValueError(f"empty window: end_utc {self.end_utc} <= start_utc {self.start_utc}")
+        zone = self.zone
+        self.first_day = self.start_utc.astimezone(zone).date()
+        self.last_day = (self.end_utc - _US).astimezone(zone).date()
+        lo = self.first_day - dt.timedelta(days=margin_days)
+        hi = self.last_day + dt.timedelta(days=margin_days)
+        self.quarantine: list[QuarantinedLine] = []
+        self.counters: Counter[str] = Counter()
+        self.files: list[str] = []
+        self.fast_parsed = 0
+        self.tasks: list[tuple[str, str, Path, dt.date | None]] = []
+        for kind, pattern in (("nvidia-smi", "*.csv"), ("dcgm", "*.prom")):
+            base = root / kind
+            if not base.is_dir():
+                continue
+            for host_dir in sorted(p for p in base.iterdir() if p.is_dir()):
+                for path in sorted(host_dir.glob(pattern)):
+                    day = _file_day(path.name)
+                    if day is not None and not lo <= day <= hi:
+                        self.counters["files_outside_window"] += 1
+                        continue
+                    self.tasks.append((kind, host_dir.name, path, day))
+        self.sizes = [task[2].stat().st_size for task in self.tasks]
+        self.input_bytes = sum(self.sizes)
+
+    def _no_sample_in_window(self, kind: str, data: bytes) -> bool:
         """Whether a scan of the text's timestamps shows that no sample lies in the window (False
         when the scan cannot tell). A local date outside the window's local dates is outside the
         window whatever its time of day."""
         if kind == "dcgm":
             times = dcgm_sample_times(data)
+            lo_us, hi_us = epoch_us(self.start_utc), epoch_us(self.end_utc)
             return times is not None and not np.any((times >= lo_us) & (times < hi_us))
         dates = nvidia_smi_sample_dates(data)
+        first_date, last_date = (int(d.strftime("%Y%m%d")) for d in (self.first_day, self.last_day))
         return dates is not None and not np.any((dates >= first_date) & (dates <= last_date))
 
-    def stage(task: tuple[str, str, Path, dt.date | None]) -> tuple[str, _Staged | None, Callable] | None:
+    def _stage(self, task: tuple[str, str, Path, dt.date | None]) -> tuple[str, _Staged | None, Callable] | None:
         """A file's relative path, fast-path stage (None: the fast path gave up) and line-by-line
         parse, or None for a margin file without a timestamp in the window."""
         kind, host, path, day = task
-        rel = path.relative_to(root).as_posix()
-        margin = day is not None and not first_day <= day <= last_day
-        if margin and fast and _no_sample_in_window(kind, path.read_bytes()):
+        rel = path.relative_to(self.root).as_posix()
+        margin = day is not None and not self.first_day <= day <= self.last_day
+        if margin and self.fast and self._no_sample_in_window(kind, path.read_bytes()):
             return None
         if kind == "nvidia-smi":
-            read = partial(_NvsmiFast.read, path, zone, host, rel, None)
-            slow = partial(parse_nvidia_smi_csv, path, source_tz, host=host, source_file=rel,
-                           ambiguous=ambiguous, fast=False)
+            read = partial(_NvsmiFast.read, path, self.zone, host, rel, None)
+            slow = partial(parse_nvidia_smi_csv, path, self.source_tz, host=host, source_file=rel,
+                           ambiguous=self.ambiguous, fast=False)
         else:
             mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
             read = partial(_DcgmFast.read, path, host, rel)
             slow = partial(parse_dcgm_text, path, host=host, default_time_utc=mtime, source_file=rel, fast=False)
-        staged = _try_fast(read) if fast else None
+        staged = _try_fast(read) if self.fast else None
+        lo_us, hi_us = epoch_us(self.start_utc), epoch_us(self.end_utc)
         if margin and staged is not None and not np.any((staged.sample_us >= lo_us) & (staged.sample_us < hi_us)):
             return None
         return rel, staged, slow
 
-    def parse(unit: list[tuple[str, str, Path, dt.date | None]]) -> tuple[list[tuple[list[str], ParseResult]], int]:
+    def _parse(self, unit: list[tuple[str, str, Path, dt.date | None]]) -> tuple[list[tuple[list[str], ParseResult]], int]:
         """The results of a unit's files in file order, each with the files it holds, and how many
-        files were skipped. nvidia-smi files that all take the fast path are finished as one. The
-        fast path's rows are left unsorted: all rows are sorted below, and a stable sort of a file's
+        files were skipped. Files of one kind that all take the fast path are finished as one. The
+        fast path's rows are left unsorted: the caller sorts all rows, and a stable sort of a file's
         rows on the same key would change nothing there."""
-        staged = [st for st in map(stage, unit) if st is not None]
+        staged = [st for st in map(self._stage, unit) if st is not None]
         skipped = len(unit) - len(staged)
         if len(staged) > 1 and all(st is not None for _, st, _ in staged):
             many = _NvsmiFast.finish_many if unit[0][0] == "nvidia-smi" else _DcgmFast.finish_many
@@ -1561,42 +1584,63 @@ def read_telemetry_dir(
                 pass
         return [([rel], _finish_or_slow(st, slow, sort=False)) for rel, st, slow in staged], skipped
 
-    # Small files are taken a few dozen of one kind at a time (a small file's parse is mostly the
-    # fixed cost of the Arrow and numpy calls); a large one alone, so that the threads share them.
-    units: list[list[tuple[str, str, Path, dt.date | None]]] = []
-    unit_bytes = 0
-    for task in tasks:
-        size = task[2].stat().st_size
-        if (units and task[0] == units[-1][0][0] and len(units[-1]) < _FILES_AT_ONCE
-                and unit_bytes + size <= _BYTES_AT_ONCE):
-            units[-1].append(task)
-            unit_bytes += size
-        else:
-            units.append([task])
-            unit_bytes = size
-    # Units are parsed on a few threads (Arrow's kernels run without the GIL) and taken in order; a
-    # file that fails stops the read (the units not yet started are not parsed).
-    pool = ThreadPoolExecutor(max_workers=_READ_THREADS)
-    try:
-        for unit, (parts, skipped) in zip(units, pool.map(parse, units), strict=True):
-            if skipped:
-                counters["files_outside_window"] += skipped
-            kind = unit[0][0]
-            for rels, part in parts:
-                files.extend(rels)
-                fast_parsed += part.fast_parsed
-                counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
-                quarantine.extend(part.quarantine)
-                # kept to the window part by part (a margin file's rows outside it are let go here)
-                ts = part.table.column("sample_utc")
-                inside = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))
-                kept = part.table if not inside.null_count and pc.all(inside).as_py() else part.table.filter(inside)
-                counters["rows_outside_window"] += part.table.num_rows - kept.num_rows
-                if kept.num_rows:
-                    tables.append(kept)
-            del parts
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    table = pa.concat_tables(tables) if tables else GPU_SAMPLES.empty()
-    counters["files_read"] = len(files)
-    return _result(table, quarantine, counters, files, fast_parsed)
+    def _units(self) -> list[list[tuple[str, str, Path, dt.date | None]]]:
+        """Small files are taken a few dozen of one kind at a time (a small file's parse is mostly the
+        fixed cost of the Arrow and numpy calls); a large one alone, so that the threads share them."""
+        units: list[list[tuple[str, str, Path, dt.date | None]]] = []
+        unit_bytes = 0
+        for task, size in zip(self.tasks, self.sizes, strict=True):
+            if (units and task[0] == units[-1][0][0] and len(units[-1]) < _FILES_AT_ONCE
+                    and unit_bytes + size <= _BYTES_AT_ONCE):
+                units[-1].append(task)
+                unit_bytes += size
+            else:
+                units.append([task])
+                unit_bytes = size
+        return units
+
+    def parts(self) -> Iterator[pa.Table]:
+        """Units are parsed on a few threads (Arrow's kernels run without the GIL), at most
+        ``_AHEAD`` units beyond the one the consumer waits for, and taken in order; a file that
+        fails stops the read (the units not yet started are not parsed)."""
+        lo_s, hi_s = pa.scalar(self.start_utc, type=TS), pa.scalar(self.end_utc, type=TS)
+        units = iter(self._units())
+        pending: deque[tuple[list, Future]] = deque()
+        pool = ThreadPoolExecutor(max_workers=_READ_THREADS)
+        rows = 0
+        try:
+            while True:
+                while len(pending) < _READ_THREADS + _AHEAD:
+                    unit = next(units, None)
+                    if unit is None:
+                        break
+                    pending.append((unit, pool.submit(self._parse, unit)))
+                if not pending:
+                    break
+                unit, future = pending.popleft()
+                parsed, skipped = future.result()
+                del future
+                if skipped:
+                    self.counters["files_outside_window"] += skipped
+                kind = unit[0][0]
+                for rels, part in parsed:
+                    self.files.extend(rels)
+                    self.fast_parsed += part.fast_parsed
+                    self.counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
+                    self.quarantine.extend(part.quarantine)
+                    # kept to the window part by part (a margin file's rows outside it are let go here)
+                    ts = part.table.column("sample_utc")
+                    inside = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))
+                    kept = part.table if not inside.null_count and pc.all(inside).as_py() else part.table.filter(inside)
+                    self.counters["rows_outside_window"] += part.table.num_rows - kept.num_rows
+                    if kept.num_rows:
+                        rows += kept.num_rows
+                        yield kept
+                del parsed
+        finally:
+            for _, future in pending:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.counters["files_read"] = len(self.files)
+        self.counters["rows_out"] = rows
+        self.counters["quarantined_lines"] = len(self.quarantine)

@@ -2,14 +2,30 @@
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from gpu_pipeline.lib.samples import RANGES, clean_samples
-from gpu_pipeline.lib.schemas import GPU_SAMPLES, RAW_GPU_TELEMETRY, conform, sorted_rows
+from gpu_pipeline.lib.samples import (
+    RANGES,
+    RAW_ORDER,
+    _out_of_order,
+    clean_samples,
+    write_clean_samples,
+    write_sorted_raw,
+)
+from gpu_pipeline.lib.schemas import (
+    GPU_SAMPLES,
+    QUARANTINE_GPU_SAMPLES,
+    RAW_GPU_TELEMETRY,
+    conform,
+    sorted_rows,
+)
+from gpu_pipeline.lib.spill import TimeSlabSorter
+from gpu_pipeline.lib.store import Store, parquet_bytes
 
 T0 = dt.datetime(2025, 8, 4, 12, 0, tzinfo=dt.UTC)
 
@@ -110,10 +126,10 @@ def _sql_oracle(t: pa.Table) -> tuple[pa.Table, int, dict[str, int]]:
     return conform(good, GPU_SAMPLES), int((dup & ~bad).sum()), dict(sorted(reasons.items()))
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_matches_the_sql_formulation_on_shuffled_rows_with_faults(seed):
+def faulty_rows(seed: int, n: int = 4000) -> pa.Table:
+    """Shuffled rows with repeated keys (across source files, null files included), null hosts and
+    out-of-range values."""
     rng = np.random.default_rng(seed)
-    n = 4000
     rows = []
     for _ in range(n):
         rows.append({
@@ -125,7 +141,12 @@ def test_matches_the_sql_formulation_on_shuffled_rows_with_faults(seed):
             "power_w": float(rng.uniform(-5, 300)),
             "source_file": None if rng.random() < 0.2 else f"f{rng.integers(0, 50)}.prom",
         })
-    t = raw(rows)
+    return raw(rows)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_the_sql_formulation_on_shuffled_rows_with_faults(seed):
+    t = faulty_rows(seed)
     out = clean_samples(t)
     table, dups, reasons = _sql_oracle(t)
     assert out.table.equals(table)
@@ -145,3 +166,61 @@ def test_sorted_rows_returns_the_same_table_when_in_order_and_sorts_like_sort_by
     assert got.equals(expected)
     assert got["i"].to_pylist() == [1, 4, 0, 3, 2]  # stable among equal keys, nulls last
     assert sorted_rows(got, ["a", "b"]) is got
+
+
+DAY = "2025-08-04"
+SMALL = {"memory_bytes": 20_000, "slab_bytes": 10_000, "flush_bytes": 15_000}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_streamed_partitions_spilled_in_slabs_match_the_in_memory_ones_and_the_sql_oracle(tmp_path, monkeypatch,
+                                                                                          seed):
+    t = faulty_rows(seed)
+    flushes = []
+    flush = TimeSlabSorter._flush
+    monkeypatch.setattr(TimeSlabSorter, "_flush", lambda self: (flushes.append(self.slabs), flush(self)))
+    store, held = Store(tmp_path / "streamed"), Store(tmp_path / "held")
+    parts = [t.slice(at, 300) for at in range(0, t.num_rows, 300)]
+    written = write_sorted_raw(store, DAY, parts, T0, T0 + dt.timedelta(hours=1), **SMALL)
+    assert len(flushes) > 1 and min(flushes) > 1  # spilled, in several slabs
+    # the file the in-memory sort writes, byte for byte
+    held.write_partition(RAW_GPU_TELEMETRY, DAY, sorted_rows(t, RAW_ORDER))
+    assert written.rows == t.num_rows
+    assert (Path(written.path).read_bytes()
+            == held.partition_file(RAW_GPU_TELEMETRY, DAY).read_bytes())
+
+    cleaned = write_clean_samples(store, DAY, batch_rows=97)  # repeated keys across the cuts
+    table, dups, reasons = _sql_oracle(t)
+    assert store.read_table(GPU_SAMPLES, DAY).equals(table)
+    assert cleaned.sorted_raw and cleaned.repeated_keys == 0
+    assert cleaned.rows_in == t.num_rows and cleaned.duplicates_dropped == dups > 0
+    assert cleaned.quarantined_by_reason == reasons
+    assert cleaned.gpus == len(set(table["gpu_id"].to_pylist()))
+    in_memory = clean_samples(t)
+    assert store.read_table(QUARANTINE_GPU_SAMPLES, DAY).equals(in_memory.quarantine)
+    assert cleaned.result.bytes == len(parquet_bytes(in_memory.table, GPU_SAMPLES.row_group_rows))
+
+
+def test_a_raw_partition_out_of_cleaning_order_is_sorted_first_with_the_same_result(tmp_path):
+    t = faulty_rows(2)
+    store = Store(tmp_path)
+    store.write_partition(RAW_GPU_TELEMETRY, DAY, t)  # as read, unsorted (an earlier version's order)
+    cleaned = write_clean_samples(store, DAY, spill_dir=tmp_path, batch_rows=500, **SMALL)
+    table, dups, _ = _sql_oracle(t)
+    assert not cleaned.sorted_raw
+    assert store.read_table(GPU_SAMPLES, DAY).equals(table)
+    assert cleaned.duplicates_dropped == dups
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("gpu_pipeline_spill_")]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_out_of_order_is_true_exactly_when_the_stable_sort_moves_a_row(seed):
+    rng = np.random.default_rng(seed)
+    t = faulty_rows(seed, 300)
+    ordered = sorted_rows(t, RAW_ORDER)
+    assert not _out_of_order(ordered, RAW_ORDER)
+    i = int(rng.integers(0, ordered.num_rows - 1))
+    swapped = pa.concat_tables([ordered.slice(0, i), ordered.slice(i + 1, 1), ordered.slice(i, 1),
+                                ordered.slice(i + 2)])
+    assert _out_of_order(swapped, RAW_ORDER) == (sorted_rows(swapped, RAW_ORDER) is not swapped)
+    assert _out_of_order(t, RAW_ORDER)

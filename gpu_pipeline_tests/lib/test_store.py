@@ -1,3 +1,4 @@
+import dataclasses
 import os
 
 import duckdb
@@ -184,3 +185,29 @@ def test_measurements_marked_plain_are_written_without_a_dictionary(data_root):
         assert chunks[name].has_dictionary_page, name
     back = store.read_table(GPU_SAMPLES, "2025-08-06")
     assert back.column("power_w").to_pylist() == table.column("power_w").to_pylist()
+
+
+def test_read_where_reads_only_matching_rows_of_each_row_group(data_root, monkeypatch):
+    import datetime as dt
+
+    import pyarrow.compute as pc
+
+    from gpu_pipeline.lib.schemas import GPU_SAMPLES
+
+    spec = dataclasses.replace(GPU_SAMPLES, row_group_rows=7)
+    store = Store(data_root)
+    t0 = dt.datetime(2025, 8, 4, tzinfo=dt.UTC)
+    sources = ["dcgm"] * 20 + ["terapixel"] * 3 + ["dcgm"] * 9 + ["terapixel"]
+    rows = [{"sample_utc": t0 + dt.timedelta(seconds=i), "source": s, "gpu_id": f"GPU-{i:08x}", "util_pct": float(i)}
+            for i, s in enumerate(sources)]
+    table = pa.Table.from_pylist(rows, schema=pa.schema([spec.schema.field(c) for c in rows[0]]))
+    store.write_partition(spec, "2025-08-04", table)
+    assert pq.ParquetFile(store.partition_file(spec, "2025-08-04")).num_row_groups == 5
+    whole = store.read_table(spec, "2025-08-04")
+    got = store.read_table(spec, "2025-08-04", where=("source", "==", "terapixel"))
+    assert got.equals(whole.filter(pc.equal(whole["source"], "terapixel")))
+    assert got["util_pct"].to_pylist() == [20.0, 21.0, 22.0, 32.0]
+    assert got.schema.equals(spec.schema, check_metadata=True)
+    cols = store.read_table(spec, "2025-08-04", ["gpu_id"], where=("util_pct", ">=", 31.0))
+    assert cols.column_names == ["gpu_id"] and cols["gpu_id"].to_pylist() == ["GPU-0000001f", "GPU-00000020"]
+    assert store.read_table(spec, "2025-08-04", where=("source", "==", "nvml")).num_rows == 0

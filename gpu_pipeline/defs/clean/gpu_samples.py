@@ -1,15 +1,13 @@
 """Clean layer: validated GPU telemetry samples (one schema for every source)."""
 
 import dagster as dg
-import pyarrow.compute as pc
 
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.raw.gpu_telemetry import KEY as RAW_KEY
 from gpu_pipeline.defs.resources import DataStoreResource
-from gpu_pipeline.lib.samples import clean_samples
+from gpu_pipeline.lib.samples import write_clean_samples
 from gpu_pipeline.lib.schemas import GPU_SAMPLES as SPEC
-from gpu_pipeline.lib.schemas import QUARANTINE_GPU_SAMPLES, RAW_GPU_TELEMETRY
 
 KEY = dg.AssetKey(["clean", "gpu_samples"])
 MAX_QUARANTINE_SHARE = 0.01
@@ -38,22 +36,21 @@ def gpu_samples(context: dg.AssetExecutionContext, data_store: DataStoreResource
     dupes: dict[str, int] = {}
 
     def one_day(day: str) -> DayOutcome:
-        cleaned = clean_samples(store.read_table(RAW_GPU_TELEMETRY, day))
-        store.write_partition(QUARANTINE_GPU_SAMPLES, day, cleaned.quarantine)
-        result = store.write_partition(SPEC, day, cleaned.table)
+        # the raw rows read, cleaned and written a batch at a time (they are stored in cleaning order)
+        cleaned = write_clean_samples(store, day)
         shares[day] = cleaned.quarantine.num_rows / cleaned.rows_in if cleaned.rows_in else 0.0
-        keys = cleaned.table.select(list(SPEC.key))
-        dupes[day] = keys.num_rows - keys.group_by(keys.column_names).aggregate([]).num_rows
+        dupes[day] = cleaned.repeated_keys
         return DayOutcome(
             day=day,
-            result=result,
+            result=cleaned.result,
             metrics={
                 "rows_in": cleaned.rows_in,
                 "rows_quarantined": cleaned.quarantine.num_rows,
                 "duplicate_rows_dropped": cleaned.duplicates_dropped,
-                "gpus": pc.count_distinct(cleaned.table["gpu_id"]).as_py(),
+                "gpus": cleaned.gpus,
             },
-            details={"quarantined_by_reason": cleaned.quarantined_by_reason},
+            details={"quarantined_by_reason": cleaned.quarantined_by_reason,
+                     "raw_sorted_first": not cleaned.sorted_raw},
         )
 
     outcomes = run_days(context, one_day)

@@ -69,8 +69,10 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
                 pc.and_(pc.is_null(when), pa.scalar(first_day)),
             )
             quarantine = q.filter(pc.fill_null(keep, first_day))
-        samples = store.read_table(GPU_SAMPLES, day) if store.has_partition(GPU_SAMPLES, day) else GPU_SAMPLES.empty()
-        samples = samples.filter(pc.equal(samples["source"], "terapixel"))
+        # only the render farm's samples (filtered while the file is read: a day of a large pool's
+        # 30-second telemetry is millions of rows)
+        samples = (store.read_table(GPU_SAMPLES, day, where=("source", "==", "terapixel"))
+                   if store.has_partition(GPU_SAMPLES, day) else GPU_SAMPLES.empty())
         means = task_gpu_means(runs, samples) if runs.num_rows else TASK_GPU_MEANS.empty()
         store.write_partition(QUARANTINE_TASK_RUNS, day, quarantine)
         counters = {k: float(v) for k, v in (parsed.counters.items() if parsed else [])

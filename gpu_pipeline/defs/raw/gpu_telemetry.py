@@ -1,12 +1,14 @@
 """Raw layer: GPU telemetry samples of each day from every configured source."""
 
+from pathlib import Path
+
 import dagster as dg
 
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
 from gpu_pipeline.lib.coverage import coverage
-from gpu_pipeline.lib.samples import RawSamples, raw_samples
+from gpu_pipeline.lib.samples import RawStream, write_raw_samples
 from gpu_pipeline.lib.schemas import QUARANTINE_GPU_TELEMETRY
 from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY as SPEC
 
@@ -41,27 +43,25 @@ def gpu_telemetry(
 
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
-        if telemetry.enabled:
-            raw = raw_samples(
-                telemetry.path if telemetry.files_enabled else None,
-                start,
-                end,
-                telemetry.source_timezone,
-                int(telemetry.file_margin_days),
-                prometheus=telemetry.prometheus_config(),
-                terapixel_dir=telemetry.terapixel_dir or None,
-            )
-        else:
-            raw = RawSamples(table=SPEC.empty())
+        stream = RawStream(
+            telemetry.path if telemetry.files_enabled else None,
+            start,
+            end,
+            telemetry.source_timezone,
+            int(telemetry.file_margin_days),
+            prometheus=telemetry.prometheus_config(),
+            terapixel_dir=telemetry.terapixel_dir or None,
+        )
+        # the day's rows written a few files at a time, spilled and sorted by time slab when large
+        result = write_raw_samples(store, day, stream)
         # Lines the parsers could not read are kept with the reason (always written, so a re-run replaces).
-        quarantine = raw.quarantine if raw.quarantine is not None else QUARANTINE_GPU_TELEMETRY.empty()
+        quarantine = stream.quarantine if stream.quarantine is not None else QUARANTINE_GPU_TELEMETRY.empty()
         store.write_partition(QUARANTINE_GPU_TELEMETRY, day, quarantine)
-        result = store.write_partition(SPEC, day, raw.table)
-        cov = coverage(raw.table, "sample_utc", ["source", "host", "gpu_id"], start, end)
+        cov = coverage(Path(result.path), "sample_utc", ["source", "host", "gpu_id"], start, end)
         covs[day] = cov.coverage
-        metrics = {"samples": raw.table.num_rows, "lines_quarantined": quarantine.num_rows}
+        metrics = {"samples": result.rows, "lines_quarantined": quarantine.num_rows}
         metrics.update(cov.as_metadata("telemetry"))
-        return DayOutcome(day=day, result=result, metrics=metrics, details={"files": len(raw.files)})
+        return DayOutcome(day=day, result=result, metrics=metrics, details={"files": len(stream.files)})
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("samples")]

@@ -1,0 +1,84 @@
+"""TimeSlabSorter: the rows back in the order of one stable sort, held or spilled in time slabs."""
+
+import datetime as dt
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from gpu_pipeline.lib.schemas import sorted_rows
+from gpu_pipeline.lib.spill import TimeSlabSorter
+
+T0 = dt.datetime(2025, 8, 4, 5, 0, tzinfo=dt.UTC)
+START_US = int(T0.timestamp() * 1_000_000)
+DAY_US = 86_400 * 1_000_000
+KEYS = ("t", "host", "n")
+SCHEMA = pa.schema([("t", pa.timestamp("us", tz="UTC")), ("host", pa.string()), ("n", pa.int64()),
+                    ("i", pa.int64())])
+
+
+def rows(seed: int, count: int) -> pa.Table:
+    """Times on a coarse grid (many ties), slab edges and times just outside the window included;
+    hosts with nulls; ``i`` numbers the input rows, so that the order of ties shows."""
+    rng = np.random.default_rng(seed)
+    us = START_US + rng.integers(0, 96, count) * (DAY_US // 96)
+    us[rng.random(count) < 0.02] = START_US - 1  # before the window: first slab
+    us[rng.random(count) < 0.02] = START_US + DAY_US  # at its end: last slab
+    hosts = [None if rng.random() < 0.1 else f"h{int(rng.integers(0, 4))}" for _ in range(count)]
+    return pa.table({"t": pa.array(us, pa.int64()).cast(pa.timestamp("us", tz="UTC")), "host": hosts,
+                     "n": rng.integers(0, 3, count), "i": np.arange(count)}, schema=SCHEMA)
+
+
+def sort_in(sorter: TimeSlabSorter, table: pa.Table, part_rows: int) -> pa.Table:
+    for at in range(0, table.num_rows, part_rows):
+        sorter.add(table.slice(at, part_rows))
+    return pa.Table.from_batches(list(sorter.sorted_batches()), schema=SCHEMA)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_spilled_slabs_give_the_stable_sort_of_all_rows(tmp_path, seed):
+    table = rows(seed, 20_000)
+    sorter = TimeSlabSorter(SCHEMA, KEYS, START_US, START_US + DAY_US, spill_dir=tmp_path,
+                            expected_bytes=table.nbytes, memory_bytes=40_000, slab_bytes=50_000, flush_bytes=30_000)
+    got = sort_in(sorter, table, 700)
+    assert sorter.slabs > 2 and sorter.spilled_rows == sorter.rows == table.num_rows
+    assert got.equals(sorted_rows(table, KEYS))  # the row numbers show the order of ties kept
+    assert list(tmp_path.iterdir()) == []  # the spill file is gone
+
+
+def test_a_day_that_fits_is_held_and_sorted_without_a_spill_file(tmp_path):
+    table = rows(3, 5_000)
+    sorter = TimeSlabSorter(SCHEMA, KEYS, START_US, START_US + DAY_US, spill_dir=tmp_path)
+    got = sort_in(sorter, table, 1_000)
+    assert sorter.slabs == 0 and sorter.spilled_rows == 0
+    assert got.equals(sorted_rows(table, KEYS))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_more_slabs_than_times_and_an_expected_size_that_sets_them(tmp_path):
+    table = rows(4, 3_000)
+    sorter = TimeSlabSorter(SCHEMA, KEYS, START_US, START_US + DAY_US, spill_dir=tmp_path, expected_bytes=10**9,
+                            memory_bytes=1, slab_bytes=100_000, flush_bytes=1)
+    got = sort_in(sorter, table, 500)
+    assert sorter.slabs == 4096  # capped; most slabs empty
+    assert got.equals(sorted_rows(table, KEYS))
+
+
+def test_the_spill_file_goes_when_the_consumer_stops_early(tmp_path):
+    sorter = TimeSlabSorter(SCHEMA, KEYS, START_US, START_US + DAY_US, spill_dir=tmp_path,
+                            memory_bytes=1_000, slab_bytes=10_000, flush_bytes=1_000)
+    with sorter:
+        for at in range(0, 10_000, 1_000):
+            sorter.add(rows(5, 10_000).slice(at, 1_000))
+        assert len(list(tmp_path.iterdir())) == 1
+        next(iter(sorter.sorted_batches()))
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError, match="after sorted_batches"):
+        sorter.add(rows(5, 10))
+
+
+def test_the_first_key_must_be_a_time_and_the_window_not_empty():
+    with pytest.raises(ValueError, match="timestamp"):
+        TimeSlabSorter(SCHEMA, ("n", "t"), START_US, START_US + DAY_US)
+    with pytest.raises(ValueError, match="empty window"):
+        TimeSlabSorter(SCHEMA, KEYS, START_US, START_US)
