@@ -20,6 +20,7 @@ held whole, with its sorted copy, it cannot stay within the pipeline's memory bu
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -30,23 +31,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpu_pipeline.lib.db import ENV_TEMP_DIR
 from gpu_pipeline.lib.schemas import sorted_rows
 
 __all__ = ["MEMORY_BYTES", "SLAB_BYTES", "TimeSlabSorter"]
 
 #: Parts held in memory and sorted together, up to this many bytes; past it, rows are spilled.
-MEMORY_BYTES = 256 << 20
+MEMORY_BYTES = 128 << 20
 #: About this many bytes of rows per slab of the spill file (a slab is sorted in memory on its own).
 SLAB_BYTES = 96 << 20
 #: Parts gathered before they are cut into slabs and written (fewer, larger spill batches).
-FLUSH_BYTES = 96 << 20
+FLUSH_BYTES = 64 << 20
 MAX_SLABS = 4096
 ROWS_PER_BATCH = 1 << 16
 
 
 class TimeSlabSorter:
     """Rows of ``schema`` with ``keys[0]`` a timestamp column, all within [start_us, end_us)
-    (microseconds since the epoch; a row outside goes to the first or last slab, still sorted)."""
+    (microseconds since the epoch; a row outside goes to the first or last slab, still sorted).
+    The spill file goes in ``spill_dir``, else ``GPU_PIPELINE_DUCKDB_TEMP_DIR``, else the system's
+    temp directory."""
 
     def __init__(self, schema: pa.Schema, keys: Sequence[str], start_us: int, end_us: int, *,
                  expected_bytes: int = 0, spill_dir: str | Path | None = None,
@@ -91,7 +95,10 @@ class TimeSlabSorter:
         whole = max(self.expected_bytes, self._held_bytes)
         self.slabs = min(MAX_SLABS, max(2, math.ceil(whole / self.slab_bytes)))
         self._batches = [[] for _ in range(self.slabs)]
-        self._dir = Path(tempfile.mkdtemp(prefix="gpu_pipeline_spill_", dir=self.spill_dir))
+        where = self.spill_dir or os.environ.get(ENV_TEMP_DIR) or None  # DuckDB's spill folder, else the system's
+        if where is not None:
+            Path(where).mkdir(parents=True, exist_ok=True)
+        self._dir = Path(tempfile.mkdtemp(prefix="gpu_pipeline_spill_", dir=where))
         self._writer = pa.ipc.new_file(str(self._dir / "rows.arrow"), self.schema)
 
     def _slab_of(self, times: pa.ChunkedArray) -> np.ndarray:
@@ -104,13 +111,11 @@ class TimeSlabSorter:
         self._held, self._held_bytes = [], 0
         slab = self._slab_of(table[self.keys[0]])
         order = np.argsort(slab, kind="stable")
-        slab = slab[order]
-        table = table.take(pa.array(order)) if not np.array_equal(order, np.arange(len(order))) else table
-        bounds = np.searchsorted(slab, np.arange(self.slabs + 1))
+        bounds = np.searchsorted(slab[order], np.arange(self.slabs + 1))
         assert self._writer is not None
+        # each slab's rows taken and written on their own: a copy of one slab at a time, not the buffer
         for s in np.flatnonzero(np.diff(bounds)).tolist():
-            part = table.slice(int(bounds[s]), int(bounds[s + 1] - bounds[s])).combine_chunks()
-            for batch in part.to_batches():
+            for batch in table.take(pa.array(order[bounds[s]:bounds[s + 1]])).to_batches():
                 self._writer.write_batch(batch)
                 self._batches[s].append(self._written)
                 self._written += 1

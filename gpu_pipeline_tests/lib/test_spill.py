@@ -82,3 +82,17 @@ def test_the_first_key_must_be_a_time_and_the_window_not_empty():
         TimeSlabSorter(SCHEMA, ("n", "t"), START_US, START_US + DAY_US)
     with pytest.raises(ValueError, match="empty window"):
         TimeSlabSorter(SCHEMA, KEYS, START_US, START_US)
+
+
+def test_the_spill_file_goes_in_duckdbs_temp_dir_when_none_is_given(tmp_path, monkeypatch):
+    where = tmp_path / "spill" / "here"
+    monkeypatch.setenv("GPU_PIPELINE_DUCKDB_TEMP_DIR", str(where))
+    sorter = TimeSlabSorter(SCHEMA, KEYS, START_US, START_US + DAY_US, memory_bytes=1_000, slab_bytes=10_000,
+                            flush_bytes=1_000)
+    table = rows(6, 5_000)
+    for at in range(0, 5_000, 1_000):
+        sorter.add(table.slice(at, 1_000))
+    assert [p.name.startswith("gpu_pipeline_spill_") for p in where.iterdir()] == [True]
+    got = pa.Table.from_batches(list(sorter.sorted_batches()), schema=SCHEMA)
+    assert got.equals(sorted_rows(table, KEYS))
+    assert list(where.iterdir()) == []
