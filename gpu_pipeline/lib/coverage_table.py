@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from gpu_pipeline.lib.coverage import coverage
 from gpu_pipeline.lib.db import connect as db_connect
@@ -75,13 +77,14 @@ def coverage_rows(
     day_end: dt.datetime,
     slots: pa.Table,
     states: pa.Table,
-    samples: pa.Table,
+    samples: pa.Table | Path,
     jobs: pa.Table,
     kueue: pa.Table | None,
     quarantines: dict[str, list[pa.Table]],
     rows_in: dict[str, int] | None = None,
 ) -> pa.Table:
-    """Coverage rows of one day from the day's clean tables and quarantine tables."""
+    """Coverage rows of one day from the day's clean tables and quarantine tables (``samples`` may be
+    the day's ``clean/gpu_samples`` file, read by DuckDB)."""
     rows_in = rows_in or {}
     out = []
     snap_gpus = pc.unique(slots.column("gpu_id")) if slots.num_rows else pa.array([], pa.string())
@@ -99,13 +102,16 @@ def coverage_rows(
                 "gaps": cov.gaps, "longest_gap_s": cov.longest_gap_s, "gpus_in_snapshots": len(snap_gpus)})
 
     cov = coverage(samples, "sample_utc", ["source", "host", "gpu_id"], day_start, day_end)
-    tel_gpus = pc.unique(samples.column("gpu_id")) if samples.num_rows else pa.array([], pa.string())
-    with_tel = int(pc.sum(pc.is_in(snap_gpus, value_set=tel_gpus)).as_py() or 0)
+    tel_gpus = pa.array([], pa.string())
     silent = 0
-    if samples.num_rows:
+    if (pq.ParquetFile(samples).metadata.num_rows if isinstance(samples, Path) else samples.num_rows):
         con = db_connect()
         try:
-            con.register("s", samples.select(["gpu_id", "util_pct", "power_w"]))
+            if isinstance(samples, Path):  # read by DuckDB, not held: a day of 30-second samples is large
+                con.read_parquet(str(samples)).project("gpu_id, util_pct, power_w").create_view("s")
+            else:
+                con.register("s", samples.select(["gpu_id", "util_pct", "power_w"]))
+            tel_gpus = con.sql("SELECT DISTINCT gpu_id FROM s").to_arrow_table()["gpu_id"].combine_chunks()
             con.register("g", states.select(["gpu_id", "state"]))
             silent = con.sql(
                 """
@@ -118,6 +124,7 @@ def coverage_rows(
             ).fetchall()[0][0]
         finally:
             con.close()
+    with_tel = int(pc.sum(pc.is_in(snap_gpus, value_set=tel_gpus)).as_py() or 0)
     out.append({**base("gpu_telemetry"), "series": cov.series, "samples": cov.samples,
                 "expected_samples": cov.expected, "coverage_pct": 100 * cov.coverage, "cadence_s": cov.cadence_s,
                 "gaps": cov.gaps, "longest_gap_s": cov.longest_gap_s, "gpus_in_snapshots": len(snap_gpus),

@@ -2,6 +2,7 @@ import datetime as dt
 import json
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gpu_pipeline.lib.coverage import coverage
 from gpu_pipeline.lib.coverage_table import COVERAGE, coverage_rows
@@ -20,7 +21,7 @@ def test_coverage_counts_gaps_against_the_observed_cadence():
     assert abs(cov.coverage - 264 / 288) < 1e-12
 
 
-def test_coverage_rows_silent_zero_telemetry_and_quarantine_reasons():
+def test_coverage_rows_silent_zero_telemetry_and_quarantine_reasons(tmp_path):
     snaps = [D0 + dt.timedelta(minutes=5 * i) for i in range(288)]
     slots = conform(pa.Table.from_pylist(
         [dict(snapshot_utc=t, host="h", slot_name="s@h", gpu_id=g, tier="shared", is_backfill_slot=False,
@@ -35,8 +36,12 @@ def test_coverage_rows_silent_zero_telemetry_and_quarantine_reasons():
     q = conform(pa.Table.from_pylist([{"source_table": "x", "reason": "missing State", "row_json": "{}"}] * 2
                                      + [{"source_table": "x", "reason": "non-UTF-8 bytes in Name", "row_json": "{}"}]),
                 QUARANTINE)
-    out = {r["source"]: r for r in coverage_rows(D0, D1, slots, states, samples, JOBS.empty(), None,
-                                                 {"slot_snapshots": [q]}).to_pylist()}
+    table = coverage_rows(D0, D1, slots, states, samples, JOBS.empty(), None, {"slot_snapshots": [q]})
+    # the day's samples given as their Parquet file (as the asset does) give the same rows
+    file = tmp_path / "samples.parquet"
+    pq.write_table(samples, file)
+    assert coverage_rows(D0, D1, slots, states, file, JOBS.empty(), None, {"slot_snapshots": [q]}).equals(table)
+    out = {r["source"]: r for r in table.to_pylist()}
     assert set(out) == {"slot_snapshots", "gpu_telemetry", "job_records"}
     tel = out["gpu_telemetry"]
     assert (tel["gpus_in_snapshots"], tel["gpus_with_telemetry"]) == (3, 2)

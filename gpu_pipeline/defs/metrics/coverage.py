@@ -38,12 +38,18 @@ def coverage(context: dg.AssetExecutionContext, data_store: DataStoreResource) -
             return empty.select(columns) if columns is not None else empty
         return store.read_table(spec, day, columns)
 
+    def samples_file(day: str):
+        """The day's samples as their file (read by DuckDB), or an empty table."""
+        if store.has_partition(S.GPU_SAMPLES, day):
+            return store.partition_file(S.GPU_SAMPLES, day)
+        return S.GPU_SAMPLES.empty().select(COVERAGE_COLUMNS["samples"])
+
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
         kueue = read(KUEUE_DEMAND, day, ["sample_utc"])
         table = coverage_rows(
             start, end, read(S.CLEAN_SLOT_SNAPSHOTS, day, COVERAGE_COLUMNS["slots"]),
-            read(S.GPU_STATES, day, COVERAGE_COLUMNS["states"]), read(S.GPU_SAMPLES, day, COVERAGE_COLUMNS["samples"]),
+            read(S.GPU_STATES, day, COVERAGE_COLUMNS["states"]), samples_file(day),
             read(S.JOBS, day, COVERAGE_COLUMNS["jobs"]), kueue if kueue.num_rows else None,
             {
                 "slot_snapshots": [read(S.QUARANTINE_CONDOR_RAW, day), read(S.QUARANTINE, day)],
