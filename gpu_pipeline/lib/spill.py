@@ -107,7 +107,8 @@ class TimeSlabSorter:
         return np.clip((us - self.start_us) // width, 0, self.slabs - 1)
 
     def _flush(self) -> None:
-        table = pa.concat_tables(self._held)
+        # one contiguous copy of the buffer: takes from a table of many chunks cost several times more
+        table = pa.concat_tables(self._held).combine_chunks()
         self._held, self._held_bytes = [], 0
         slab = self._slab_of(table[self.keys[0]])
         order = np.argsort(slab, kind="stable")
