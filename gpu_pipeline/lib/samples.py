@@ -1,10 +1,14 @@
 """One day of GPU telemetry: gather the raw samples, then validate them into ``clean/gpu_samples``.
 
-Raw: every configured source parsed into the ``gpu_samples`` schema (``telemetry.read_telemetry_dir``
-for nvidia-smi and DCGM files, the NVML sampler's daily Parquet files). Clean: rows with a value
-outside its physical range (utilization and activity 0-100 %, power and memory >= 0, temperature
--40..150 C, power limit > 0) are quarantined with the reason -- never clipped silently -- and repeated
-(sample_utc, source, host, gpu_id) keys keep their first row (counted).
+Raw: every configured source parsed into the ``gpu_samples`` schema (``telemetry.TelemetryDir``
+for nvidia-smi and DCGM files, a few at a time; the NVML sampler's daily Parquet files). Clean: rows
+with a value outside its physical range (utilization and activity 0-100 %, power and memory >= 0,
+temperature -40..150 C, power limit > 0) are quarantined with the reason -- never clipped silently --
+and repeated (sample_utc, source, host, gpu_id) keys keep their first row (counted).
+
+The assets write both steps without holding the day (:func:`write_raw_samples`,
+:func:`write_clean_samples`); :func:`raw_samples` and :func:`clean_samples` are the same rules on
+tables held in memory.
 """
 
 from __future__ import annotations

@@ -123,9 +123,16 @@ class UI:
     def shot(self, page, name: str) -> Path:  # noqa: ANN001
         """A screenshot, with the community modal out of the way (the locator handler only runs
         before actions and assertions, and the modal may open after the last one)."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
         skip = page.get_by_role("button", name="Skip", exact=True)
         if skip.is_visible():
-            skip.click()
+            try:
+                # the locator handler may click it first, before this click's action: this click then
+                # waits for a button that is gone
+                skip.click(timeout=5_000)
+            except PlaywrightTimeout:
+                pass
             skip.wait_for(state="hidden", timeout=10_000)
         return self.shots.take(page, name)
 
