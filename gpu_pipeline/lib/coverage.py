@@ -11,6 +11,7 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -57,11 +58,7 @@ def coverage(
         return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
     con = db_connect()
     try:
-        if isinstance(table, Path):
-            names = ", ".join(f'"{c}"' for c in (time_col, *series_cols))
-            con.read_parquet(str(table)).project(names).create_view("t")
-        else:
-            con.register("t", table.select([time_col, *series_cols]))
+        register_columns(con, "t", table, [time_col, *series_cols])
         key = ", ".join(f'"{c}"' for c in series_cols) or "1"
         row = con.sql(
             f"""
@@ -90,3 +87,12 @@ def coverage(
         gaps=int(gaps or 0),
         longest_gap_s=float(max_gap_us or 0) / 1e6,
     )
+
+
+def register_columns(con: duckdb.DuckDBPyConnection, name: str, source: pa.Table | Path, columns: list[str]) -> None:
+    """``columns`` of a table, or of a Parquet file (read by DuckDB as the query runs, not held), as
+    the view ``name`` of the connection."""
+    if isinstance(source, Path):
+        con.read_parquet(str(source)).project(", ".join(f'"{c}"' for c in columns)).create_view(name)
+    else:
+        con.register(name, source.select(columns))

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gpu_pipeline.lib.coverage import coverage
+from gpu_pipeline.lib.coverage import coverage, register_columns
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
@@ -107,10 +107,8 @@ def coverage_rows(
     if (pq.ParquetFile(samples).metadata.num_rows if isinstance(samples, Path) else samples.num_rows):
         con = db_connect()
         try:
-            if isinstance(samples, Path):  # read by DuckDB, not held: a day of 30-second samples is large
-                con.read_parquet(str(samples)).project("gpu_id, util_pct, power_w").create_view("s")
-            else:
-                con.register("s", samples.select(["gpu_id", "util_pct", "power_w"]))
+            # a file is read by DuckDB, not held: a day of 30-second samples is large
+            register_columns(con, "s", samples, ["gpu_id", "util_pct", "power_w"])
             tel_gpus = con.sql("SELECT DISTINCT gpu_id FROM s").to_arrow_table()["gpu_id"].combine_chunks()
             con.register("g", states.select(["gpu_id", "state"]))
             silent = con.sql(

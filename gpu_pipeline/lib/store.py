@@ -231,8 +231,9 @@ class Store:
     def read_table(self, spec: TableSpec, day: dt.date | str, columns: Sequence[str] | None = None,
                    dictionary: Sequence[str] | None = None, where: tuple[str, str, object] | None = None) -> pa.Table:
         """The day's partition (only ``columns`` when given; the ``dictionary`` columns dictionary-encoded,
-        which saves memory on repetitive text; only the rows matching ``where``, a pyarrow filter
-        ``(column, op, value)`` applied batch by batch as the file is read)."""
+        which saves memory on repetitive text; only the rows matching ``where``, ``(column, op, value)``
+        with op one of == != < <= > >=: the filter column is read first, row group by row group, and
+        the other columns only of the row groups with a match)."""
         path = self.partition_file(spec, day)
         if where is not None:
             return _read_where(path, spec, columns, where)
