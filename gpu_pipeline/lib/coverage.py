@@ -50,11 +50,7 @@ def coverage(
     """Coverage of ``table`` (one row per sample) over [start_utc, end_utc); ``table`` may be a
     Parquet file (read by DuckDB, within its memory limit, instead of held)."""
     window_s = (end_utc - start_utc).total_seconds()
-    if isinstance(table, Path):
-        rows = pq.ParquetFile(table).metadata.num_rows
-    else:
-        rows = table.num_rows
-    if rows == 0:
+    if source_rows(table) == 0:
         return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
     con = db_connect()
     try:
@@ -96,3 +92,8 @@ def register_columns(con: duckdb.DuckDBPyConnection, name: str, source: pa.Table
         con.read_parquet(str(source)).project(", ".join(f'"{c}"' for c in columns)).create_view(name)
     else:
         con.register(name, source.select(columns))
+
+
+def source_rows(source: pa.Table | Path) -> int:
+    """Rows of a table, or of a Parquet file (from its footer)."""
+    return pq.ParquetFile(source).metadata.num_rows if isinstance(source, Path) else source.num_rows

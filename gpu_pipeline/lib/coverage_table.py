@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from gpu_pipeline.lib.coverage import coverage, register_columns
+from gpu_pipeline.lib.coverage import coverage, register_columns, source_rows
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
@@ -104,7 +103,7 @@ def coverage_rows(
     cov = coverage(samples, "sample_utc", ["source", "host", "gpu_id"], day_start, day_end)
     tel_gpus = pa.array([], pa.string())
     silent = 0
-    if (pq.ParquetFile(samples).metadata.num_rows if isinstance(samples, Path) else samples.num_rows):
+    if source_rows(samples):
         con = db_connect()
         try:
             # a file is read by DuckDB, not held: a day of 30-second samples is large

@@ -387,7 +387,7 @@ def write_clean_samples(store: Store, day: str, spill_dir: str | Path | None = N
         sorter.setdefault("expected_bytes", pq.ParquetFile(path).metadata.num_rows * _ROW_BYTES)
         with TimeSlabSorter(RAW_GPU_TELEMETRY.schema, RAW_ORDER, start, end, spill_dir=spill_dir, **sorter) as slabs:
             for batch in raw_batches():
-                slabs.add(conform(pa.Table.from_batches([batch]), RAW_GPU_TELEMETRY))
+                slabs.add(pa.Table.from_batches([batch]))  # add() takes the schema's columns and types
             cleaner, result, seen = run(slabs.sorted_batches(), check_order=False)
     quarantine = cleaner.quarantine()
     store.write_partition(QUARANTINE_GPU_SAMPLES, day, quarantine)

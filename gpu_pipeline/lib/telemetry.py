@@ -1515,6 +1515,8 @@ class TelemetryDir:
         zone = self.zone
         self.first_day = self.start_utc.astimezone(zone).date()
         self.last_day = (self.end_utc - _US).astimezone(zone).date()
+        self._lo_us, self._hi_us = epoch_us(self.start_utc), epoch_us(self.end_utc)
+        self._dates = tuple(int(d.strftime("%Y%m%d")) for d in (self.first_day, self.last_day))
         lo = self.first_day - dt.timedelta(days=margin_days)
         hi = self.last_day + dt.timedelta(days=margin_days)
         self.quarantine: list[QuarantinedLine] = []
@@ -1542,10 +1544,9 @@ class TelemetryDir:
         window whatever its time of day."""
         if kind == "dcgm":
             times = dcgm_sample_times(data)
-            lo_us, hi_us = epoch_us(self.start_utc), epoch_us(self.end_utc)
-            return times is not None and not np.any((times >= lo_us) & (times < hi_us))
+            return times is not None and not np.any((times >= self._lo_us) & (times < self._hi_us))
         dates = nvidia_smi_sample_dates(data)
-        first_date, last_date = (int(d.strftime("%Y%m%d")) for d in (self.first_day, self.last_day))
+        first_date, last_date = self._dates
         return dates is not None and not np.any((dates >= first_date) & (dates <= last_date))
 
     def _stage(self, task: tuple[str, str, Path, dt.date | None]) -> tuple[str, _Staged | None, Callable] | None:
@@ -1565,8 +1566,8 @@ class TelemetryDir:
             read = partial(_DcgmFast.read, path, host, rel)
             slow = partial(parse_dcgm_text, path, host=host, default_time_utc=mtime, source_file=rel, fast=False)
         staged = _try_fast(read) if self.fast else None
-        lo_us, hi_us = epoch_us(self.start_utc), epoch_us(self.end_utc)
-        if margin and staged is not None and not np.any((staged.sample_us >= lo_us) & (staged.sample_us < hi_us)):
+        if margin and staged is not None and not np.any((staged.sample_us >= self._lo_us)
+                                                         & (staged.sample_us < self._hi_us)):
             return None
         return rel, staged, slow
 
