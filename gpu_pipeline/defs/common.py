@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_partitions
 from gpu_pipeline.lib.db import close_databases, release_memory
+from gpu_pipeline.lib.memory import give_back
 from gpu_pipeline.lib.schemas import TableSpec
 from gpu_pipeline.lib.store import WriteResult
 from gpu_pipeline.lib.timeutil import day_window
@@ -83,6 +84,7 @@ def run_days_multi(
                     context.add_asset_metadata(_day_metadata(outcome), asset_key=key, partition_key=day)
     finally:
         close_databases()  # the step's DuckDB block pages go back before the next step
+        give_back()  # and what Arrow's pool and the C heap hold freed
     if failed:
         lines = "; ".join(f"{d}: {e}" for d, e in failed)
         raise dg.Failure(
@@ -109,6 +111,7 @@ def _one_day(
         return {}
     finally:
         release_memory()  # what DuckDB freed for the day goes back (its block pages stay)
+        give_back()
     return {key: by_key[key] for key in keys if by_key.get(key) is not None}
 
 

@@ -1,7 +1,8 @@
 """Coverage of a time series source over a window: observed cadence, expected vs seen, gaps.
 
 The cadence is never assumed: it is the median interval between consecutive distinct timestamps
-of each series (a GPU, or the pool for snapshots). Expected samples = window length / cadence;
+of each series (a GPU of one source on one host, or the pool for snapshots), and the window's
+cadence the median of the series' cadences. Expected samples = window length / cadence;
 a gap is an interval longer than ``gap_factor`` x cadence.
 """
 
@@ -55,13 +56,20 @@ def coverage(
     con = db_connect()
     try:
         register_columns(con, "t", table, [time_col, *series_cols])
-        key = ", ".join(f'"{c}"' for c in series_cols) or "1"
+        # Each series (a distinct value of series_cols, nulls included) gets an integer code first, so
+        # that the distinct timestamps and the window over them carry 16 bytes a row, not the text.
+        if series_cols:
+            cols = ", ".join(f'"{c}"' for c in series_cols)
+            on = " AND ".join(f't."{c}" IS NOT DISTINCT FROM s."{c}"' for c in series_cols)
+            con.execute(f"CREATE TEMP TABLE s AS SELECT row_number() OVER () AS k, {cols} FROM t GROUP BY ALL")
+            points = f'SELECT DISTINCT s.k, epoch_us(t."{time_col}") AS t FROM t JOIN s ON {on}'
+        else:
+            points = f'SELECT DISTINCT 0 AS k, epoch_us("{time_col}") AS t FROM t'
         row = con.sql(
             f"""
-            WITH pts AS (SELECT DISTINCT {key} AS k, epoch_us("{time_col}") AS t FROM t),
+            WITH pts AS ({points}),
             d AS (SELECT k, t, t - lag(t) OVER (PARTITION BY k ORDER BY t) AS dt_us FROM pts),
-            per AS (SELECT k, count(*) AS n, median(dt_us) AS cad, min(t) AS first_t, max(t) AS last_t
-                    FROM d GROUP BY k),
+            per AS (SELECT k, count(*) AS n, median(dt_us) AS cad FROM d GROUP BY k),
             cad AS (SELECT median(cad) AS c FROM per WHERE cad IS NOT NULL)
             SELECT (SELECT count(*) FROM per), (SELECT sum(n) FROM per), (SELECT c FROM cad),
                    (SELECT count(*) FROM d, cad WHERE d.dt_us > {gap_factor} * cad.c),
@@ -69,6 +77,7 @@ def coverage(
             """
         ).fetchall()[0]
     finally:
+        con.execute("DROP TABLE IF EXISTS s")
         con.close()
     series, samples, cad_us, gaps, max_gap_us = row
     cad_s = float(cad_us) / 1e6 if cad_us else None

@@ -362,6 +362,8 @@ def _trap(col: str) -> str:
 _NUM = "CASE WHEN isnan(CAST({c} AS DOUBLE)) OR {c} < 0 THEN NULL ELSE CAST({c} AS DOUBLE) END"
 _MIG = ("(mig_profile IS NOT NULL OR mig_instance_id IS NOT NULL OR gpu_id LIKE 'MIG-%' "
         "OR gpu_id LIKE 'GPU-MIG-%' OR contains(gpu_id, '/'))")
+_MIG_R = _MIG.replace("mig_", "r.mig_").replace("gpu_id", "r.gpu_id")
+_PLIMIT = "CASE WHEN r.power_limit_w > 0 AND NOT isnan(r.power_limit_w) THEN r.power_limit_w END"
 
 
 def compute_efficiency(
@@ -403,7 +405,7 @@ def compute_efficiency(
             jobs = JOB_EFFICIENCY.empty()
         daily = efficiency_daily(hourly, held if have_states else None, start_utc)
     finally:
-        for t in ("_eff_raw", "_eff_src", "_eff_samples", "_eff_gpu", "_eff_seg", "_eff_held", "_eff_jobruns",
+        for t in ("_eff_count", "_eff_src", "_eff_samples", "_eff_gpu0", "_eff_gpu", "_eff_held", "_eff_jobruns",
                   "_eff_jobgpu"):
             con.execute(f"DROP TABLE IF EXISTS {t}")
         for v in ("_eff_specmap",):
@@ -421,70 +423,70 @@ def compute_efficiency(
 
 
 def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, states_params, counters):
+    """Stage the window's samples: ``_eff_src`` (per GPU its source, host, device and integer code
+    ``gid``, from one grouped scan of the files), ``_eff_samples`` (the picked source's samples of each
+    GPU with the next sample's values, keyed by ``gid``; the one table as long as the samples) and
+    ``_eff_gpu`` (per GPU: cadence and spec). Segments are not stored: :func:`_seg_sql` derives them
+    from ``_eff_samples`` where they are used."""
+    # Per (GPU, source, MIG or not): samples in the read range and in the window, modal host and device.
     con.execute(
         f"""
-        CREATE OR REPLACE TEMP TABLE _eff_raw AS
-        SELECT epoch_us(sample_utc) AS t, source, host, gpu_id, device_name,
-               {_NUM.format(c="util_pct")} AS util,
-               {_NUM.format(c="power_w")} AS power,
-               CASE WHEN power_limit_w > 0 AND NOT isnan(power_limit_w) THEN power_limit_w END AS plimit,
-               {_NUM.format(c="energy_mj")} AS energy_mj,
-               {_MIG} AS is_mig
+        CREATE OR REPLACE TEMP TABLE _eff_count AS
+        SELECT gpu_id, source, {_MIG} AS is_mig, count(*) AS n,
+               count(*) FILTER (WHERE epoch_us(sample_utc) >= {s_us} AND epoch_us(sample_utc) < {e_us}) AS n_window,
+               mode(host) AS host, mode(device_name) AS device_name
         FROM {samples_sql}
         WHERE sample_utc >= ? AND sample_utc < ? AND gpu_id IS NOT NULL
+        GROUP BY ALL
         """,
         [*params, lo, hi],
     )
     row = con.execute(
         """
-        SELECT count(*) FILTER (WHERE t >= ? AND t < ?),
-               count(*) FILTER (WHERE is_mig AND t >= ? AND t < ?),
-               count(*) FILTER (WHERE NOT is_mig AND t >= ? AND t < ?)
-        FROM _eff_raw
-        """,
-        [s_us, e_us] * 3,
+        SELECT coalesce(sum(n_window), 0), coalesce(sum(n_window) FILTER (WHERE is_mig), 0),
+               coalesce(sum(n_window) FILTER (WHERE NOT is_mig), 0)
+        FROM _eff_count
+        """
     ).fetchall()[0]
     counters["samples_in_window"] = float(row[0])
     counters["mig_samples_skipped"] = float(row[1])
     # One source per GPU: the one with most samples (ties: the greatest name); its most frequent host
-    # and device name.
+    # and device name. ``gid`` numbers the GPUs in gpu_id order.
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _eff_src AS
-        WITH c AS (
-            SELECT gpu_id, source, count(*) AS n, mode(host) AS host, mode(device_name) AS device_name
-            FROM _eff_raw WHERE NOT is_mig GROUP BY gpu_id, source
+        SELECT row_number() OVER (ORDER BY gpu_id) AS gid, *
+        FROM (
+            SELECT gpu_id, arg_max(source, struct_pack(n := n, s := source)) AS source,
+                   arg_max(host, struct_pack(n := n, s := source)) AS host,
+                   arg_max(device_name, struct_pack(n := n, s := source)) AS device_name
+            FROM _eff_count WHERE NOT is_mig GROUP BY gpu_id
         )
-        SELECT gpu_id, arg_max(source, struct_pack(n := n, s := source)) AS source,
-               arg_max(host, struct_pack(n := n, s := source)) AS host,
-               arg_max(device_name, struct_pack(n := n, s := source)) AS device_name,
-               count(*) AS n_sources
-        FROM c GROUP BY gpu_id
         """
     )
-    multi = con.execute("SELECT count(*) FROM _eff_src WHERE n_sources > 1").fetchall()[0][0]
-    only_picked = (
-        "AND EXISTS (SELECT 1 FROM _eff_src p WHERE p.gpu_id = r.gpu_id AND p.source = r.source)"
-        if multi
-        else ""
-    )
+    con.execute("DROP TABLE IF EXISTS _eff_count")
     # The next sample's values in the same pass: the segment to the next sample. A repeated
     # (GPU, time) gives a zero-length segment, which is dropped.
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_samples AS
-        SELECT r.gpu_id, r.t, r.util, r.power, r.plimit, r.energy_mj,
-               lead(r.t) OVER w AS nt, lead(r.util) OVER w AS util1, lead(r.power) OVER w AS power1,
-               lead(r.plimit) OVER w AS plimit1, lead(r.energy_mj) OVER w AS energy1,
-               count(r.power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn
-        FROM _eff_raw r
-        WHERE NOT r.is_mig {only_picked}
-        WINDOW w AS (PARTITION BY r.gpu_id ORDER BY r.t, r.host)
-        """
+        SELECT gid, t, util, power, plimit, energy_mj,
+               lead(t) OVER w AS nt, lead(util) OVER w AS util1, lead(power) OVER w AS power1,
+               lead(plimit) OVER w AS plimit1, lead(energy_mj) OVER w AS energy1,
+               count(power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn
+        FROM (
+            SELECT p.gid, r.host, epoch_us(r.sample_utc) AS t, {_NUM.format(c="r.util_pct")} AS util,
+                   {_NUM.format(c="r.power_w")} AS power, {_PLIMIT} AS plimit,
+                   {_NUM.format(c="r.energy_mj")} AS energy_mj
+            FROM {samples_sql} r JOIN _eff_src p ON p.gpu_id = r.gpu_id AND p.source = r.source
+            WHERE r.sample_utc >= ? AND r.sample_utc < ? AND NOT {_MIG_R}
+        )
+        WINDOW w AS (PARTITION BY gid ORDER BY t, host)
+        """,
+        [*params, lo, hi],
     )
     kept = con.execute("SELECT count(*) FROM _eff_samples WHERE t >= ? AND t < ?", [s_us, e_us]).fetchall()[0][0]
     counters["samples_dropped_other_source"] = float(row[2] - kept)
-    con.execute("DROP TABLE IF EXISTS _eff_raw")
     # Per GPU: host, device (samples, else gpu_states), cadence, spec.
     state_dev = ""
     if states_sql is not None:
@@ -496,11 +498,12 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_gpu0 AS
         WITH g AS (
-            SELECT gpu_id, median(nt - t) FILTER (WHERE nt > t) AS cadence_us FROM _eff_samples GROUP BY gpu_id
+            SELECT gid, median(nt - t) FILTER (WHERE nt > t) AS cadence_us FROM _eff_samples GROUP BY gid
         )
-        SELECT g.gpu_id, src.host, {"coalesce(src.device_name, sd.st_device)" if state_dev else "src.device_name"}
-               AS device_name, g.cadence_us
-        FROM g JOIN _eff_src src USING (gpu_id) {state_dev}
+        SELECT g.gid, src.gpu_id, src.host,
+               {"coalesce(src.device_name, sd.st_device)" if state_dev else "src.device_name"} AS device_name,
+               g.cadence_us
+        FROM g JOIN _eff_src src USING (gid) {state_dev}
         """,
         list(states_params) if state_dev else [],
     )
@@ -509,7 +512,7 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_gpu AS
-        SELECT g.gpu_id, g.host, g.device_name, g.cadence_us,
+        SELECT g.gid, g.gpu_id, g.host, g.device_name, g.cadence_us,
                coalesce(m.tdp_w, {_default("tdp_w")}) AS tdp_w,
                coalesce(m.idle_power_w, {_default("idle_power_w")}) AS idle_power_w,
                coalesce(m.achievable_tflops, {_default("achievable_tflops")}) AS achievable_tflops,
@@ -518,41 +521,40 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
         """
     )
     con.execute("DROP TABLE IF EXISTS _eff_gpu0")
-    # Segments between consecutive samples no further apart than GAP_FACTOR x cadence.
-    con.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE _eff_seg AS
-        WITH s AS (
-            SELECT o.gpu_id, t AS a, nt AS b, (nt - t) / {_US}.0 AS len_s,
-                   {_trap("util")} AS util, {_trap("power")} AS power, {_trap("plimit")} AS plimit,
-                   energy_mj AS e0, energy1 AS e1, g.tdp_w
-            FROM (SELECT * RENAME (util AS util0, power AS power0, plimit AS plimit0) FROM _eff_samples) o
-            JOIN _eff_gpu g USING (gpu_id)
-            WHERE nt IS NOT NULL AND nt > t AND (nt - t) <= {GAP_FACTOR} * g.cadence_us
-        )
-        SELECT gpu_id, a, b, len_s, util, power, plimit,
-               CASE WHEN e0 IS NOT NULL AND e1 IS NOT NULL AND e1 >= e0
-                         AND (e1 - e0) / 1000.0 / len_s <= {COUNTER_MAX_POWER_FACTOR} * coalesce(plimit, tdp_w)
-                    THEN (e1 - e0) / 1000.0 END AS energy_counter_j,
-               power * len_s AS energy_power_j
-        FROM s
-        """
-    )
     seg = con.execute(
-        "SELECT count(*), count(energy_counter_j) FROM _eff_seg WHERE b > ? AND a < ?", [s_us, e_us]
+        f"SELECT count(*), count(energy_counter_j) FROM ({_seg_sql()}) WHERE b > ? AND a < ?", [s_us, e_us]
     ).fetchall()[0]
     counters["segments"] = float(seg[0])
     counters["segments_energy_from_counter"] = float(seg[1])
     row = con.execute(
         f"""
         SELECT count(*) FILTER (WHERE s.nt - s.t > {GAP_FACTOR} * g.cadence_us AND s.nt > ? AND s.t < ?),
-               count(DISTINCT s.gpu_id) FILTER (WHERE s.t >= ? AND s.t < ?)
-        FROM _eff_samples s JOIN _eff_gpu g USING (gpu_id)
+               count(DISTINCT s.gid) FILTER (WHERE s.t >= ? AND s.t < ?)
+        FROM _eff_samples s JOIN _eff_gpu g USING (gid)
         """,
         [s_us, e_us, s_us, e_us],
     ).fetchall()[0]
     counters["gaps_over_3x_cadence"] = float(row[0])
     counters["gpus"] = float(row[1])
+
+
+def _seg_sql() -> str:
+    """SQL (a subquery) for the segments: consecutive samples of a GPU no further apart than
+    GAP_FACTOR x cadence, each covering ``[a, b)`` with the trapezoid values and its energy."""
+    return f"""
+        SELECT gid, a, b, len_s, util, power, plimit,
+               CASE WHEN e0 IS NOT NULL AND e1 IS NOT NULL AND e1 >= e0
+                         AND (e1 - e0) / 1000.0 / len_s <= {COUNTER_MAX_POWER_FACTOR} * coalesce(plimit, tdp_w)
+                    THEN (e1 - e0) / 1000.0 END AS energy_counter_j,
+               power * len_s AS energy_power_j
+        FROM (
+            SELECT o.gid, t AS a, nt AS b, (nt - t) / {_US}.0 AS len_s,
+                   {_trap("util")} AS util, {_trap("power")} AS power, {_trap("plimit")} AS plimit,
+                   energy_mj AS e0, energy1 AS e1, g.tdp_w
+            FROM (SELECT * RENAME (util AS util0, power AS power0, plimit AS plimit0) FROM _eff_samples) o
+            JOIN _eff_gpu g USING (gid)
+            WHERE nt IS NOT NULL AND nt > t AND (nt - t) <= {GAP_FACTOR} * g.cadence_us
+        )"""
 
 
 def _default(col: str) -> str:
@@ -570,8 +572,8 @@ def _stage_held(con, states_sql, states_params, s_us, e_us):
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_held AS
         WITH low AS (
-            SELECT s.gpu_id, s.t, s.nt, s.power, s.pn, g.cadence_us, (s.t // {bucket_us}) * {bucket_us} AS bt
-            FROM _eff_samples s JOIN _eff_gpu g USING (gpu_id)
+            SELECT g.gpu_id, s.t, s.nt, s.power, s.pn, g.cadence_us, (s.t // {bucket_us}) * {bucket_us} AS bt
+            FROM _eff_samples s JOIN _eff_gpu g USING (gid)
             WHERE s.power IS NOT NULL AND g.cadence_us IS NOT NULL
               AND (s.power <= {HELD_IDLE_POWER_FACTOR} * g.idle_power_w
                    OR s.power / coalesce(s.plimit, g.tdp_w) <= {HELD_IDLE_PIF_MAX})
@@ -652,7 +654,8 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
     )
     sql = f"""
         WITH inwin AS (
-            SELECT *, greatest(a, {s_us}) AS a1, least(b, {e_us}) AS b1 FROM _eff_seg WHERE b > {s_us} AND a < {e_us}
+            SELECT *, greatest(a, {s_us}) AS a1, least(b, {e_us}) AS b1 FROM ({_seg_sql()})
+            WHERE b > {s_us} AND a < {e_us}
         ), hours AS (  -- a segment inside one hour, or split at each hour boundary it crosses
             SELECT *, (a1 // {_HOUR_US}) * {_HOUR_US} AS h FROM inwin
             WHERE a1 // {_HOUR_US} = (b1 - 1) // {_HOUR_US}
@@ -665,29 +668,29 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
         ), pw AS (
             SELECT *, cb - ca AS w_us, (cb - ca) / {_US}.0 AS w FROM pieces WHERE cb > ca
         ), seg_h AS (
-            SELECT gpu_id, h, sum(cb - ca) / {_US}.0 AS coverage_s,
+            SELECT gid, h, sum(cb - ca) / {_US}.0 AS coverage_s,
                    {_mean_us("util", "w_us")} AS util_tw, {_mean_us("power", "w_us")} AS power_tw,
                    {_mean_us("plimit", "w_us")} AS plimit_tw,
                    {exact_sum('coalesce(energy_counter_j, energy_power_j) * w / len_s')} AS energy_j,
                    count(energy_counter_j) AS n_counter,
                    count(*) FILTER (WHERE energy_counter_j IS NULL AND energy_power_j IS NOT NULL) AS n_power
-            FROM pw GROUP BY gpu_id, h
+            FROM pw GROUP BY gid, h
         ), smp_h AS (
-            SELECT gpu_id, (t // {_HOUR_US}) * {_HOUR_US} AS h, count(*) AS samples,
+            SELECT gid, (t // {_HOUR_US}) * {_HOUR_US} AS h, count(*) AS samples,
                    {exact_avg('util')} AS util_m, {exact_avg('power')} AS power_m,
                    {exact_avg('plimit')} AS plimit_m
             FROM _eff_samples WHERE t >= {s_us} AND t < {e_us} GROUP BY ALL
         ){busy}, base AS (
-            SELECT gpu_id, h, coalesce(smp_h.samples, 0) AS samples, coalesce(seg_h.coverage_s, 0.0) AS coverage_s,
+            SELECT gid, h, coalesce(smp_h.samples, 0) AS samples, coalesce(seg_h.coverage_s, 0.0) AS coverage_s,
                    coalesce(util_tw, util_m) AS util, coalesce(power_tw, power_m) AS power,
                    coalesce(plimit_tw, plimit_m) AS plimit, energy_j, n_counter, n_power
-            FROM smp_h FULL OUTER JOIN seg_h USING (gpu_id, h)
+            FROM smp_h FULL OUTER JOIN seg_h USING (gid, h)
         ), m AS (
-            SELECT b.*, g.host, g.device_name, g.tdp_w, g.achievable_tflops, g.spec_known,
+            SELECT b.*, g.gpu_id, g.host, g.device_name, g.tdp_w, g.achievable_tflops, g.spec_known,
                    coalesce(b.plimit, g.tdp_w) AS max_power_w,
                    CASE WHEN b.plimit IS NOT NULL THEN 'sampled_limit' WHEN g.spec_known THEN 'spec'
                         ELSE 'default' END AS max_power_source
-            FROM base b JOIN _eff_gpu g USING (gpu_id)
+            FROM base b JOIN _eff_gpu g USING (gid)
         ), f AS (
             SELECT *, {pif_sql("power", "max_power_w")} AS pif FROM m
         ), r AS (
@@ -759,15 +762,16 @@ def _jobs(con, jobs_sql, jobs_params, s_us, e_us, have_states) -> pa.Table:
         held_col = "coalesce(jheld.held_idle_s, 0.0) AS held_idle_s"
     sql = f"""
         WITH jg AS (
-            SELECT jg.global_job_id, jg.run_index, jg.gpu, j.cs, j.ce
+            SELECT jg.global_job_id, jg.run_index, jg.gpu, g.gid, j.cs, j.ce
             FROM _eff_jobgpu jg JOIN _eff_jobruns j USING (global_job_id, run_index)
+            LEFT JOIN _eff_gpu g ON g.gpu_id = jg.gpu
             WHERE NOT jg.is_mig
         ), ov AS (
             SELECT jg.global_job_id, jg.run_index, jg.gpu,
                    least(s.b, jg.ce) - greatest(s.a, jg.cs) AS w_us,
                    (least(s.b, jg.ce) - greatest(s.a, jg.cs)) / {_US}.0 AS w, s.len_s,
                    s.util, s.power, s.plimit, coalesce(s.energy_counter_j, s.energy_power_j) AS energy_j
-            FROM jg JOIN _eff_seg s ON s.gpu_id = jg.gpu AND s.a < jg.ce AND s.b > jg.cs
+            FROM jg JOIN ({_seg_sql()}) s ON s.gid = jg.gid AND s.a < jg.ce AND s.b > jg.cs
         ), per_gpu AS (
             SELECT global_job_id, run_index, gpu, sum(w_us) AS cov_us,
                    {_mean_us("util", "w_us")} AS util, sum(w_us) FILTER (WHERE util IS NOT NULL) AS cov_u_us,
@@ -792,7 +796,7 @@ def _jobs(con, jobs_sql, jobs_params, s_us, e_us, have_states) -> pa.Table:
             FROM per_gpu2 GROUP BY ALL
         ), smp AS (
             SELECT jg.global_job_id, jg.run_index, count(*) AS samples
-            FROM jg JOIN _eff_samples s ON s.gpu_id = jg.gpu AND s.t >= jg.cs AND s.t < jg.ce
+            FROM jg JOIN _eff_samples s ON s.gid = jg.gid AND s.t >= jg.cs AND s.t < jg.ce
             GROUP BY ALL
         ), cnt AS (
             SELECT global_job_id, run_index, count(*) FILTER (WHERE NOT is_mig) AS gpus,

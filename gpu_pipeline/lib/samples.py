@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpu_pipeline.lib.memory import give_back
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig, fetch_dcgm_range
 from gpu_pipeline.lib.schemas import (
     GPU_SAMPLES,
@@ -176,6 +177,7 @@ def write_sorted_raw(store: Store, day: str, parts: Iterable[pa.Table], start_ut
                         **sorter) as slabs:
         for part in parts:
             slabs.add(part)
+        give_back()  # what the parsers freed, before the slabs are read back and sorted
         return store.write_partition_batches(RAW_GPU_TELEMETRY, day, slabs.sorted_batches())
 
 

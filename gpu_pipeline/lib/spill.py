@@ -37,11 +37,12 @@ from gpu_pipeline.lib.schemas import sorted_rows
 __all__ = ["MEMORY_BYTES", "SLAB_BYTES", "TimeSlabSorter"]
 
 #: Parts held in memory and sorted together, up to this many bytes; past it, rows are spilled.
-MEMORY_BYTES = 128 << 20
-#: About this many bytes of rows per slab of the spill file (a slab is sorted in memory on its own).
-SLAB_BYTES = 96 << 20
+MEMORY_BYTES = 64 << 20
+#: About this many bytes of rows per slab of the spill file (a slab is sorted in memory on its own:
+#: read, sorted and written out, a slab is held about three times).
+SLAB_BYTES = 48 << 20
 #: Parts gathered before they are cut into slabs and written (fewer, larger spill batches).
-FLUSH_BYTES = 64 << 20
+FLUSH_BYTES = 32 << 20
 MAX_SLABS = 4096
 ROWS_PER_BATCH = 1 << 16
 

@@ -292,6 +292,39 @@ def _source_bytes(path_or_text: str | Path) -> tuple[bytes, str | None]:
         raise _NotFast from None
 
 
+# A DCGM text is read in pieces of about this many bytes, each ending at a line end: a piece's split
+# lines and tokens are copies of its text, so a whole 40 MB file at once held ~3x its size per thread.
+_PIECE_BYTES = 4 << 20
+
+
+def _source_pieces(path_or_text: str | Path) -> tuple[Iterator[bytes], str | None]:
+    """The input as UTF-8 bytes in pieces of about :data:`_PIECE_BYTES` that each end at a newline
+    (the last one where the input ends), and the path when it is a file (see :func:`_resolve_source`).
+    A file is read a piece at a time."""
+    source = _resolve_source(path_or_text)
+    if isinstance(source, Path):
+        return _file_pieces(source), str(source)
+    try:
+        data = source.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: only the line parser keeps them as they are
+        raise _NotFast from None
+    return _file_pieces(io.BytesIO(data)), None
+
+
+def _file_pieces(source: Path | io.BytesIO) -> Iterator[bytes]:
+    with source.open("rb") if isinstance(source, Path) else source as fh:
+        rest = b""
+        while block := fh.read(_PIECE_BYTES):
+            cut = block.rfind(b"\n") + 1
+            if not cut:
+                rest += block
+                continue
+            yield rest + block[:cut] if rest or cut < len(block) else block
+            rest = block[cut:]
+        if rest:
+            yield rest
+
+
 def _per_distinct(values: pa.Array | pa.ChunkedArray, fn: Callable[[str], object],
                   type_: pa.DataType) -> pa.Array:
     """``fn`` of every non-null value, called once per distinct value. A ``ValueError`` from ``fn``
@@ -1172,6 +1205,45 @@ def _take_in_place(array: pa.LargeStringArray, rows: np.ndarray) -> pa.LargeStri
                                             pa.py_buffer(valid), len(rows))
 
 
+def _read_dcgm_piece(data: bytes) -> tuple[np.ndarray, pa.Array, np.ndarray, list[str]] | None:
+    """One piece of a DCGM text (whole lines) split with Arrow kernels: per sample line its series'
+    code in the piece's distinct series (listed in order of first appearance), its value token and
+    its time (UTC microseconds); None when the piece holds no sample line. Raises ``_NotFast`` where
+    the line parser might read a line differently."""
+    if b"\r" in data:  # a line end to the line parser
+        raise _NotFast
+    text = pa.LargeStringArray.from_buffers(1, pa.py_buffer(np.array([0, len(data)], dtype=np.int64)),
+                                            pa.py_buffer(data))
+    text.validate(full=True)  # UTF-8 (the line parser would replace a bad byte)
+    lines = pc.split_pattern(text, "\n").flatten()
+    comment = pc.starts_with(lines, "#")
+    for line in pc.unique(lines.filter(comment)).to_pylist():
+        if _comment_error(line.strip()) is not None:
+            raise _NotFast
+    samples = np.flatnonzero(pc.invert(pc.or_(comment, pc.equal(pc.binary_length(lines), 0)))
+                             .to_numpy(zero_copy_only=False))
+    if len(samples) == 0:
+        return None
+    # <series> <value> <timestamp>: the last two tokens split off at (ASCII) white space as
+    # str.split() splits them; the series' shape is checked by _fast_series_entry.
+    parts = pc.ascii_split_whitespace(lines, max_splits=2, reverse=True)
+    starts = parts.offsets.to_numpy()
+    if (np.diff(starts)[samples] != 3).any():
+        raise _NotFast
+    first = starts[samples]
+    tokens = parts.values
+    values, stamps = tokens.take(first + 1), tokens.take(first + 2)
+    if not (pc.all(pc.match_substring_regex(values, _PROM_VALUE_PATTERN)).as_py()
+            and pc.all(pc.ascii_is_decimal(stamps)).as_py()
+            and pc.max(pc.binary_length(stamps)).as_py() <= _PROM_MS_DIGITS):
+        raise _NotFast
+    # round(int(ms) / 1000 * 1_000_000) of the line parser, in float64 as there
+    sample_us = np.rint(pc.cast(stamps, pa.int64()).to_numpy() / 1000 * 1_000_000).astype(np.int64)
+    series = pc.dictionary_encode(_take_in_place(tokens, first))
+    codes = pc.fill_null(series.indices, 0).to_numpy()[0::2]
+    return codes, values, sample_us, series.dictionary.to_pylist()
+
+
 def _fast_series_entry(series: str) -> tuple[str, dict[str, str]]:
     """Name and labels of the series the fast path split off a line, as the line parser reads that
     line. Its shape (ends in ``}``, or one token without braces) makes the line parser cut the line
@@ -1213,41 +1285,29 @@ class _DcgmFast:
 
     @classmethod
     def read(cls, path_or_text: str | Path, host: str | None, source_file: str | None) -> _DcgmFast:
-        data, path = _source_bytes(path_or_text)
-        if b"\r" in data:  # a line end to the line parser
+        """The text read a piece at a time (:func:`_source_pieces`); each piece's series are
+        numbered in the order they first appear in the text, as one pass over the whole would."""
+        pieces, path = _source_pieces(path_or_text)
+        series_index: dict[str, int] = {}
+        entries: list[tuple[str, dict[str, str]]] = []
+        codes, values, sample_us = [], [], []
+        for data in pieces:
+            piece = _read_dcgm_piece(data)
+            if piece is None:
+                continue
+            local_codes, piece_values, piece_us, series = piece
+            for text in series:
+                if text not in series_index:
+                    series_index[text] = len(entries)
+                    entries.append(_fast_series_entry(text))
+            codes.append(np.array([series_index[text] for text in series], dtype=np.int64)[local_codes])
+            values.append(piece_values)
+            sample_us.append(piece_us)
+        if not codes:
             raise _NotFast
-        text = pa.LargeStringArray.from_buffers(1, pa.py_buffer(np.array([0, len(data)], dtype=np.int64)),
-                                                pa.py_buffer(data))
-        text.validate(full=True)  # UTF-8 (the line parser would replace a bad byte)
-        lines = pc.split_pattern(text, "\n").flatten()
-        comment = pc.starts_with(lines, "#")
-        for line in pc.unique(lines.filter(comment)).to_pylist():
-            if _comment_error(line.strip()) is not None:
-                raise _NotFast
-        samples = np.flatnonzero(pc.invert(pc.or_(comment, pc.equal(pc.binary_length(lines), 0)))
-                                 .to_numpy(zero_copy_only=False))
-        if len(samples) == 0:
-            raise _NotFast
-        # <series> <value> <timestamp>: the last two tokens split off at (ASCII) white space as
-        # str.split() splits them; the series' shape is checked below.
-        parts = pc.ascii_split_whitespace(lines, max_splits=2, reverse=True)
-        starts = parts.offsets.to_numpy()
-        if (np.diff(starts)[samples] != 3).any():
-            raise _NotFast
-        first = starts[samples]
-        tokens = parts.values
-        values, stamps = tokens.take(first + 1), tokens.take(first + 2)
-        if not (pc.all(pc.match_substring_regex(values, _PROM_VALUE_PATTERN)).as_py()
-                and pc.all(pc.ascii_is_decimal(stamps)).as_py()
-                and pc.max(pc.binary_length(stamps)).as_py() <= _PROM_MS_DIGITS):
-            raise _NotFast
-        # round(int(ms) / 1000 * 1_000_000) of the line parser, in float64 as there
-        sample_us = np.rint(pc.cast(stamps, pa.int64()).to_numpy() / 1000 * 1_000_000).astype(np.int64)
-        series = pc.dictionary_encode(_take_in_place(tokens, first))
-        entries = [_fast_series_entry(s) for s in series.dictionary.to_pylist()]
-        codes = pc.fill_null(series.indices, 0).to_numpy()[0::2]
         src = source_file if source_file is not None else path
-        return cls(codes, entries, values, sample_us, host, src)
+        return cls(np.concatenate(codes), entries, pa.concat_arrays(values) if len(values) > 1 else values[0],
+                   np.concatenate(sample_us), host, src)
 
     def finish(self, sort: bool = True) -> ParseResult:
         return self.finish_many([self], sort)

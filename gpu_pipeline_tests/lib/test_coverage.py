@@ -21,6 +21,25 @@ def test_coverage_counts_gaps_against_the_observed_cadence():
     assert abs(cov.coverage - 264 / 288) < 1e-12
 
 
+def test_coverage_series_are_the_whole_key(tmp_path):
+    # one GPU reported by two sources, each every 60 s, offset by 30 s; a second GPU with no host, and a
+    # 10-minute hole in the first source. Each (source, host, gpu_id) is its own series: a series keyed
+    # by one of its columns would see one 30-second series and no hole.
+    minutes = [D0 + dt.timedelta(minutes=i) for i in range(1440)]
+    rows = ([(t, "dcgm", "h1", "GPU-1") for i, t in enumerate(minutes) if not 600 <= i < 609]
+            + [(t + dt.timedelta(seconds=30), "nvidia-smi", "h1", "GPU-1") for t in minutes]
+            + [(t, "nvml", None, "GPU-2") for t in minutes])
+    table = pa.table({"t": pa.array([r[0] for r in rows], pa.timestamp("us", tz="UTC")),
+                      "source": [r[1] for r in rows], "host": [r[2] for r in rows], "gpu_id": [r[3] for r in rows]})
+    cov = coverage(table, "t", ["source", "host", "gpu_id"], D0, D1)
+    assert (cov.series, cov.samples, cov.cadence_s, cov.expected) == (3, 3 * 1440 - 9, 60.0, 3 * 1440)
+    assert cov.gaps == 1 and cov.longest_gap_s == 600
+    # a repeated timestamp of a series counts once; the Parquet file gives what the table gives
+    file = tmp_path / "samples.parquet"
+    pq.write_table(pa.concat_tables([table, table.slice(0, 5)]), file)
+    assert coverage(file, "t", ["source", "host", "gpu_id"], D0, D1) == cov
+
+
 def test_coverage_rows_silent_zero_telemetry_and_quarantine_reasons(tmp_path):
     snaps = [D0 + dt.timedelta(minutes=5 * i) for i in range(288)]
     slots = conform(pa.Table.from_pylist(

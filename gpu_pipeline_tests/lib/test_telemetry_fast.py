@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 import pyarrow.compute as pc
 import pytest
 
+from gpu_pipeline.lib import telemetry
 from gpu_pipeline.lib.simulate import SimConfig, simulate
 from gpu_pipeline.lib.telemetry import (
     DEFAULT_QUERY_FIELDS,
@@ -325,6 +326,26 @@ def test_dcgm_fast_path_reads_nan_unmapped_and_uuid_less_samples(sim_telemetry):
     assert result.fast_parsed == 1
     c = result.counters
     assert (c["nan_values"], c["unmapped_samples"], c["samples_without_uuid"]) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("piece_bytes", [64, 700, 4096])
+def test_dcgm_text_read_in_pieces_gives_the_whole_text_s_result(sim_telemetry, monkeypatch, piece_bytes):
+    # A file is read a piece at a time (pieces end at a line end): the result is the one of the whole
+    # text, and the line parser's, wherever the pieces end -- series first seen in a later piece, a
+    # piece of comments only, a last line without its newline, a bad line in a later piece.
+    path = sim_files(sim_telemetry, "dcgm")[0]
+    whole = dcgm_both(path, host="h1", source_file="f.prom")
+    assert whole.fast_parsed == 1
+    lines = path.read_text().splitlines(keepends=True)
+    monkeypatch.setattr(telemetry, "_PIECE_BYTES", piece_bytes)
+    pieces = parse_dcgm_text(path, host="h1", source_file="f.prom")
+    assert pieces.fast_parsed == 1 and pieces.table.to_pylist() == whole.table.to_pylist()
+    assert (pieces.counters, pieces.quarantine, pieces.files) == (whole.counters, whole.quarantine, whole.files)
+    unterminated = dcgm_both("".join(lines).rstrip("\n"), host="h1", source_file="f.prom")
+    assert unterminated.fast_parsed == 1 and unterminated.table.equals(whole.table)
+    late_bad = dcgm_both("".join(inserted(lines, len(lines) - 3, "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\" 1 2\n")),
+                         host="h1", default_time_utc=T0)
+    assert late_bad.fast_parsed == 0 and len(late_bad.quarantine) == 1
 
 
 # ----------------------------------------------------------------------------------------------
