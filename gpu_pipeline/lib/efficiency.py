@@ -62,6 +62,7 @@ Fleet RFU
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 from collections.abc import Sequence
@@ -96,6 +97,9 @@ HELD_IDLE_PIF_MAX = 0.2
 HELD_IDLE_HOUR_S = 1800.0  #: a GPU-hour is ``held_but_idle`` when this much of it is in held-idle runs
 LOOKAROUND = dt.timedelta(hours=1)  #: samples read beyond the window (for edge segments and runs)
 STATE_BUCKET = dt.timedelta(minutes=5)
+#: GPUs are taken in groups of about this many samples (of the window and its look-around), one group
+#: held at a time (~100 bytes a sample staged, as much again while it is sorted)
+GROUP_SAMPLES = 2_000_000
 
 _HOUR_US = 3_600_000_000
 _US = 1_000_000
@@ -377,6 +381,7 @@ def compute_efficiency(
     states_params: Sequence = (),
     jobs_sql: str | None = None,
     jobs_params: Sequence = (),
+    group_samples: int | None = None,
 ) -> EfficiencyResult:
     """All efficiency tables for the window ``[start_utc, end_utc)``.
 
@@ -386,27 +391,38 @@ def compute_efficiency(
     held-idle runs crossing midnight are judged on their full length; only data within one hour of
     the window is read. Without ``states_sql`` there is no held-idle detection (null columns);
     without ``jobs_sql`` the job table is empty. Uses temporary tables ``_eff_*`` on ``con``.
+
+    Memory: every metric is per GPU (a job's are summed over its GPUs at the end), so the GPUs are
+    taken in groups of about ``group_samples`` samples (default :data:`GROUP_SAMPLES`), one group's
+    samples held at a time; each group reads the files again. The tables do not depend on the groups.
     """
     s_us, e_us = epoch_us(start_utc), epoch_us(end_utc)
     lo = start_utc - LOOKAROUND
     hi = end_utc + LOOKAROUND
     counters: dict[str, float] = {}
+    have_states = states_sql is not None
     try:
-        _stage_samples(con, samples_sql, list(samples_params), lo, hi, s_us, e_us, states_sql,
-                       list(states_params), counters)
-        have_states = states_sql is not None
-        if have_states:
-            _stage_held(con, states_sql, list(states_params), s_us, e_us)
-        hourly = _hourly(con, s_us, e_us, states_sql, list(states_params))
-        held = _held_table(con) if have_states else HELD_IDLE_INTERVALS.empty()
+        groups = _stage_sources(con, samples_sql, list(samples_params), lo, hi, s_us, e_us, counters,
+                                group_samples)
         if jobs_sql is not None:
-            jobs = _jobs(con, jobs_sql, list(jobs_params), s_us, e_us, have_states)
-        else:
-            jobs = JOB_EFFICIENCY.empty()
+            _stage_jobruns(con, jobs_sql, list(jobs_params), s_us, e_us)
+        hourly_parts, held_parts = [], []
+        for gids in groups:  # GPU groups in gpu_id order: the parts, each sorted, make sorted tables
+            _stage_samples(con, samples_sql, list(samples_params), lo, hi, s_us, e_us, states_sql,
+                           list(states_params), counters, gids)
+            if have_states:
+                _stage_held(con, states_sql, list(states_params), s_us, e_us)
+                held_parts.append(_held_table(con))
+            hourly_parts.append(_hourly(con, s_us, e_us, states_sql, list(states_params)))
+            if jobs_sql is not None:
+                _stage_job_gpus(con, have_states)
+        hourly = pa.concat_tables(hourly_parts) if hourly_parts else GPU_HOURLY_EFFICIENCY.empty()
+        held = pa.concat_tables(held_parts) if held_parts else HELD_IDLE_INTERVALS.empty()
+        jobs = _jobs(con, have_states) if jobs_sql is not None else JOB_EFFICIENCY.empty()
         daily = efficiency_daily(hourly, held if have_states else None, start_utc)
     finally:
         for t in ("_eff_count", "_eff_src", "_eff_samples", "_eff_gpu0", "_eff_gpu", "_eff_held", "_eff_jobruns",
-                  "_eff_jobgpu"):
+                  "_eff_jobgpu", "_eff_jobpart", "_eff_jg"):
             con.execute(f"DROP TABLE IF EXISTS {t}")
         for v in ("_eff_specmap",):
             try:
@@ -422,12 +438,10 @@ def compute_efficiency(
     return EfficiencyResult(hourly=hourly, jobs=jobs, held_idle=held, daily=daily, counters=counters)
 
 
-def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, states_params, counters):
-    """Stage the window's samples: ``_eff_src`` (per GPU its source, host, device and integer code
-    ``gid``, from one grouped scan of the files), ``_eff_samples`` (the picked source's samples of each
-    GPU with the next sample's values, keyed by ``gid``; the one table as long as the samples) and
-    ``_eff_gpu`` (per GPU: cadence and spec). Segments are not stored: :func:`_seg_sql` derives them
-    from ``_eff_samples`` where they are used."""
+def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group_samples) -> list[tuple[int, int]]:
+    """``_eff_src``: per GPU its source, host, device and integer code ``gid`` (in gpu_id order), from
+    one grouped scan of the files; the sample counters of the window. Returns the GPU groups, as
+    ``gid`` ranges of about ``group_samples`` samples each (a GPU is never split)."""
     # Per (GPU, source, MIG or not): samples in the read range and in the window, modal host and device.
     con.execute(
         f"""
@@ -450,6 +464,7 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     ).fetchall()[0]
     counters["samples_in_window"] = float(row[0])
     counters["mig_samples_skipped"] = float(row[1])
+    counters["samples_dropped_other_source"] = float(row[2])  # less each group's kept samples
     # One source per GPU: the one with most samples (ties: the greatest name); its most frequent host
     # and device name. ``gid`` numbers the GPUs in gpu_id order.
     con.execute(
@@ -459,12 +474,41 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
         FROM (
             SELECT gpu_id, arg_max(source, struct_pack(n := n, s := source)) AS source,
                    arg_max(host, struct_pack(n := n, s := source)) AS host,
-                   arg_max(device_name, struct_pack(n := n, s := source)) AS device_name
+                   arg_max(device_name, struct_pack(n := n, s := source)) AS device_name,
+                   arg_max(n, struct_pack(n := n, s := source)) AS n
             FROM _eff_count WHERE NOT is_mig GROUP BY gpu_id
         )
         """
     )
     con.execute("DROP TABLE IF EXISTS _eff_count")
+    return _gid_groups([n for (n,) in con.execute("SELECT n FROM _eff_src ORDER BY gid").fetchall()],
+                       group_samples or GROUP_SAMPLES)
+
+
+def _gid_groups(samples: list[int], limit: int) -> list[tuple[int, int]]:
+    """Consecutive ``gid`` ranges (1-based, inclusive) over GPUs with these sample counts, each of
+    about an equal share of the samples, with as few groups as keep a share within ``limit``. A GPU
+    is never split: one larger than the share ends its group, and the rest is shared anew."""
+    groups: list[tuple[int, int]] = []
+    first, held, rest = 1, 0, sum(samples)
+    limit = max(1, limit)
+    for gid, n in enumerate(samples, start=1):
+        held += n
+        parts = -(-rest // limit)  # groups the samples not yet in a group need
+        if parts > 1 and held * parts >= rest:
+            groups.append((first, gid))
+            first, rest, held = gid + 1, rest - held, 0
+    if first <= len(samples):
+        groups.append((first, len(samples)))
+    return groups or [(1, 0)]  # no GPU: one empty group, so that every table and counter is made
+
+
+def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, states_params, counters, gids):
+    """Stage one group of GPUs (``gids``: a ``gid`` range): ``_eff_samples`` (the picked source's
+    samples of each GPU with the next sample's values; the one table as long as the samples) and
+    ``_eff_gpu`` (per GPU: cadence and spec); the group's counters are added. Segments are not stored:
+    :func:`_seg_sql` derives them from ``_eff_samples`` where they are used."""
+    con.execute("DROP TABLE IF EXISTS _eff_samples")  # the previous group's, before this one's is made
     # The next sample's values in the same pass: the segment to the next sample. A repeated
     # (GPU, time) gives a zero-length segment, which is dropped.
     con.execute(
@@ -478,7 +522,9 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
             SELECT p.gid, r.host, epoch_us(r.sample_utc) AS t, {_NUM.format(c="r.util_pct")} AS util,
                    {_NUM.format(c="r.power_w")} AS power, {_PLIMIT} AS plimit,
                    {_NUM.format(c="r.energy_mj")} AS energy_mj
-            FROM {samples_sql} r JOIN _eff_src p ON p.gpu_id = r.gpu_id AND p.source = r.source
+            FROM {samples_sql} r
+            JOIN (SELECT gid, gpu_id, source FROM _eff_src WHERE gid BETWEEN {int(gids[0])} AND {int(gids[1])}) p
+              ON p.gpu_id = r.gpu_id AND p.source = r.source
             WHERE r.sample_utc >= ? AND r.sample_utc < ? AND NOT {_MIG_R}
         )
         WINDOW w AS (PARTITION BY gid ORDER BY t, host)
@@ -486,7 +532,7 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
         [*params, lo, hi],
     )
     kept = con.execute("SELECT count(*) FROM _eff_samples WHERE t >= ? AND t < ?", [s_us, e_us]).fetchall()[0][0]
-    counters["samples_dropped_other_source"] = float(row[2] - kept)
+    counters["samples_dropped_other_source"] -= float(kept)
     # Per GPU: host, device (samples, else gpu_states), cadence, spec.
     state_dev = ""
     if states_sql is not None:
@@ -508,6 +554,8 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
         list(states_params) if state_dev else [],
     )
     names = [r[0] for r in con.execute("SELECT DISTINCT device_name FROM _eff_gpu0").fetchall()]
+    with contextlib.suppress(duckdb.Error, KeyError):
+        con.unregister("_eff_specmap")  # the previous group's
     con.register("_eff_specmap", name_map(names))
     con.execute(
         f"""
@@ -524,8 +572,8 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     seg = con.execute(
         f"SELECT count(*), count(energy_counter_j) FROM ({_seg_sql()}) WHERE b > ? AND a < ?", [s_us, e_us]
     ).fetchall()[0]
-    counters["segments"] = float(seg[0])
-    counters["segments_energy_from_counter"] = float(seg[1])
+    counters["segments"] = counters.get("segments", 0.0) + float(seg[0])
+    counters["segments_energy_from_counter"] = counters.get("segments_energy_from_counter", 0.0) + float(seg[1])
     row = con.execute(
         f"""
         SELECT count(*) FILTER (WHERE s.nt - s.t > {GAP_FACTOR} * g.cadence_us AND s.nt > ? AND s.t < ?),
@@ -534,8 +582,8 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
         """,
         [s_us, e_us, s_us, e_us],
     ).fetchall()[0]
-    counters["gaps_over_3x_cadence"] = float(row[0])
-    counters["gpus"] = float(row[1])
+    counters["gaps_over_3x_cadence"] = counters.get("gaps_over_3x_cadence", 0.0) + float(row[0])
+    counters["gpus"] = counters.get("gpus", 0.0) + float(row[1])
 
 
 def _seg_sql() -> str:
@@ -572,38 +620,38 @@ def _stage_held(con, states_sql, states_params, s_us, e_us):
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_held AS
         WITH low AS (
-            SELECT g.gpu_id, s.t, s.nt, s.power, s.pn, g.cadence_us, (s.t // {bucket_us}) * {bucket_us} AS bt
+            SELECT s.gid, s.t, s.nt, s.power, s.pn, g.cadence_us, (s.t // {bucket_us}) * {bucket_us} AS bt
             FROM _eff_samples s JOIN _eff_gpu g USING (gid)
             WHERE s.power IS NOT NULL AND g.cadence_us IS NOT NULL
               AND (s.power <= {HELD_IDLE_POWER_FACTOR} * g.idle_power_w
                    OR s.power / coalesce(s.plimit, g.tdp_w) <= {HELD_IDLE_PIF_MAX})
         ), st AS (
-            SELECT gpu_id, epoch_us(bucket_start_utc) AS bt, min(global_job_id) AS job
-            FROM {states_sql}
-            WHERE state LIKE 'busy%' AND epoch_us(bucket_start_utc) >= {lo} AND epoch_us(bucket_start_utc) < {hi}
+            SELECT g.gid, epoch_us(x.bucket_start_utc) AS bt, min(x.global_job_id) AS job
+            FROM {states_sql} x JOIN _eff_gpu g ON g.gpu_id = x.gpu_id
+            WHERE x.state LIKE 'busy%' AND epoch_us(x.bucket_start_utc) >= {lo} AND epoch_us(x.bucket_start_utc) < {hi}
             GROUP BY ALL
         ), c AS (
-            SELECT low.*, st.job FROM low JOIN st USING (gpu_id, bt)
+            SELECT low.*, st.job FROM low JOIN st USING (gid, bt)
         ), y AS (
             SELECT *, lag(pn) OVER w AS ppn, lag(t) OVER w AS pt, lag(job) OVER w AS pjob
-            FROM c WINDOW w AS (PARTITION BY gpu_id ORDER BY t)
+            FROM c WINDOW w AS (PARTITION BY gid ORDER BY t)
         ), z AS (
             SELECT *,
                    sum(CASE WHEN ppn = pn - 1 AND t - pt <= {GAP_FACTOR} * cadence_us
                                  AND job IS NOT DISTINCT FROM pjob THEN 0 ELSE 1 END)
-                       OVER (PARTITION BY gpu_id ORDER BY t ROWS UNBOUNDED PRECEDING) AS grp,
+                       OVER (PARTITION BY gid ORDER BY t ROWS UNBOUNDED PRECEDING) AS grp,
                    CAST(t + least(cadence_us, coalesce(nt - t, cadence_us)) AS BIGINT) AS t_end
             FROM y
         ), runs AS (
-            SELECT gpu_id, grp, any_value(job) AS job, min(t) AS t0, max(t_end) AS t1, count(*) AS n,
+            SELECT gid, grp, any_value(job) AS job, min(t) AS t0, max(t_end) AS t1, count(*) AS n,
                    {exact_avg('power', f't >= {s_us} AND t < {e_us}')} AS p_day, {exact_avg('power')} AS p_all
-            FROM z GROUP BY gpu_id, grp
+            FROM z GROUP BY gid, grp
         )
-        SELECT r.gpu_id, g.host, g.device_name, r.job AS global_job_id,
+        SELECT g.gpu_id, g.host, g.device_name, r.job AS global_job_id,
                greatest(r.t0, {s_us}) AS a, least(r.t1, {e_us}) AS b,
                (r.t1 - r.t0) / {_US}.0 AS run_duration_s, coalesce(r.p_day, r.p_all) AS mean_power_w,
                r.n AS samples, r.t0 < {s_us} AS clipped_start, r.t1 > {e_us} AS clipped_end
-        FROM runs r JOIN _eff_gpu g USING (gpu_id)
+        FROM runs r JOIN _eff_gpu g USING (gid)
         WHERE r.t1 - r.t0 >= {int(HELD_IDLE_MIN_S * _US)} AND r.t1 > {s_us} AND r.t0 < {e_us}
         """,
         list(states_params),
@@ -656,13 +704,11 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
         WITH inwin AS (
             SELECT *, greatest(a, {s_us}) AS a1, least(b, {e_us}) AS b1 FROM ({_seg_sql()})
             WHERE b > {s_us} AND a < {e_us}
-        ), hours AS (  -- a segment inside one hour, or split at each hour boundary it crosses
-            SELECT *, (a1 // {_HOUR_US}) * {_HOUR_US} AS h FROM inwin
-            WHERE a1 // {_HOUR_US} = (b1 - 1) // {_HOUR_US}
-            UNION ALL
+        ), hours AS (  -- a segment once per hour it overlaps (one branch: two over the same segments
+                       -- made DuckDB hold all of them in memory to read them twice)
             SELECT *, unnest(generate_series((a1 // {_HOUR_US}) * {_HOUR_US}, ((b1 - 1) // {_HOUR_US}) * {_HOUR_US},
                                              {_HOUR_US})) AS h
-            FROM inwin WHERE a1 // {_HOUR_US} <> (b1 - 1) // {_HOUR_US}
+            FROM inwin
         ), pieces AS (
             SELECT *, greatest(a1, h) AS ca, least(b1, h + {_HOUR_US}) AS cb FROM hours
         ), pw AS (
@@ -713,7 +759,9 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
     return conform(con.sql(sql, params=params or None).to_arrow_table(), GPU_HOURLY_EFFICIENCY)
 
 
-def _jobs(con, jobs_sql, jobs_params, s_us, e_us, have_states) -> pa.Table:
+def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
+    """``_eff_jobruns`` (one row per job run overlapping the window, clipped to it) and
+    ``_eff_jobgpu`` (its GPUs); ``_eff_jobpart`` collects each GPU group's share of the runs."""
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_jobruns AS
@@ -746,32 +794,40 @@ def _jobs(con, jobs_sql, jobs_params, s_us, e_us, have_states) -> pa.Table:
         ) WHERE gpu <> ''
         """
     )
-    held_cte = held_join = ""
-    held_col = "CAST(NULL AS DOUBLE) AS held_idle_s"
-    if have_states:
-        held_cte = """
-        , jheld AS (
-            SELECT jg.global_job_id, jg.run_index,
-                   sum(least(h.b, j.ce) - greatest(h.a, j.cs)) / 1e6 AS held_idle_s
-            FROM _eff_jobgpu jg JOIN _eff_jobruns j USING (global_job_id, run_index)
-            JOIN _eff_held h ON h.gpu_id = jg.gpu AND h.global_job_id = jg.global_job_id
-                            AND h.a < j.ce AND h.b > j.cs
-            WHERE NOT jg.is_mig GROUP BY ALL
-        )"""
-        held_join = "LEFT JOIN jheld USING (global_job_id, run_index)"
-        held_col = "coalesce(jheld.held_idle_s, 0.0) AS held_idle_s"
-    sql = f"""
-        WITH jg AS (
-            SELECT jg.global_job_id, jg.run_index, jg.gpu, g.gid, j.cs, j.ce
-            FROM _eff_jobgpu jg JOIN _eff_jobruns j USING (global_job_id, run_index)
-            LEFT JOIN _eff_gpu g ON g.gpu_id = jg.gpu
-            WHERE NOT jg.is_mig
-        ), ov AS (
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _eff_jobpart (
+            global_job_id VARCHAR, run_index BIGINT, gpu VARCHAR, cov_us HUGEINT, util DOUBLE, cov_u_us HUGEINT,
+            power DOUBLE, cov_p_us HUGEINT, plimit DOUBLE, energy_j DOUBLE, device_name VARCHAR, ach DOUBLE,
+            maxp DOUBLE, pif DOUBLE, samples BIGINT, held_us HUGEINT)
+        """
+    )
+
+
+def _stage_job_gpus(con, have_states) -> None:
+    """The current GPU group's share of each job run into ``_eff_jobpart``: per (run, GPU) the
+    time-weighted means over its segments; per run its samples and held-idle time on these GPUs."""
+    # The runs' GPUs of this group, as a table: joined to the segments as a subquery, DuckDB could
+    # start with a range join of every run and every segment (its row estimates of temporary tables
+    # are poor) before the GPU equality cut it down.
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _eff_jg AS
+        SELECT jg.global_job_id, jg.run_index, jg.gpu, g.gid, j.cs, j.ce
+        FROM _eff_jobgpu jg JOIN _eff_jobruns j USING (global_job_id, run_index)
+        JOIN _eff_gpu g ON g.gpu_id = jg.gpu
+        WHERE NOT jg.is_mig
+        """
+    )
+    con.execute(
+        f"""
+        INSERT INTO _eff_jobpart BY NAME
+        WITH ov AS (
             SELECT jg.global_job_id, jg.run_index, jg.gpu,
                    least(s.b, jg.ce) - greatest(s.a, jg.cs) AS w_us,
                    (least(s.b, jg.ce) - greatest(s.a, jg.cs)) / {_US}.0 AS w, s.len_s,
                    s.util, s.power, s.plimit, coalesce(s.energy_counter_j, s.energy_power_j) AS energy_j
-            FROM jg JOIN ({_seg_sql()}) s ON s.gid = jg.gid AND s.a < jg.ce AND s.b > jg.cs
+            FROM _eff_jg jg JOIN ({_seg_sql()}) s ON s.gid = jg.gid AND s.a < jg.ce AND s.b > jg.cs
         ), per_gpu AS (
             SELECT global_job_id, run_index, gpu, sum(w_us) AS cov_us,
                    {_mean_us("util", "w_us")} AS util, sum(w_us) FILTER (WHERE util IS NOT NULL) AS cov_u_us,
@@ -784,6 +840,46 @@ def _jobs(con, jobs_sql, jobs_params, s_us, e_us, have_states) -> pa.Table:
                    coalesce(p.plimit, g.tdp_w) AS maxp,
                    {pif_sql("p.power", "coalesce(p.plimit, g.tdp_w)")} AS pif
             FROM per_gpu p JOIN _eff_gpu g ON g.gpu_id = p.gpu
+        )
+        SELECT * FROM per_gpu2
+        """
+    )
+    con.execute(
+        """
+        INSERT INTO _eff_jobpart BY NAME
+        SELECT jg.global_job_id, jg.run_index, count(*) AS samples
+        FROM _eff_jg jg JOIN _eff_samples s ON s.gid = jg.gid AND s.t >= jg.cs AND s.t < jg.ce
+        GROUP BY ALL
+        """
+    )
+    if have_states:
+        con.execute(
+            """
+            INSERT INTO _eff_jobpart BY NAME
+            SELECT jg.global_job_id, jg.run_index, sum(least(h.b, j.ce) - greatest(h.a, j.cs)) AS held_us
+            FROM _eff_jobgpu jg JOIN _eff_jobruns j USING (global_job_id, run_index)
+            JOIN _eff_held h ON h.gpu_id = jg.gpu AND h.global_job_id = jg.global_job_id
+                            AND h.a < j.ce AND h.b > j.cs
+            WHERE NOT jg.is_mig GROUP BY ALL
+            """
+        )
+
+
+def _jobs(con, have_states) -> pa.Table:
+    """The job table from the runs and every group's share in ``_eff_jobpart``."""
+    held_cte = held_join = ""
+    held_col = "CAST(NULL AS DOUBLE) AS held_idle_s"
+    if have_states:
+        held_cte = """
+        , jheld AS (
+            SELECT global_job_id, run_index, sum(held_us) / 1e6 AS held_idle_s
+            FROM _eff_jobpart WHERE held_us IS NOT NULL GROUP BY ALL
+        )"""
+        held_join = "LEFT JOIN jheld USING (global_job_id, run_index)"
+        held_col = "coalesce(jheld.held_idle_s, 0.0) AS held_idle_s"
+    sql = f"""
+        WITH per_gpu2 AS (
+            SELECT * FROM _eff_jobpart WHERE cov_us IS NOT NULL
         ), agg AS (
             SELECT global_job_id, run_index, sum(cov_us) / {_US}.0 AS cov, min(device_name) AS device_name,
                    {_mean_us("util", "cov_u_us")} AS util,
@@ -795,9 +891,8 @@ def _jobs(con, jobs_sql, jobs_params, s_us, e_us, have_states) -> pa.Table:
                    {exact_sum('energy_j')} AS energy_j
             FROM per_gpu2 GROUP BY ALL
         ), smp AS (
-            SELECT jg.global_job_id, jg.run_index, count(*) AS samples
-            FROM jg JOIN _eff_samples s ON s.gid = jg.gid AND s.t >= jg.cs AND s.t < jg.ce
-            GROUP BY ALL
+            SELECT global_job_id, run_index, CAST(sum(samples) AS BIGINT) AS samples
+            FROM _eff_jobpart WHERE samples IS NOT NULL GROUP BY ALL
         ), cnt AS (
             SELECT global_job_id, run_index, count(*) FILTER (WHERE NOT is_mig) AS gpus,
                    count(*) FILTER (WHERE is_mig) AS mig_devices

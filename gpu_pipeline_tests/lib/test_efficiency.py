@@ -21,8 +21,10 @@ import pytest
 from gpu_pipeline.lib.efficiency import (
     EFFICIENCY_DAILY,
     GPU_HOURLY_EFFICIENCY,
+    GROUP_SAMPLES,
     HELD_IDLE_INTERVALS,
     JOB_EFFICIENCY,
+    _gid_groups,
     class_sql,
     compute_efficiency,
     efficiency_class,
@@ -573,6 +575,42 @@ def sim(tmp_path_factory):
                                           states_params=st_par, jobs_sql=j_sql, jobs_params=j_par)
         con.close()
     return ds, results, pq.read_table(ds.truth / "jobs.parquet")
+
+
+def test_sim_tables_do_not_depend_on_the_gpu_groups(sim):
+    # GPUs taken a few at a time (one group's samples held at a time) give the same tables and
+    # counters, bit for bit, as all of them at once
+    ds, results, _ = sim
+    day = ds.days[-1]
+    prev = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
+    con = connect()
+    s_sql, s_par = ds.store.relation_sql(GPU_SAMPLES, [prev, day])
+    st_sql, st_par = ds.store.relation_sql(GPU_STATES, [prev, day])
+    j_sql, j_par = ds.store.relation_sql(JOBS, [day])
+    start, end = ds.window(day)
+    one = results[day]
+    assert one.counters["gpus"] >= 8 and one.counters["samples_in_window"] < GROUP_SAMPLES  # one group
+    per_gpu = one.counters["samples_in_window"] / one.counters["gpus"]
+    split = compute_efficiency(con, s_sql, s_par, start, end, states_sql=st_sql, states_params=st_par,
+                               jobs_sql=j_sql, jobs_params=j_par, group_samples=int(3 * per_gpu))
+    con.close()
+    assert split.hourly.equals(one.hourly)
+    assert split.jobs.equals(one.jobs)
+    assert split.held_idle.equals(one.held_idle)
+    assert split.daily.equals(one.daily)
+    assert split.counters == one.counters
+    # multi-GPU job runs were split across groups (their means are summed over the groups)
+    assert any(r["gpus"] > 1 and r["samples"] > 0 for r in split.jobs.to_pylist())
+
+
+@pytest.mark.parametrize(("samples", "limit", "groups"), [
+    ([10] * 10, 40, [(1, 4), (5, 7), (8, 10)]),  # 100 samples, at most 40 a group: 3 groups
+    ([10] * 10, 1000, [(1, 10)]),
+    ([5, 500, 5, 5], 100, [(1, 2), (3, 4)]),  # a GPU larger than a group is never split
+    ([], 100, [(1, 0)]),  # no GPU: one empty group, so that every table is still made
+])
+def test_gpu_groups_are_consecutive_and_about_equal(samples, limit, groups):
+    assert _gid_groups(samples, limit) == groups
 
 
 def _joined(sim) -> list[dict]:
