@@ -55,16 +55,17 @@ def coverage(
         return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
     con = db_connect()
     try:
-        register_columns(con, "t", table, [time_col, *series_cols])
+        register_columns(con, "_cov_points", table, [time_col, *series_cols])
         # Each series (a distinct value of series_cols, nulls included) gets an integer code first, so
         # that the distinct timestamps and the window over them carry 16 bytes a row, not the text.
         if series_cols:
             cols = ", ".join(f'"{c}"' for c in series_cols)
-            on = " AND ".join(f't."{c}" IS NOT DISTINCT FROM s."{c}"' for c in series_cols)
-            con.execute(f"CREATE TEMP TABLE s AS SELECT row_number() OVER () AS k, {cols} FROM t GROUP BY ALL")
-            points = f'SELECT DISTINCT s.k, epoch_us(t."{time_col}") AS t FROM t JOIN s ON {on}'
+            on = " AND ".join(f'p."{c}" IS NOT DISTINCT FROM s."{c}"' for c in series_cols)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _cov_series AS "
+                        f"SELECT row_number() OVER () AS k, {cols} FROM _cov_points GROUP BY ALL")
+            points = f'SELECT DISTINCT s.k, epoch_us(p."{time_col}") AS t FROM _cov_points p JOIN _cov_series s ON {on}'
         else:
-            points = f'SELECT DISTINCT 0 AS k, epoch_us("{time_col}") AS t FROM t'
+            points = f'SELECT DISTINCT 0 AS k, epoch_us("{time_col}") AS t FROM _cov_points'
         row = con.sql(
             f"""
             WITH pts AS ({points}),
@@ -77,8 +78,7 @@ def coverage(
             """
         ).fetchall()[0]
     finally:
-        con.execute("DROP TABLE IF EXISTS s")
-        con.close()
+        con.close()  # its temporary table and view go with it
     series, samples, cad_us, gaps, max_gap_us = row
     cad_s = float(cad_us) / 1e6 if cad_us else None
     expected = series * window_s / cad_s if cad_s else float(series)
@@ -96,9 +96,13 @@ def coverage(
 
 def register_columns(con: duckdb.DuckDBPyConnection, name: str, source: pa.Table | Path, columns: list[str]) -> None:
     """``columns`` of a table, or of a Parquet file (read by DuckDB as the query runs, not held), as
-    the view ``name`` of the connection."""
+    ``name`` on this connection only: a temporary view of the file (a relation's ``create_view``
+    would make a view in the database that every connection sees and that outlives this one), or
+    the registered table."""
+    cols = ", ".join(f'"{c}"' for c in columns)
     if isinstance(source, Path):
-        con.read_parquet(str(source)).project(", ".join(f'"{c}"' for c in columns)).create_view(name)
+        path = str(source).replace("'", "''")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT {cols} FROM read_parquet('{path}')")
     else:
         con.register(name, source.select(columns))
 

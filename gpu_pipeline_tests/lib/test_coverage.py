@@ -40,6 +40,32 @@ def test_coverage_series_are_the_whole_key(tmp_path):
     assert coverage(file, "t", ["source", "host", "gpu_id"], D0, D1) == cov
 
 
+def test_coverage_of_files_leaves_nothing_in_the_database(tmp_path):
+    # A file is read through a view of the reading connection only: day after day (as a range run
+    # calls it), with the other readers' views around, nothing is left in the process's database.
+    from gpu_pipeline.lib.coverage_table import coverage_rows
+    from gpu_pipeline.lib.db import connect
+
+    times = [D0 + dt.timedelta(minutes=i) for i in range(1440)]
+    samples = conform(pa.table({"sample_utc": pa.array(times, pa.timestamp("us", tz="UTC")),
+                                "source": ["dcgm"] * 1440, "host": ["h1"] * 1440, "gpu_id": ["GPU-1"] * 1440}),
+                      GPU_SAMPLES)
+    file = tmp_path / "samples.parquet"
+    pq.write_table(samples, file)
+    for _ in range(3):
+        cov = coverage(file, "sample_utc", ["source", "host", "gpu_id"], D0, D1)
+        assert (cov.series, cov.samples, cov.cadence_s) == (1, 1440, 60.0)
+        rows = coverage_rows(D0, D1, CLEAN_SLOT_SNAPSHOTS.empty(), GPU_STATES.empty(), file, JOBS.empty(), None, {})
+        assert rows.num_rows >= 2
+    con = connect()
+    try:
+        left = con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal "
+                       "UNION ALL SELECT table_name FROM duckdb_tables()").fetchall()
+    finally:
+        con.close()
+    assert left == []
+
+
 def test_coverage_rows_silent_zero_telemetry_and_quarantine_reasons(tmp_path):
     snaps = [D0 + dt.timedelta(minutes=5 * i) for i in range(288)]
     slots = conform(pa.Table.from_pylist(
