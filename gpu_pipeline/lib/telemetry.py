@@ -50,8 +50,8 @@ Fast path
     parsers first try a vectorized fast path for the common well-formed file, which gives exactly
     their result (the same table, rows in the same order, the same counters, nothing quarantined),
     ~20 times faster for nvidia-smi and ~7 times for DCGM (2-core machine, 30-s samples of 8 GPUs).
-    nvidia-smi lines are split by ``pyarrow.csv``; a DCGM file is split into ``<series> <value>
-    <ms timestamp>`` lines with Arrow kernels and pivoted with numpy. Numbers and timestamps are read
+    nvidia-smi lines are split by ``pyarrow.csv``; a DCGM file is read in 4 MB pieces of whole lines,
+    each split into ``<series> <value> <ms timestamp>`` with Arrow kernels, and pivoted with numpy. Numbers and timestamps are read
     by Arrow kernels in the plain forms that both paths read identically (a decimal,
     ``2026/07/14 08:12:38.696``, DCGM millisecond integers); what has few distinct values (UUIDs,
     names, indices, DCGM series and ``#`` lines) goes through the line parsers' own helpers once per
@@ -1425,7 +1425,8 @@ _READ_THREADS = min(4, os.cpu_count() or 1)
 _FILES_AT_ONCE = 32
 _BYTES_AT_ONCE = 4 << 20
 # Units parsed ahead of the one the reader waits for, beyond one per thread (one more costs about a
-# unit's working set, ~50-150 MB for a host's day of 30-second DCGM text, and gained no time).
+# unit's working set -- a host's day of 30-second DCGM text held ~50-150 MB before files were read
+# in pieces -- and gained no time).
 _AHEAD = 0
 _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
