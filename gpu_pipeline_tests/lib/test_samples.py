@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from gpu_pipeline.lib import samples as samples_module
 from gpu_pipeline.lib.samples import (
     RANGES,
     RAW_ORDER,
@@ -224,3 +225,38 @@ def test_out_of_order_is_true_exactly_when_the_stable_sort_moves_a_row(seed):
                                 ordered.slice(i + 2)])
     assert _out_of_order(swapped, RAW_ORDER) == (sorted_rows(swapped, RAW_ORDER) is not swapped)
     assert _out_of_order(t, RAW_ORDER)
+
+
+def test_a_day_with_nothing_to_clean_is_the_raw_file_copied_byte_for_byte_what_the_writer_writes(tmp_path,
+                                                                                                   monkeypatch):
+    # faultless rows: in order, no repeated key, every value in range
+    t = faulty_rows(3)
+    t = sorted_rows(clean_samples(t).table, RAW_ORDER)
+    copied, written = Store(tmp_path / "copied"), Store(tmp_path / "written")
+    for store in (copied, written):
+        write_sorted_raw(store, DAY, [t], T0, T0 + dt.timedelta(hours=1))
+    copies = []
+    copy = Store.copy_partition
+    monkeypatch.setattr(Store, "copy_partition", lambda self, *a: copies.append(a) or copy(self, *a))
+    a = write_clean_samples(copied, DAY, batch_rows=97)
+    assert len(copies) == 1
+    monkeypatch.setattr(samples_module, "_same_layout", lambda path: False)  # the writer, as for an old file
+    b = write_clean_samples(written, DAY, batch_rows=97)
+    assert len(copies) == 1
+    assert (Path(a.result.path).read_bytes() == Path(b.result.path).read_bytes()
+            == copied.partition_file(RAW_GPU_TELEMETRY, DAY).read_bytes())
+    assert (a.rows_in, a.result.rows, a.gpus, a.repeated_keys, a.duplicates_dropped) == \
+           (b.rows_in, b.result.rows, b.gpus, b.repeated_keys, b.duplicates_dropped) == \
+           (t.num_rows, t.num_rows, len(set(t["gpu_id"].to_pylist())), 0, 0)
+    assert copied.read_table(QUARANTINE_GPU_SAMPLES, DAY).num_rows == 0
+
+
+def test_a_day_with_something_to_clean_is_written_not_copied(tmp_path, monkeypatch):
+    t = faulty_rows(4)  # repeated keys and out-of-range values
+    store = Store(tmp_path)
+    write_sorted_raw(store, DAY, [t], T0, T0 + dt.timedelta(hours=1))
+    monkeypatch.setattr(Store, "copy_partition", lambda *a: pytest.fail("copied a day that needed cleaning"))
+    cleaned = write_clean_samples(store, DAY, batch_rows=97)
+    table, dups, reasons = _sql_oracle(t)
+    assert store.read_table(GPU_SAMPLES, DAY).equals(table)
+    assert cleaned.duplicates_dropped == dups > 0 and cleaned.quarantined_by_reason == reasons
