@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import duckdb
 import pyarrow as pa
@@ -199,16 +200,15 @@ class Store:
             rows, size = atomic_write_parquet(target, batches, spec.schema, spec.row_group_rows)
         return WriteResult(path=str(target), rows=rows, bytes=size)
 
-    def copy_partition(self, source: TableSpec, spec: TableSpec, day: dt.date | str) -> WriteResult:
-        """Replace one day of ``spec`` with a copy of the day's file of ``source`` (a table of the same
-        schema), atomically as every write; the copy is read from the file as it is when the copy starts."""
-        src = self.partition_file(source, day)
+    def write_partition_copy(self, spec: TableSpec, day: dt.date | str, source: BinaryIO) -> WriteResult:
+        """Replace one day of ``spec`` with a copy of an open Parquet file of the same schema (read from
+        its start), atomically as every write."""
         target = self.partition_file(spec, day)
-        with self._partition_lock(target.parent), src.open("rb") as fh_in:
-            rows = pq.ParquetFile(fh_in).metadata.num_rows
-            fh_in.seek(0)
-            with _atomic_file(target) as fh_out:
-                shutil.copyfileobj(fh_in, fh_out, 16 << 20)
+        source.seek(0)
+        rows = pq.ParquetFile(source).metadata.num_rows
+        source.seek(0)
+        with self._partition_lock(target.parent), _atomic_file(target) as out:
+            shutil.copyfileobj(source, out, 16 << 20)
         return WriteResult(path=str(target), rows=rows, bytes=target.stat().st_size)
 
     def write_plot(self, name: str, day: dt.date | str, png: bytes, variant: str | None = None) -> WriteResult:

@@ -236,11 +236,11 @@ def test_a_day_with_nothing_to_clean_is_the_raw_file_copied_byte_for_byte_what_t
     for store in (copied, written):
         write_sorted_raw(store, DAY, [t], T0, T0 + dt.timedelta(hours=1))
     copies = []
-    copy = Store.copy_partition
-    monkeypatch.setattr(Store, "copy_partition", lambda self, *a: copies.append(a) or copy(self, *a))
+    copy = Store.write_partition_copy
+    monkeypatch.setattr(Store, "write_partition_copy", lambda self, *a: copies.append(a) or copy(self, *a))
     a = write_clean_samples(copied, DAY, batch_rows=97)
     assert len(copies) == 1
-    monkeypatch.setattr(samples_module, "_same_layout", lambda path: False)  # the writer, as for an old file
+    monkeypatch.setattr(samples_module, "_same_layout", lambda raw: False)  # the writer, as for an old file
     b = write_clean_samples(written, DAY, batch_rows=97)
     assert len(copies) == 1
     assert (Path(a.result.path).read_bytes() == Path(b.result.path).read_bytes()
@@ -255,7 +255,7 @@ def test_a_day_with_something_to_clean_is_written_not_copied(tmp_path, monkeypat
     t = faulty_rows(4)  # repeated keys and out-of-range values
     store = Store(tmp_path)
     write_sorted_raw(store, DAY, [t], T0, T0 + dt.timedelta(hours=1))
-    monkeypatch.setattr(Store, "copy_partition", lambda *a: pytest.fail("copied a day that needed cleaning"))
+    monkeypatch.setattr(Store, "write_partition_copy", lambda *a: pytest.fail("copied a day that needed cleaning"))
     cleaned = write_clean_samples(store, DAY, batch_rows=97)
     table, dups, reasons = _sql_oracle(t)
     assert store.read_table(GPU_SAMPLES, DAY).equals(table)
