@@ -560,20 +560,25 @@ def test_empty_inputs_give_empty_tables_with_the_schema():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    ds = build_sim_dataset(tmp_path_factory.mktemp("eff_sim"))
-    results = {}
-    for day in ds.days:
-        prev = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
-        con = connect()
+def sim_day_efficiency(ds, day: str, **kw):
+    """compute_efficiency over the sim store's day, with the day before for its look-around."""
+    prev = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
+    con = connect()
+    try:
         s_sql, s_par = ds.store.relation_sql(GPU_SAMPLES, [prev, day])
         st_sql, st_par = ds.store.relation_sql(GPU_STATES, [prev, day])
         j_sql, j_par = ds.store.relation_sql(JOBS, [day])
         start, end = ds.window(day)
-        results[day] = compute_efficiency(con, s_sql, s_par, start, end, states_sql=st_sql,
-                                          states_params=st_par, jobs_sql=j_sql, jobs_params=j_par)
+        return compute_efficiency(con, s_sql, s_par, start, end, states_sql=st_sql, states_params=st_par,
+                                  jobs_sql=j_sql, jobs_params=j_par, **kw)
+    finally:
         con.close()
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    ds = build_sim_dataset(tmp_path_factory.mktemp("eff_sim"))
+    results = {day: sim_day_efficiency(ds, day) for day in ds.days}
     return ds, results, pq.read_table(ds.truth / "jobs.parquet")
 
 
@@ -582,18 +587,10 @@ def test_sim_tables_do_not_depend_on_the_gpu_groups(sim):
     # counters, bit for bit, as all of them at once
     ds, results, _ = sim
     day = ds.days[-1]
-    prev = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
-    con = connect()
-    s_sql, s_par = ds.store.relation_sql(GPU_SAMPLES, [prev, day])
-    st_sql, st_par = ds.store.relation_sql(GPU_STATES, [prev, day])
-    j_sql, j_par = ds.store.relation_sql(JOBS, [day])
-    start, end = ds.window(day)
     one = results[day]
     assert one.counters["gpus"] >= 8 and one.counters["samples_in_window"] < GROUP_SAMPLES  # one group
     per_gpu = one.counters["samples_in_window"] / one.counters["gpus"]
-    split = compute_efficiency(con, s_sql, s_par, start, end, states_sql=st_sql, states_params=st_par,
-                               jobs_sql=j_sql, jobs_params=j_par, group_samples=int(3 * per_gpu))
-    con.close()
+    split = sim_day_efficiency(ds, day, group_samples=int(3 * per_gpu))
     assert split.hourly.equals(one.hourly)
     assert split.jobs.equals(one.jobs)
     assert split.held_idle.equals(one.held_idle)
