@@ -374,31 +374,30 @@ def write_clean_samples(store: Store, day: str, spill_dir: str | Path | None = N
     def raw_batches() -> Iterator[pa.RecordBatch]:
         yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
 
-    def run(batches: Iterable[pa.RecordBatch], check_order: bool) -> tuple[_Cleaner, WriteResult, dict]:
+    def cleaned(batches: Iterable[pa.RecordBatch], check_order: bool) -> tuple[_Cleaner, dict, Iterator[pa.RecordBatch]]:
         cleaner, seen = _Cleaner(), {}
         pieces = (cleaner.piece(pa.Table.from_batches([b]), check_order) for b in batches)
-        result = store.write_partition_batches(GPU_SAMPLES, day, _written_rows(pieces, seen))
-        return cleaner, result, seen
+        return cleaner, seen, _written_rows(pieces, seen)
 
     sorted_raw = True
+    result = None
     try:
         with path.open("rb") as raw_file:  # checked and copied from one open file, whatever replaces it
             if _same_layout(pq.ParquetFile(raw_file)):
                 # A read-only pass first: when the rows are in order and the cleaning keeps every one as
                 # it is (the usual day), the clean file is the raw file, which is copied instead of
-                # written again (encoding a 1,000-GPU day is ~1.1 s of the step's ~2 s).
-                cleaner, seen = _Cleaner(), {}
-                batches = pq.ParquetFile(raw_file).iter_batches(batch_size=batch_rows)
-                for _ in _written_rows((cleaner.piece(pa.Table.from_batches([b]), True) for b in batches), seen):
-                    pass
-                if not cleaner.duplicates_dropped and not cleaner.q_rows:
+                # written again (encoding a 1,000-GPU day is ~1.1 s of the step's ~2 s). The pass stops
+                # at the first row to drop or quarantine: that day is written below.
+                cleaner, seen, rows = cleaned(pq.ParquetFile(raw_file).iter_batches(batch_size=batch_rows), True)
+                for _ in rows:
+                    if cleaner.duplicates_dropped or cleaner.q_rows:
+                        break
+                # (checked again after the loop: a last piece dropped whole yields no rows to stop at)
+                if not (cleaner.duplicates_dropped or cleaner.q_rows):
                     result = store.write_partition_copy(GPU_SAMPLES, day, raw_file)
-                    store.write_partition(QUARANTINE_GPU_SAMPLES, day, QUARANTINE_GPU_SAMPLES.empty())
-                    return CleanWrite(result=result, quarantine=QUARANTINE_GPU_SAMPLES.empty(),
-                                      rows_in=cleaner.rows_in, duplicates_dropped=0, quarantined_by_reason={},
-                                      gpus=int(seen["gpus"]), repeated_keys=int(seen["repeated_keys"]),
-                                      sorted_raw=True)
-        cleaner, result, seen = run(raw_batches(), check_order=True)
+        if result is None:
+            cleaner, seen, rows = cleaned(raw_batches(), check_order=True)
+            result = store.write_partition_batches(GPU_SAMPLES, day, rows)
     except RawNotSorted:
         sorted_raw = False
         start, end = (epoch_us(t) for t in _day_bounds(path))
@@ -406,7 +405,8 @@ def write_clean_samples(store: Store, day: str, spill_dir: str | Path | None = N
         with TimeSlabSorter(RAW_GPU_TELEMETRY.schema, RAW_ORDER, start, end, spill_dir=spill_dir, **sorter) as slabs:
             for batch in raw_batches():
                 slabs.add(pa.Table.from_batches([batch]))  # add() takes the schema's columns and types
-            cleaner, result, seen = run(slabs.sorted_batches(), check_order=False)
+            cleaner, seen, rows = cleaned(slabs.sorted_batches(), check_order=False)
+            result = store.write_partition_batches(GPU_SAMPLES, day, rows)
     quarantine = cleaner.quarantine()
     store.write_partition(QUARANTINE_GPU_SAMPLES, day, quarantine)
     return CleanWrite(result=result, quarantine=quarantine, rows_in=cleaner.rows_in,

@@ -304,11 +304,7 @@ def _source_pieces(path_or_text: str | Path) -> tuple[Iterator[bytes], str | Non
     source = _resolve_source(path_or_text)
     if isinstance(source, Path):
         return _file_pieces(source), str(source)
-    try:
-        data = source.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: only the line parser keeps them as they are
-        raise _NotFast from None
-    return _file_pieces(io.BytesIO(data)), None
+    return _file_pieces(io.BytesIO(_source_bytes(source)[0])), None
 
 
 def _file_pieces(source: Path | io.BytesIO) -> Iterator[bytes]:

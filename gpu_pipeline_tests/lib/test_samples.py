@@ -260,3 +260,16 @@ def test_a_day_with_something_to_clean_is_written_not_copied(tmp_path, monkeypat
     table, dups, reasons = _sql_oracle(t)
     assert store.read_table(GPU_SAMPLES, DAY).equals(table)
     assert cleaned.duplicates_dropped == dups > 0 and cleaned.quarantined_by_reason == reasons
+
+
+def test_a_day_whose_last_batch_is_dropped_whole_is_written_not_copied(tmp_path, monkeypatch):
+    # the read-only pass yields nothing for a batch it drops whole: the day must still be written
+    t = sorted_rows(clean_samples(faulty_rows(5)).table, RAW_ORDER)
+    dup = t.slice(t.num_rows - 1).set_column(t.schema.get_field_index("source_file"), "source_file",
+                                              pa.array(["zz-later-file"]))
+    store = Store(tmp_path)
+    write_sorted_raw(store, DAY, [t, dup], T0, T0 + dt.timedelta(hours=1))
+    monkeypatch.setattr(Store, "write_partition_copy", lambda *a: pytest.fail("copied a day that needed cleaning"))
+    cleaned = write_clean_samples(store, DAY, batch_rows=t.num_rows)  # the duplicate is the last batch, alone
+    assert cleaned.duplicates_dropped == 1
+    assert store.read_table(GPU_SAMPLES, DAY).equals(t)
