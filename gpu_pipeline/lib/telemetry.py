@@ -297,7 +297,7 @@ def _source_bytes(path_or_text: str | Path) -> tuple[bytes, str | None]:
 _PIECE_BYTES = 4 << 20
 
 
-def _source_pieces(path_or_text: str | Path) -> tuple[Iterator[bytes], str | None]:
+def _source_pieces(path_or_text: str | Path) -> tuple[Iterator[bytearray], str | None]:
     """The input as UTF-8 bytes in pieces of about :data:`_PIECE_BYTES` that each end at a newline
     (the last one where the input ends), and the path when it is a file (see :func:`_resolve_source`).
     A file is read a piece at a time."""
@@ -307,18 +307,28 @@ def _source_pieces(path_or_text: str | Path) -> tuple[Iterator[bytes], str | Non
     return _file_pieces(io.BytesIO(_source_bytes(source)[0])), None
 
 
-def _file_pieces(source: Path | io.BytesIO) -> Iterator[bytes]:
+def _file_pieces(source: Path | io.BytesIO) -> Iterator[bytearray]:
+    # Each piece is read into its own buffer after the previous piece's unfinished line, and cut at
+    # its last newline in place: its bytes are copied once (concatenating bytes objects copied every
+    # piece twice more, holding the GIL that the other parsing threads wait for).
     with source.open("rb") if isinstance(source, Path) else source as fh:
         rest = b""
-        while block := fh.read(_PIECE_BYTES):
-            cut = block.rfind(b"\n") + 1
+        while True:
+            piece = bytearray(len(rest) + _PIECE_BYTES)
+            piece[:len(rest)] = rest
+            got = fh.readinto(memoryview(piece)[len(rest):])
+            if not got:
+                break
+            end = len(rest) + got
+            cut = piece.rfind(b"\n", len(rest), end) + 1
             if not cut:
-                rest += block
+                rest = bytes(piece[:end])
                 continue
-            yield rest + block[:cut] if rest or cut < len(block) else block
-            rest = block[cut:]
+            rest = bytes(piece[cut:end])
+            del piece[cut:]
+            yield piece
         if rest:
-            yield rest
+            yield bytearray(rest)
 
 
 def _per_distinct(values: pa.Array | pa.ChunkedArray, fn: Callable[[str], object],
@@ -1201,7 +1211,7 @@ def _take_in_place(array: pa.LargeStringArray, rows: np.ndarray) -> pa.LargeStri
                                             pa.py_buffer(valid), len(rows))
 
 
-def _read_dcgm_piece(data: bytes) -> tuple[np.ndarray, pa.Array, np.ndarray, list[str]] | None:
+def _read_dcgm_piece(data: bytes | bytearray) -> tuple[np.ndarray, pa.Array, np.ndarray, list[str]] | None:
     """One piece of a DCGM text (whole lines) split with Arrow kernels: per sample line its series'
     code in the piece's distinct series (listed in order of first appearance), its value token and
     its time (UTC microseconds); None when the piece holds no sample line. Raises ``_NotFast`` where
