@@ -65,22 +65,44 @@ class RawSamples:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-def read_nvml_dir(root: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> tuple[pa.Table, list[str]]:
-    """The NVML sampler's files ``root/nvml/HOST/nvml-YYYY-MM-DD.parquet`` (UTC days) in the window."""
+def nvml_files(root: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> list[Path]:
+    """The NVML sampler's files ``root/nvml/HOST/nvml-YYYY-MM-DD.parquet`` (UTC days) that may hold
+    samples of [start_utc, end_utc)."""
     base = root / "nvml"
     if not base.is_dir():
-        return RAW_GPU_TELEMETRY.empty(), []
+        return []
     days = {(start_utc + dt.timedelta(days=i)).date().isoformat() for i in range((end_utc - start_utc).days + 2)}
-    tables, files = [], []
-    for path in sorted(base.glob("*/nvml-*.parquet")):
-        if path.stem.removeprefix("nvml-") not in days:
-            continue
-        t = pq.read_table(path)
-        t = t.filter(pc.and_(pc.greater_equal(t["sample_utc"], pa.scalar(start_utc, t["sample_utc"].type)),
-                             pc.less(t["sample_utc"], pa.scalar(end_utc, t["sample_utc"].type))))
-        tables.append(conform(t.select([c for c in t.column_names if c in GPU_SAMPLES.schema.names]), RAW_GPU_TELEMETRY))
-        files.append(str(path))
-    return (pa.concat_tables(tables) if tables else RAW_GPU_TELEMETRY.empty()), files
+    return [path for path in sorted(base.glob("*/nvml-*.parquet")) if path.stem.removeprefix("nvml-") in days]
+
+
+def nvml_file_samples(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
+    """One NVML sampler file's samples of [start_utc, end_utc), in the raw schema."""
+    t = pq.read_table(path, columns=[c for c in pq.read_schema(path).names if c in GPU_SAMPLES.schema.names])
+    t = t.filter(pc.and_(pc.greater_equal(t["sample_utc"], pa.scalar(start_utc, t["sample_utc"].type)),
+                         pc.less(t["sample_utc"], pa.scalar(end_utc, t["sample_utc"].type))))
+    return conform(t, RAW_GPU_TELEMETRY)
+
+
+def nvml_window_bytes(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> int:
+    """The Arrow size of an NVML sampler file's rows (its footer's row count times :data:`_ROW_BYTES`:
+    the footer's byte sizes are of dictionary-encoded text, several times smaller) times the share of
+    its UTC day within [start_utc, end_utc): the size of its rows in the window, roughly."""
+    whole = pq.ParquetFile(path).metadata.num_rows * _ROW_BYTES
+    try:
+        day = dt.datetime.combine(dt.date.fromisoformat(path.stem.removeprefix("nvml-")), dt.time(),
+                                  tzinfo=dt.timezone.utc)
+    except ValueError:
+        return whole
+    overlap = min(end_utc, day + dt.timedelta(days=1)) - max(start_utc, day)
+    return int(whole * max(0.0, overlap / dt.timedelta(days=1)))
+
+
+def read_nvml_dir(root: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> tuple[pa.Table, list[str]]:
+    """The NVML sampler's samples of [start_utc, end_utc) held as one table, and the files read
+    (:class:`RawStream` reads them a file at a time)."""
+    paths = nvml_files(root, start_utc, end_utc)
+    tables = [nvml_file_samples(path, start_utc, end_utc) for path in paths]
+    return (pa.concat_tables(tables) if tables else RAW_GPU_TELEMETRY.empty()), [str(p) for p in paths]
 
 
 def raw_samples(
@@ -119,11 +141,13 @@ class RawStream:
         self.quarantine: pa.Table | None = None
         self.counters: dict[str, int] = {}
         self.root = self.reader = None
+        self.nvml_paths: list[Path] = []
         if telemetry_dir:
             self.root = Path(telemetry_dir)
             if not self.root.is_dir():
                 raise FileNotFoundError(f"{self.root}: telemetry directory does not exist")
             self.reader = TelemetryDir(self.root, start_utc, end_utc, source_tz, margin_days=margin_days)
+            self.nvml_paths = nvml_files(self.root, start_utc, end_utc)
         self.gpu_csv = None
         if terapixel_dir:
             self.gpu_csv = Path(terapixel_dir) / "gpu.csv"
@@ -133,17 +157,20 @@ class RawStream:
     @property
     def expected_bytes(self) -> int:
         """A rough size of the rows in memory, known before reading: half the telemetry files' bytes
-        (a DCGM scrape's text is about 3.4x its rows, nvidia-smi CSV about 1x)."""
-        return self.reader.input_bytes // 2 if self.reader is not None else 0
+        (a DCGM scrape's text is about 3.4x its rows, nvidia-smi CSV about 1x), and the NVML files'
+        rows as their footers size them (the share of each file's UTC day within the window)."""
+        text = self.reader.input_bytes // 2 if self.reader is not None else 0
+        return text + sum(nvml_window_bytes(path, self.start_utc, self.end_utc) for path in self.nvml_paths)
 
     def parts(self) -> Iterator[pa.Table]:
         if self.reader is not None and self.root is not None:
             for part in self.reader.parts():
                 yield conform(part, RAW_GPU_TELEMETRY)
-            nvml, nvml_files = read_nvml_dir(self.root, self.start_utc, self.end_utc)
-            if nvml.num_rows:
-                yield nvml
-            self.files += list(self.reader.files) + nvml_files
+            # the sampler's files one at a time: a day of a large pool's samples is not held at once
+            for path in self.nvml_paths:
+                if (part := nvml_file_samples(path, self.start_utc, self.end_utc)).num_rows:
+                    yield part
+            self.files += list(self.reader.files) + [str(p) for p in self.nvml_paths]
             self.quarantine = quarantine_lines_table(self.reader.quarantine, GPU_SAMPLES.path)
             self.counters.update(self.reader.counters)
         if self.gpu_csv is not None:

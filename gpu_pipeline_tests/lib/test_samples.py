@@ -273,3 +273,54 @@ def test_a_day_whose_last_batch_is_dropped_whole_is_written_not_copied(tmp_path,
     cleaned = write_clean_samples(store, DAY, batch_rows=t.num_rows)  # the duplicate is the last batch, alone
     assert cleaned.duplicates_dropped == 1
     assert store.read_table(GPU_SAMPLES, DAY).equals(t)
+
+
+# -- the NVML sampler's files in the raw stream --------------------------------------------------
+
+
+def _sampler_file(root: Path, host: str, day: dt.date, hours: range) -> pa.Table:
+    """A sampler day file of ``host`` with two GPUs sampled every 10 minutes in ``hours`` (UTC)."""
+    from gpu_pipeline.lib.nvml_sampler import day_file, write_parquet_atomic
+
+    start = dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC)
+    rows = [{"sample_utc": start + dt.timedelta(hours=h, minutes=m), "source": "nvml", "host": host,
+             "gpu_id": f"GPU-{host[-1] * 7}{g}", "util_pct": float(h), "power_w": 60.0 + g}
+            for h in hours for m in range(0, 60, 10) for g in range(2)]
+    table = conform(pa.Table.from_pylist(rows), GPU_SAMPLES)
+    path = day_file(root, host, day)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_parquet_atomic(table, path)
+    return table
+
+
+def test_the_sampler_files_are_read_one_at_a_time_and_sized_from_their_footers(tmp_path):
+    """A day of a large pool's sampler files is never one table: each file is its own part, and the
+    sorter is told their rows' size up front (the footers' byte sizes are of dictionary-encoded text,
+    several times smaller than the rows in memory), so a day too large to hold spills in slabs."""
+    from gpu_pipeline.lib.samples import _ROW_BYTES, RawStream, read_nvml_dir, write_raw_samples
+
+    start = dt.datetime(2025, 8, 4, 5, 0, tzinfo=dt.UTC)  # a local day of America/Chicago
+    end = start + dt.timedelta(days=1)
+    tables = [_sampler_file(tmp_path, host, day, range(24)) for host in ("a1", "b2")
+              for day in (dt.date(2025, 8, 4), dt.date(2025, 8, 5))]
+    _sampler_file(tmp_path, "a1", dt.date(2025, 8, 7), range(24))  # outside the window: not read
+    stream = RawStream(tmp_path, start, end, "America/Chicago")
+    in_window = sum(t.filter(pa.compute.and_(pa.compute.greater_equal(t["sample_utc"], pa.scalar(start)),
+                                             pa.compute.less(t["sample_utc"], pa.scalar(end)))).num_rows
+                    for t in tables)
+    assert in_window == 2 * 24 * 6 * 2  # two hosts, the window's 24 hours, two GPUs
+    # 19 of the 24 hours of each 4 August file and 5 of each 5 August file lie in the window
+    assert stream.expected_bytes == sum(int(t.num_rows * _ROW_BYTES * share)
+                                        for t, share in zip(tables, [19 / 24, 5 / 24] * 2, strict=True))
+    parts = list(stream.parts())
+    assert [p.num_rows for p in parts] == [19 * 12, 5 * 12, 19 * 12, 5 * 12]
+    assert len(stream.files) == 4 and all("2025-08-07" not in f for f in stream.files)
+    whole, files = read_nvml_dir(tmp_path, start, end)
+    assert files == stream.files
+    assert pa.concat_tables(parts).equals(whole)
+    # the partition written from the stream is the rows sorted
+    written = write_raw_samples(Store(tmp_path / "store"), "2025-08-04", RawStream(tmp_path, start, end, "America/Chicago"),
+                                spill_dir=tmp_path / "spill")
+    assert written.rows == in_window
+    got = Store(tmp_path / "store").read_table(RAW_GPU_TELEMETRY, "2025-08-04")
+    assert got.equals(sorted_rows(whole, RAW_ORDER))
