@@ -860,6 +860,7 @@ def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reu
     if run["success"]:
         _log(f"[{gpus} GPUs] state + allocation: pipeline vs baseline vs bare scan on {end}")
         result["ratios"] = _ratios(base, end, cfg, gpus)
+        result["telemetry_formats"] = bench_telemetry_formats(base, end, cfg)
     return result
 
 
@@ -903,6 +904,103 @@ def bench_telemetry_slice(gpus: int, cfg: BenchConfig, scratch: Path, reuse: boo
             "simulated_samples": summary.get("telemetry_samples"), "seconds": seconds, "first_seconds": first_s,
             "one_time_s": max(0.0, first_s - seconds), "scale": scale,
             "per_day_scaled_s": seconds * scale, "samples_per_s": samples / seconds if seconds else None}
+
+
+# -- the same telemetry day from another source format --------------------------------------------
+
+
+def write_as_sampler_files(raw_file: Path, root: Path) -> int:
+    """The samples of a raw telemetry partition written again in the NVML sampler's layout and file
+    format (``root/nvml/HOST/nvml-YYYY-MM-DD.parquet``, one file per host and UTC day, in time order,
+    written as the sampler writes them; no ``source_file``, which the sampler does not set). Returns
+    the number of files. One host-day is held at a time."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from gpu_pipeline.lib.db import connect
+    from gpu_pipeline.lib.nvml_sampler import day_file, write_parquet_atomic
+    from gpu_pipeline.lib.schemas import GPU_SAMPLES, conform
+
+    shutil.rmtree(root, ignore_errors=True)
+    con = connect()
+    try:
+        reader = con.sql("SELECT * REPLACE (NULL::VARCHAR AS source_file) FROM read_parquet($f, hive_partitioning = false) "
+                         "ORDER BY host, sample_utc, gpu_id", params={"f": str(raw_file)}).arrow()
+        held: list[pa.Table] = []
+        key: tuple[str, str] | None = None
+        files = 0
+
+        def write() -> None:
+            nonlocal files
+            if held and key is not None:
+                path = day_file(root, key[0], dt.date.fromisoformat(key[1]))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_parquet_atomic(conform(pa.concat_tables(held), GPU_SAMPLES), path)
+                files += 1
+
+        for batch in reader:
+            table = pa.Table.from_batches([batch])
+            days = pc.strftime(table["sample_utc"], format="%Y-%m-%d")
+            keys = pc.binary_join_element_wise(pc.fill_null(table["host"], ""), days, "/")
+            bounds = [0, *(np.flatnonzero(pc.not_equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)) + 1),
+                      table.num_rows]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                host, day = str(keys[a]).rsplit("/", 1)
+                if (host, day) != key:
+                    write()
+                    held, key = [], (host, day)
+                held.append(table.slice(a, b - a))
+        write()
+    finally:
+        con.close()
+    return files
+
+
+def bench_telemetry_formats(base: Path, day: dt.date, cfg: BenchConfig) -> dict[str, Any]:
+    """The raw telemetry step's library call on one day of the run, from the simulated exporter
+    text and CSV logs, and from the same samples in the NVML sampler's Parquet files: what parsing
+    text costs against reading columnar files, measured on the same rows in the same process
+    (best of ``cfg.repeats`` interleaved rounds; memory: the largest RSS above the start)."""
+    from gpu_pipeline.lib.samples import RawStream, write_raw_samples
+    from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY
+    from gpu_pipeline.lib.store import Store
+    from gpu_pipeline.lib.timeutil import day_window
+
+    d = day.isoformat()
+    source = Store(base / "data")
+    if not source.has_partition(RAW_GPU_TELEMETRY, d):
+        return {"skipped": f"no raw telemetry partition for {d}"}
+    work = base / "telemetry-formats"
+    sampler_root = work / "sampler-files"
+    convert_s, files = _timed(lambda: write_as_sampler_files(source.partition_file(RAW_GPU_TELEMETRY, d), sampler_root))
+    start, end = day_window(day, SIM_TZ)
+    roots = {"text": base / "sources" / "telemetry", "sampler_parquet": sampler_root}
+    peaks: dict[str, list[float]] = {name: [] for name in roots}
+
+    def raw_step(name: str) -> Callable[[], int]:
+        def go() -> int:
+            store = Store(work / f"store-{name}")
+            with _RssSampler() as rss:
+                before = rss._rss([]) or 0
+                written = write_raw_samples(store, d, RawStream(roots[name], start, end, SIM_TZ, 0))
+            peaks[name].append(((rss.peak() or before) - before) / MIB)
+            return written.rows
+        return go
+
+    _log(f"[telemetry formats] one day's raw telemetry step from text and from sampler Parquet ({cfg.repeats} rounds)")
+    timed = _best_interleaved(cfg.repeats, {name: raw_step(name) for name in roots})
+    out: dict[str, Any] = {"day": d, "sampler_files": files, "convert_s": convert_s}
+    for name, root in roots.items():
+        best, runs, rows = timed[name]
+        size = (RawStream(root, start, end, SIM_TZ, 0).reader.input_bytes if name == "text"  # the day's files
+                else _dir_bytes(root))
+        out[name] = {"seconds": best, "runs_s": runs, "rows": rows, "source_bytes": size,
+                     "rss_growth_mib": max(peaks[name])}
+    shutil.rmtree(work, ignore_errors=True)
+    out["same_rows"] = timed["text"][2] == timed["sampler_parquet"][2]
+    out["text_vs_parquet"] = _ratio(timed["text"][0], timed["sampler_parquet"][0])
+    return out
 
 
 # -- raw ingestion: the SQLite archive and Elasticsearch ---------------------------------------------
@@ -1299,6 +1397,16 @@ def format_report(result: dict[str, Any]) -> str:
                                  f"{_fmt(r['baseline_tool_loop_order_vs_pipeline_speedup'], 1)}x")
             elif bl:
                 lines.append(f"   baseline: {bl.get('skipped')}")
+        tf = s.get("telemetry_formats")
+        if tf and "skipped" not in tf:
+            tx, sp = tf["text"], tf["sampler_parquet"]
+            lines.append(f"   raw telemetry step on {tf['day']}, same {_fmt(tx['rows'])} samples: from exporter text + "
+                         f"CSV ({tx['source_bytes'] / 1e9:.2f} GB) {tx['seconds']:.2f} s, +{tx['rss_growth_mib']:,.0f} MiB; "
+                         f"from the NVML sampler's Parquet ({tf['sampler_files']} files, {sp['source_bytes'] / 1e6:.0f} MB) "
+                         f"{sp['seconds']:.2f} s, +{sp['rss_growth_mib']:,.0f} MiB -> text costs "
+                         f"{_fmt(tf['text_vs_parquet'])}x{'' if tf['same_rows'] else ' (ROW COUNTS DIFFER)'}")
+        elif tf:
+            lines.append(f"   telemetry formats: skipped ({tf['skipped']})")
     sq = result.get("sqlite_archive")
     if sq:
         lines.append("")

@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
-from gpu_pipeline.bench import _best_interleaved, compare_with_pipeline, main_bench
+from gpu_pipeline.bench import _best_interleaved, compare_with_pipeline, main_bench, write_as_sampler_files
 from gpu_pipeline.lib import baseline
 from gpu_pipeline.lib.allocation import allocation_for_day, allocation_from_table
 from gpu_pipeline.lib.condor_archive import read_window
@@ -228,6 +229,12 @@ def test_bench_smoke_writes_json(tmp_path, capsys):
     es = result["elasticsearch"]
     assert es["documents_fetched"] == es["documents_indexed"] == es["total_reported"] == 300 and es["pages"] >= 3
     assert es["docs_per_s"] > 0
+    tf = size["telemetry_formats"]
+    assert tf["day"] == size["end"] and tf["same_rows"] is True and tf["sampler_files"] > 0
+    assert tf["text"]["rows"] == tf["sampler_parquet"]["rows"] == assets["raw/gpu_telemetry"] > 0
+    assert tf["text"]["source_bytes"] > tf["sampler_parquet"]["source_bytes"] > 0
+    assert tf["text_vs_parquet"] == pytest.approx(tf["text"]["seconds"] / tf["sampler_parquet"]["seconds"])
+    assert "raw telemetry step on" in printed
     assert any(t["target"].startswith("one day out of") for t in result["targets"])
     assert result["scratch_dir"] is None  # the scratch data is removed without --work-dir
 
@@ -301,3 +308,33 @@ def test_a_step_shorter_than_the_sampling_interval_gets_the_samples_either_side(
     assert sampler.peak_between(9.0, 9.5) == 100  # only a sample after
     assert sampler.peak_between(11.0, 12.0) == 150  # only a sample before
     assert _RssSampler(interval=0.05).peak_between(0.0, 1.0) is None
+
+
+def test_a_raw_day_written_as_sampler_files_reads_back_as_the_same_samples(tmp_path):
+    """The bench's second source format: the day's raw samples in the NVML sampler's layout (a file
+    per host and UTC day, in time order), read back through the raw stream, are the same rows."""
+    from gpu_pipeline.lib.samples import RawStream, write_raw_samples
+    from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY
+
+    day = dt.date.fromisoformat(DAY)
+    simulate(tmp_path / "sources", SimConfig(start=day, end=day, gpus=10, seed=3, timezone=TZ,
+                                             telemetry_interval_s=300))
+    start, end = day_window(day, TZ)
+    text_store, files_store = Store(tmp_path / "text"), Store(tmp_path / "files")
+    write_raw_samples(text_store, DAY, RawStream(tmp_path / "sources" / "telemetry", start, end, TZ))
+    from_text = text_store.read_table(RAW_GPU_TELEMETRY, DAY)
+    assert len(set(from_text["host"].to_pylist())) > 1 and from_text.num_rows > 1000
+
+    files = write_as_sampler_files(text_store.partition_file(RAW_GPU_TELEMETRY, DAY), tmp_path / "sampler")
+    paths = sorted((tmp_path / "sampler" / "nvml").glob("*/nvml-*.parquet"))
+    assert files == len(paths) > 1
+    for path in paths:
+        t = pq.read_table(path)
+        assert set(t["host"].to_pylist()) == {path.parent.name}
+        assert set(pc.strftime(t["sample_utc"], format="%Y-%m-%d").to_pylist()) == {path.stem.removeprefix("nvml-")}
+        assert t["sample_utc"].to_pylist() == sorted(t["sample_utc"].to_pylist())
+        assert t["source_file"].null_count == t.num_rows
+    write_raw_samples(files_store, DAY, RawStream(tmp_path / "sampler", start, end, TZ))
+    from_files = files_store.read_table(RAW_GPU_TELEMETRY, DAY)
+    # the same rows in the same order (the simulator writes no repeated key), but for the source file
+    assert from_files.drop_columns(["source_file"]).equals(from_text.drop_columns(["source_file"]))
