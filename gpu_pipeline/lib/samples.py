@@ -90,7 +90,7 @@ def nvml_window_bytes(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) 
     whole = pq.ParquetFile(path).metadata.num_rows * _ROW_BYTES
     try:
         day = dt.datetime.combine(dt.date.fromisoformat(path.stem.removeprefix("nvml-")), dt.time(),
-                                  tzinfo=dt.timezone.utc)
+                                  tzinfo=dt.UTC)
     except ValueError:
         return whole
     overlap = min(end_utc, day + dt.timedelta(days=1)) - max(start_utc, day)
