@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -649,3 +650,32 @@ def test_read_telemetry_dir_on_the_simulator_output(tmp_path):
     assert all(r["mem_total_mib"] > 0 for r in t)
     dcgm = [r for r in t if r["source"] == "dcgm"]
     assert dcgm and all(r["energy_mj"] > 0 and not math.isnan(r["energy_mj"]) for r in dcgm)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or not Path("/proc/self/fd").is_dir(),
+                    reason="needs posix_fadvise and /proc/self/fd (Linux)")
+def test_every_telemetry_file_read_is_dropped_from_the_page_cache_after_it(tmp_path, monkeypatch):
+    """A file is read once a run: after its parse the kernel is told its pages will not be read
+    again (POSIX_FADV_DONTNEED on its whole length), for the DCGM texts read in pieces and the
+    nvidia-smi logs read whole alike."""
+    from gpu_pipeline.lib import telemetry as telemetry_module
+    from gpu_pipeline.lib.samples import RawStream
+    from gpu_pipeline.lib.simulate import SimConfig, simulate
+    from gpu_pipeline.lib.timeutil import day_window
+
+    day = dt.date(2025, 8, 5)
+    simulate(tmp_path, SimConfig(start=day, end=day, gpus=6, seed=2, timezone="America/Chicago",
+                                 telemetry_interval_s=600))
+    advised: list[tuple[str, int, int, int]] = []
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, advice))
+
+    monkeypatch.setattr(telemetry_module.os, "posix_fadvise", record)
+    start, end = day_window(day, "America/Chicago")
+    stream = RawStream(tmp_path / "telemetry", start, end, "America/Chicago")
+    assert sum(part.num_rows for part in stream.parts()) > 0
+    kinds = {Path(f).parts[-3] for f in stream.files}
+    assert kinds == {"dcgm", "nvidia-smi"}
+    assert sorted(a[0] for a in advised) == sorted(str((tmp_path / "telemetry" / f).resolve()) for f in stream.files)
+    assert {a[1:] for a in advised} == {(0, 0, os.POSIX_FADV_DONTNEED)}
