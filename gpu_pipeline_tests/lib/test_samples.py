@@ -7,6 +7,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from gpu_pipeline.lib import samples as samples_module
@@ -96,7 +97,7 @@ def test_output_is_sorted_on_time_host_gpu_source_with_null_hosts_one_key_and_la
     assert got == [(T0, "h1", "GPU-aaaaaaaa"), (T0, "h1", "GPU-bbbbbbbb"), (T0, "h2", "GPU-aaaaaaaa"),
                    (T0, None, "GPU-aaaaaaaa"), (T0 + dt.timedelta(seconds=30), "h0", "GPU-aaaaaaaa")]
     assert out.duplicates_dropped == 1
-    assert out.table.filter(pa.compute.is_null(out.table["host"]))["util_pct"].to_pylist() == [1.0]
+    assert out.table.filter(pc.is_null(out.table["host"]))["util_pct"].to_pylist() == [1.0]
     assert out.table.schema == GPU_SAMPLES.schema
 
 
@@ -305,9 +306,8 @@ def test_the_sampler_files_are_read_one_at_a_time_and_sized_from_their_footers(t
               for day in (dt.date(2025, 8, 4), dt.date(2025, 8, 5))]
     _sampler_file(tmp_path, "a1", dt.date(2025, 8, 7), range(24))  # outside the window: not read
     stream = RawStream(tmp_path, start, end, "America/Chicago")
-    in_window = sum(t.filter(pa.compute.and_(pa.compute.greater_equal(t["sample_utc"], pa.scalar(start)),
-                                             pa.compute.less(t["sample_utc"], pa.scalar(end)))).num_rows
-                    for t in tables)
+    in_window = sum(t.filter(pc.and_(pc.greater_equal(t["sample_utc"], pa.scalar(start)),
+                                     pc.less(t["sample_utc"], pa.scalar(end)))).num_rows for t in tables)
     assert in_window == 2 * 24 * 6 * 2  # two hosts, the window's 24 hours, two GPUs
     # 19 of the 24 hours of each 4 August file and 5 of each 5 August file lie in the window
     assert stream.expected_bytes == sum(int(t.num_rows * _ROW_BYTES * share)
