@@ -77,7 +77,8 @@ def nvml_files(root: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> list
 
 def nvml_file_samples(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
     """One NVML sampler file's samples of [start_utc, end_utc), in the raw schema."""
-    t = pq.read_table(path, columns=[c for c in pq.read_schema(path).names if c in GPU_SAMPLES.schema.names])
+    file = pq.ParquetFile(path)  # one open and one footer read for the columns and the rows
+    t = file.read(columns=[c for c in file.schema_arrow.names if c in GPU_SAMPLES.schema.names])
     t = t.filter(pc.and_(pc.greater_equal(t["sample_utc"], pa.scalar(start_utc, t["sample_utc"].type)),
                          pc.less(t["sample_utc"], pa.scalar(end_utc, t["sample_utc"].type))))
     return conform(t, RAW_GPU_TELEMETRY)
@@ -410,12 +411,13 @@ def write_clean_samples(store: Store, day: str, spill_dir: str | Path | None = N
     result = None
     try:
         with path.open("rb") as raw_file:  # checked and copied from one open file, whatever replaces it
-            if _same_layout(pq.ParquetFile(raw_file)):
+            raw = pq.ParquetFile(raw_file)
+            if _same_layout(raw):
                 # A read-only pass first: when the rows are in order and the cleaning keeps every one as
                 # it is (the usual day), the clean file is the raw file, which is copied instead of
                 # written again (encoding a 1,000-GPU day is ~1.1 s of the step's ~2 s). The pass stops
                 # at the first row to drop or quarantine: that day is written below.
-                cleaner, seen, rows = cleaned(pq.ParquetFile(raw_file).iter_batches(batch_size=batch_rows), True)
+                cleaner, seen, rows = cleaned(raw.iter_batches(batch_size=batch_rows), True)
                 for _ in rows:
                     if cleaner.duplicates_dropped or cleaner.q_rows:
                         break
