@@ -1,7 +1,9 @@
 """The only module that touches table paths.
 
 Layout: ``<root>/<layer>/<table>/date=YYYY-MM-DD/part-0.parquet`` (hive style, zstd) and
-``<root>/plots/<name>/date=YYYY-MM-DD/<name>.png``.
+``<root>/plots/<name>/date=YYYY-MM-DD/<name>.png``. A partition may keep small JSON notes beside its
+file (``<name>.json``: what its writer found, for the next step to use), bound to the file's bytes by
+their SHA-256 so that a note never speaks for another file.
 
 A partition is replaced atomically: the new file is written to a temporary name in the same
 directory, fsynced and renamed over the old one, so a reader (or a run killed mid-write) sees either
@@ -19,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import hashlib
 import io
+import json
 import os
 import re
-import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -47,10 +50,15 @@ class WriteResult:
     path: str
     rows: int
     bytes: int
+    sha256: str | None = None  #: the file's SHA-256 (hex), where the writer was asked for it
 
     @property
     def uri(self) -> str:
         return "file://" + self.path
+
+
+class ContentMismatch(ValueError):
+    """A copy whose bytes are not the ones expected (nothing was replaced)."""
 
 
 def _as_day(day: dt.date | str) -> str:
@@ -133,17 +141,47 @@ def _row_groups(batches: Iterable[pa.RecordBatch], schema: pa.Schema, size: int)
         yield pa.Table.from_batches(pending, schema=schema)
 
 
+class _Digesting:
+    """A file to write into that hashes every byte on its way (the Parquet writer only appends)."""
+
+    def __init__(self, fh: io.BufferedWriter):
+        self.fh, self.hash = fh, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        return self.fh.write(data)
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self.fh.closed
+
+    def close(self) -> None:  # the file is the atomic writer's to close
+        pass
+
+
 def atomic_write_parquet(target: Path, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
-                         row_group_rows: int | None = None) -> tuple[int, int]:
+                         row_group_rows: int | None = None, digest: bool = False) -> tuple[int, int, str | None]:
     """Stream ``batches`` into a Parquet file at ``target`` (temp file + fsync + rename, as
-    :func:`atomic_write_bytes`); returns (rows, bytes). Holds one row group at a time."""
+    :func:`atomic_write_bytes`); returns (rows, bytes, the file's SHA-256 when ``digest``, taken
+    from the bytes as they are written). Holds one row group at a time."""
     rows = 0
     size = row_group_rows or ROW_GROUP_SIZE
-    with _atomic_file(target) as fh, pq.ParquetWriter(fh, schema, **_parquet_options(schema)) as writer:
-        for group in _row_groups(batches, schema, size):
-            writer.write_table(group, row_group_size=size)
-            rows += group.num_rows
-    return rows, target.stat().st_size
+    with _atomic_file(target) as fh:
+        sink = _Digesting(fh) if digest else fh
+        with pq.ParquetWriter(sink, schema, **_parquet_options(schema)) as writer:
+            for group in _row_groups(batches, schema, size):
+                writer.write_table(group, row_group_size=size)
+                rows += group.num_rows
+    return rows, target.stat().st_size, sink.hash.hexdigest() if isinstance(sink, _Digesting) else None
 
 
 class Store:
@@ -191,25 +229,54 @@ class Store:
         return WriteResult(path=str(target), rows=table.num_rows, bytes=len(data))
 
     def write_partition_batches(
-        self, spec: TableSpec, day: dt.date | str, batches: Iterable[pa.RecordBatch]
+        self, spec: TableSpec, day: dt.date | str, batches: Iterable[pa.RecordBatch], digest: bool = False
     ) -> WriteResult:
         """Replace one day of ``spec`` with a stream of record batches of exactly its schema, without
-        holding the table in memory; the file is the one :meth:`write_partition` would write."""
+        holding the table in memory; the file is the one :meth:`write_partition` would write
+        (``digest``: its SHA-256 in the result, hashed as it is written)."""
         target = self.partition_file(spec, day)
         with self._partition_lock(target.parent):
-            rows, size = atomic_write_parquet(target, batches, spec.schema, spec.row_group_rows)
-        return WriteResult(path=str(target), rows=rows, bytes=size)
+            rows, size, sha256 = atomic_write_parquet(target, batches, spec.schema, spec.row_group_rows, digest)
+        return WriteResult(path=str(target), rows=rows, bytes=size, sha256=sha256)
 
-    def write_partition_copy(self, spec: TableSpec, day: dt.date | str, source: BinaryIO) -> WriteResult:
+    def write_partition_copy(self, spec: TableSpec, day: dt.date | str, source: BinaryIO,
+                             sha256: str | None = None) -> WriteResult:
         """Replace one day of ``spec`` with a copy of an open Parquet file of the same schema (read from
-        its start), atomically as every write."""
+        its start), atomically as every write. With ``sha256``, the bytes copied are hashed on the
+        way and must have that digest: else :class:`ContentMismatch` is raised and nothing replaced."""
         target = self.partition_file(spec, day)
         source.seek(0)
         rows = pq.ParquetFile(source).metadata.num_rows
         source.seek(0)
+        digest = hashlib.sha256()
         with self._partition_lock(target.parent), _atomic_file(target) as out:
-            shutil.copyfileobj(source, out, 16 << 20)
-        return WriteResult(path=str(target), rows=rows, bytes=target.stat().st_size)
+            while chunk := source.read(16 << 20):
+                if sha256 is not None:
+                    digest.update(chunk)
+                out.write(chunk)
+            if sha256 is not None and digest.hexdigest() != sha256:
+                raise ContentMismatch(f"{getattr(source, 'name', source)}: the bytes copied to {target} are not "
+                                      f"the ones expected (SHA-256 {digest.hexdigest()}, expected {sha256})")
+        return WriteResult(path=str(target), rows=rows, bytes=target.stat().st_size, sha256=sha256)
+
+    def note_file(self, spec: TableSpec, day: dt.date | str, name: str) -> Path:
+        """``<table>/date=DAY/<name>.json``: a small JSON document kept beside a partition's file."""
+        return self.partition_file(spec, day).parent / f"{safe_name(name)}.json"
+
+    def write_partition_note(self, spec: TableSpec, day: dt.date | str, name: str, note: dict) -> Path:
+        """Replace the partition's note ``name`` (atomically, under the partition's lock)."""
+        target = self.note_file(spec, day, name)
+        with self._partition_lock(target.parent):
+            atomic_write_bytes(target, json.dumps(note, sort_keys=True, indent=1).encode() + b"\n")
+        return target
+
+    def read_partition_note(self, spec: TableSpec, day: dt.date | str, name: str) -> dict | None:
+        """The partition's note ``name``, or None when there is none or it is not a JSON object."""
+        try:
+            note = json.loads(self.note_file(spec, day, name).read_bytes())
+        except (FileNotFoundError, ValueError):
+            return None
+        return note if isinstance(note, dict) else None
 
     def write_plot(self, name: str, day: dt.date | str, png: bytes, variant: str | None = None) -> WriteResult:
         target = self.plot_file(name, day, variant)

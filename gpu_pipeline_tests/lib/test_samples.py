@@ -1,6 +1,7 @@
 """clean_samples: range quarantine, duplicate keys, output order; and the sort helper it uses."""
 
 import datetime as dt
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from gpu_pipeline.lib import samples as samples_module
 from gpu_pipeline.lib.samples import (
+    CLEAN_CHECK_NOTE,
     RANGES,
     RAW_ORDER,
     _out_of_order,
@@ -230,26 +232,78 @@ def test_out_of_order_is_true_exactly_when_the_stable_sort_moves_a_row(seed):
 
 def test_a_day_with_nothing_to_clean_is_the_raw_file_copied_byte_for_byte_what_the_writer_writes(tmp_path,
                                                                                                    monkeypatch):
+    """Three ways to the same clean file: the raw step's note vouches for the raw file (copied with no
+    read pass), no note (the read-only pass, then the copy), an old layout (written anew)."""
     # faultless rows: in order, no repeated key, every value in range
     t = faulty_rows(3)
     t = sorted_rows(clean_samples(t).table, RAW_ORDER)
-    copied, written = Store(tmp_path / "copied"), Store(tmp_path / "written")
-    for store in (copied, written):
+    vouched, passed, written = Store(tmp_path / "vouched"), Store(tmp_path / "passed"), Store(tmp_path / "written")
+    for store in (vouched, passed, written):
         write_sorted_raw(store, DAY, [t], T0, T0 + dt.timedelta(hours=1))
-    copies = []
-    copy = Store.write_partition_copy
-    monkeypatch.setattr(Store, "write_partition_copy", lambda self, *a: copies.append(a) or copy(self, *a))
-    a = write_clean_samples(copied, DAY, batch_rows=97)
-    assert len(copies) == 1
+    passed.note_file(RAW_GPU_TELEMETRY, DAY, CLEAN_CHECK_NOTE).unlink()
+    copies, passes = [], []
+    copy, piece = Store.write_partition_copy, samples_module._Cleaner.piece
+    monkeypatch.setattr(Store, "write_partition_copy", lambda self, *a, **k: copies.append(k) or copy(self, *a, **k))
+    monkeypatch.setattr(samples_module._Cleaner, "piece", lambda self, *a: passes.append(1) or piece(self, *a))
+    a = write_clean_samples(vouched, DAY, batch_rows=97)
+    assert a.checked_when_written and len(copies) == 1 and copies[0]["sha256"] and not passes
+    b = write_clean_samples(passed, DAY, batch_rows=97)
+    assert not b.checked_when_written and len(copies) == 2 and "sha256" not in copies[1] and passes
     monkeypatch.setattr(samples_module, "_same_layout", lambda raw: False)  # the writer, as for an old file
-    b = write_clean_samples(written, DAY, batch_rows=97)
-    assert len(copies) == 1
-    assert (Path(a.result.path).read_bytes() == Path(b.result.path).read_bytes()
-            == copied.partition_file(RAW_GPU_TELEMETRY, DAY).read_bytes())
-    assert (a.rows_in, a.result.rows, a.gpus, a.repeated_keys, a.duplicates_dropped) == \
-           (b.rows_in, b.result.rows, b.gpus, b.repeated_keys, b.duplicates_dropped) == \
-           (t.num_rows, t.num_rows, len(set(t["gpu_id"].to_pylist())), 0, 0)
-    assert copied.read_table(QUARANTINE_GPU_SAMPLES, DAY).num_rows == 0
+    c = write_clean_samples(written, DAY, batch_rows=97)
+    assert len(copies) == 2 and not c.checked_when_written
+    assert (Path(a.result.path).read_bytes() == Path(b.result.path).read_bytes() == Path(c.result.path).read_bytes()
+            == vouched.partition_file(RAW_GPU_TELEMETRY, DAY).read_bytes())
+    assert (a.rows_in, a.result.rows, a.gpus, a.repeated_keys, a.duplicates_dropped, a.quarantined_by_reason) == \
+           (b.rows_in, b.result.rows, b.gpus, b.repeated_keys, b.duplicates_dropped, b.quarantined_by_reason) == \
+           (c.rows_in, c.result.rows, c.gpus, c.repeated_keys, c.duplicates_dropped, c.quarantined_by_reason) == \
+           (t.num_rows, t.num_rows, len(set(t["gpu_id"].to_pylist())), 0, 0, {})
+    for store in (vouched, passed, written):
+        assert store.read_table(QUARANTINE_GPU_SAMPLES, DAY).num_rows == 0
+
+
+def test_the_raw_steps_note_says_what_the_clean_step_would_find_in_the_bytes_it_wrote(tmp_path):
+    store = Store(tmp_path)
+    faultless = sorted_rows(clean_samples(faulty_rows(6)).table, RAW_ORDER)
+    written = write_sorted_raw(store, DAY, [faultless.slice(0, 1000), faultless.slice(1000)], T0,
+                               T0 + dt.timedelta(hours=1), **SMALL)
+    note = store.read_partition_note(RAW_GPU_TELEMETRY, DAY, CLEAN_CHECK_NOTE)
+    raw_bytes = store.partition_file(RAW_GPU_TELEMETRY, DAY).read_bytes()
+    assert note["sha256"] == written.sha256 == hashlib.sha256(raw_bytes).hexdigest()
+    assert (note["clean"], note["rows"], note["gpus"]) == (True, faultless.num_rows,
+                                                           len(set(faultless["gpu_id"].to_pylist())))
+    for seed in (0, 4):  # repeated keys and out-of-range values: the note says so, and the day is cleaned
+        write_sorted_raw(store, DAY, [faulty_rows(seed)], T0, T0 + dt.timedelta(hours=1), **SMALL)
+        note = store.read_partition_note(RAW_GPU_TELEMETRY, DAY, CLEAN_CHECK_NOTE)
+        assert note["clean"] is False and note["gpus"] is None
+        cleaned = write_clean_samples(store, DAY, batch_rows=97)
+        assert not cleaned.checked_when_written
+        assert store.read_table(GPU_SAMPLES, DAY).equals(_sql_oracle(faulty_rows(seed))[0])
+
+
+def test_a_note_is_not_taken_for_another_raw_file_or_under_other_rules(tmp_path, monkeypatch):
+    """The raw file replaced behind the note's back (the same row count, one value out of range): the
+    copy's bytes are not the note's, so nothing is copied and the day is checked and cleaned. A note
+    made under other rules is not used either."""
+    t = sorted_rows(clean_samples(faulty_rows(7)).table, RAW_ORDER)
+    store = Store(tmp_path)
+    write_sorted_raw(store, DAY, [t], T0, T0 + dt.timedelta(hours=1))
+    note = store.read_partition_note(RAW_GPU_TELEMETRY, DAY, CLEAN_CHECK_NOTE)
+    power = t["power_w"].to_pylist()
+    power[17] = -5.0
+    edited = t.set_column(t.schema.get_field_index("power_w"), "power_w", pa.array(power, pa.float64()))
+    store.write_partition(RAW_GPU_TELEMETRY, DAY, edited)  # a file of the same layout and rows, no new note
+    assert store.read_partition_note(RAW_GPU_TELEMETRY, DAY, CLEAN_CHECK_NOTE) == note
+    cleaned = write_clean_samples(store, DAY, batch_rows=97)
+    assert not cleaned.checked_when_written
+    assert cleaned.quarantined_by_reason == {"power_w out of range": 1}
+    assert store.read_table(GPU_SAMPLES, DAY).equals(pa.concat_tables([t.slice(0, 17), t.slice(18)]).combine_chunks())
+    assert sorted(p.name for p in store.partition_file(GPU_SAMPLES, DAY).parent.iterdir()) == [".lock", "part-0.parquet"]
+
+    write_sorted_raw(store, DAY, [t], T0, T0 + dt.timedelta(hours=1))
+    monkeypatch.setattr(samples_module, "_RULES", "other-rules")
+    cleaned = write_clean_samples(store, DAY, batch_rows=97)
+    assert not cleaned.checked_when_written and cleaned.result.rows == t.num_rows
 
 
 def test_a_day_with_something_to_clean_is_written_not_copied(tmp_path, monkeypatch):

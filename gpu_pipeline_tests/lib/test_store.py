@@ -211,3 +211,48 @@ def test_read_where_reads_only_matching_rows_of_each_row_group(data_root, monkey
     cols = store.read_table(spec, "2025-08-04", ["gpu_id"], where=("util_pct", ">=", 31.0))
     assert cols.column_names == ["gpu_id"] and cols["gpu_id"].to_pylist() == ["GPU-0000001f", "GPU-00000020"]
     assert store.read_table(spec, "2025-08-04", where=("source", "==", "nvml")).num_rows == 0
+
+
+def test_a_streamed_write_gives_the_sha256_of_the_bytes_it_wrote(data_root):
+    import hashlib
+
+    store = Store(data_root)
+    batches = store_mod.conform(q_rows(25, "x"), QUARANTINE).to_batches(max_chunksize=7)
+    written = store.write_partition_batches(QUARANTINE, "2025-08-06", iter(batches), digest=True)
+    on_disk = store.partition_file(QUARANTINE, "2025-08-06").read_bytes()
+    assert written.sha256 == hashlib.sha256(on_disk).hexdigest()
+    assert store.write_partition_batches(QUARANTINE, "2025-08-07", iter(batches)).sha256 is None
+    assert store.partition_file(QUARANTINE, "2025-08-07").read_bytes() == on_disk  # the same file either way
+
+
+def test_a_copy_checked_against_another_digest_replaces_nothing(data_root):
+    import hashlib
+
+    store = Store(data_root)
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(4, "source"))
+    store.write_partition(QUARANTINE, "2025-08-07", q_rows(2, "old"))
+    source = store.partition_file(QUARANTINE, "2025-08-06")
+    target = store.partition_file(QUARANTINE, "2025-08-07")
+    before = target.read_bytes()
+    with source.open("rb") as fh, pytest.raises(store_mod.ContentMismatch, match="not the ones expected"):
+        store.write_partition_copy(QUARANTINE, "2025-08-07", fh, sha256=hashlib.sha256(b"another file").hexdigest())
+    assert target.read_bytes() == before
+    assert sorted(p.name for p in target.parent.iterdir()) == [".lock", "part-0.parquet"]  # no temp file left
+    with source.open("rb") as fh:
+        copied = store.write_partition_copy(QUARANTINE, "2025-08-07", fh,
+                                            sha256=hashlib.sha256(source.read_bytes()).hexdigest())
+    assert target.read_bytes() == source.read_bytes() and copied.rows == 4
+
+
+def test_a_partitions_note_is_kept_beside_its_file_and_read_back(data_root):
+    store = Store(data_root)
+    assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") is None
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(1, "x"))
+    path = store.write_partition_note(QUARANTINE, "2025-08-06", "check", {"clean": True, "rows": 1})
+    assert path.parent == store.partition_file(QUARANTINE, "2025-08-06").parent and path.name == "check.json"
+    assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") == {"clean": True, "rows": 1}
+    assert store.partition_days(QUARANTINE) == ["2025-08-06"]  # a note is not a partition
+    path.write_text("[1, 2")  # torn or edited by hand: no note, never an error
+    assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") is None
+    path.write_text("[1, 2]")
+    assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") is None
