@@ -33,6 +33,7 @@ from gpu_pipeline.lib.schemas import (
     GPU_SAMPLES,
     QUARANTINE_GPU_SAMPLES,
     RAW_GPU_TELEMETRY,
+    TS,
     conform,
     sorted_rows,
 )
@@ -81,9 +82,21 @@ def nvml_file_samples(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) 
     """One NVML sampler file's samples of [start_utc, end_utc), in the raw schema."""
     file = pq.ParquetFile(path)  # one open and one footer read for the columns and the rows
     t = file.read(columns=[c for c in file.schema_arrow.names if c in GPU_SAMPLES.schema.names])
-    t = t.filter(pc.and_(pc.greater_equal(t["sample_utc"], pa.scalar(start_utc, t["sample_utc"].type)),
-                         pc.less(t["sample_utc"], pa.scalar(end_utc, t["sample_utc"].type))))
-    return conform(t, RAW_GPU_TELEMETRY)
+    return conform(_rows_within(t, start_utc, end_utc), RAW_GPU_TELEMETRY)
+
+
+def _rows_within(t: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
+    """The rows of ``t`` with ``sample_utc`` in [start_utc, end_utc): a slice when the times are in
+    order, as the sampler writes them (a filter copies every column: a 1,000-GPU day's files 0.2-0.4 s),
+    else a filter."""
+    times = t["sample_utc"]
+    lo, hi = pa.scalar(start_utc, times.type), pa.scalar(end_utc, times.type)
+    if times.type == TS and times.null_count == 0 and t.num_rows:
+        us = times.cast(pa.int64()).to_numpy()
+        if bool(np.all(us[1:] >= us[:-1])):
+            first, stop = np.searchsorted(us, [epoch_us(start_utc), epoch_us(end_utc)], side="left")
+            return t.slice(int(first), int(stop - first))
+    return t.filter(pc.and_(pc.greater_equal(times, lo), pc.less(times, hi)))
 
 
 def nvml_window_bytes(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> int:

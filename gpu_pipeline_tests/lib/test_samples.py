@@ -378,3 +378,20 @@ def test_the_sampler_files_are_read_one_at_a_time_and_sized_from_their_footers(t
     assert written.rows == in_window
     got = Store(tmp_path / "store").read_table(RAW_GPU_TELEMETRY, "2025-08-04")
     assert got.equals(sorted_rows(whole, RAW_ORDER))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_sampler_files_rows_of_the_window_are_those_a_filter_keeps(seed):
+    """In time order (as the sampler writes) the window is cut as a slice; out of order it is
+    filtered: either way the rows of [start, end), boundaries included and excluded as they should."""
+    rng = np.random.default_rng(seed)
+    times = sorted(T0 + dt.timedelta(minutes=int(m)) for m in rng.integers(0, 600, 300))
+    t = raw([{"sample_utc": s, "util_pct": float(i)} for i, s in enumerate(times)])
+    start, end = times[40], times[250]  # rows at exactly the window's ends (and repeats of them)
+    for table in (t, t.take(rng.permutation(t.num_rows))):
+        expected = table.filter(pc.and_(pc.greater_equal(table["sample_utc"], pa.scalar(start, table["sample_utc"].type)),
+                                        pc.less(table["sample_utc"], pa.scalar(end, table["sample_utc"].type))))
+        got = samples_module._rows_within(table, start, end)
+        assert got.equals(expected) and 0 < got.num_rows < table.num_rows
+    assert samples_module._rows_within(t, T0 - dt.timedelta(days=2), T0 - dt.timedelta(days=1)).num_rows == 0
+    assert samples_module._rows_within(t, T0 - dt.timedelta(days=1), T0 + dt.timedelta(days=1)).equals(t)
