@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import math
+import random
 import re
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from gpu_pipeline.lib import efficiency as efficiency_module
 from gpu_pipeline.lib.efficiency import (
     EFFICIENCY_DAILY,
     GPU_HOURLY_EFFICIENCY,
@@ -728,3 +730,74 @@ def test_sim_hourly_table_limits_coverage_and_energy(sim):
     print(f"\nDCGM GPU-hours energy: counter {counter_kwh:.2f} kWh, trapezoid power {power_kwh:.2f} kWh")
     assert counter_kwh > 10
     assert power_kwh == pytest.approx(counter_kwh, rel=0.01)
+
+
+def _same_results(a, b) -> None:
+    assert a.hourly.equals(b.hourly) and a.jobs.equals(b.jobs)
+    assert a.held_idle.equals(b.held_idle) and a.daily.equals(b.daily)
+    assert a.counters == b.counters
+
+
+def _window_query_only(monkeypatch) -> None:
+    """Make every group take the window query, as when ``_stage_next_values`` declines."""
+    monkeypatch.setattr(efficiency_module, "_stage_next_values", lambda *a: False)
+
+
+def _record_answers(monkeypatch) -> list[bool]:
+    """The answers of ``_stage_next_values`` (True: the group was ordered in numpy), one per group."""
+    answers: list[bool] = []
+    real = efficiency_module._stage_next_values
+    monkeypatch.setattr(efficiency_module, "_stage_next_values",
+                        lambda *a: answers.append(real(*a)) or answers[-1])
+    return answers
+
+
+def test_sim_samples_ordered_in_numpy_give_the_window_querys_tables(sim, monkeypatch):
+    ds, results, _ = sim
+    answers = _record_answers(monkeypatch)
+    day = ds.days[-1]
+    split = sim_day_efficiency(ds, day, group_samples=int(3 * results[day].counters["samples_in_window"]
+                                                           / results[day].counters["gpus"]))
+    assert len(answers) > 1 and all(answers)  # every group ordered in numpy
+    _same_results(split, results[day])
+    _window_query_only(monkeypatch)
+    for d in ds.days:
+        _same_results(sim_day_efficiency(ds, d), results[d])
+
+
+def test_samples_out_of_time_order_with_gaps_nulls_and_nan_give_the_window_querys_tables(monkeypatch):
+    """Rows come in any order; null and NaN values (utilization, power, power limit, energy) stay
+    null in the next-sample columns and in the power count; two GPUs, a gap, a job over both."""
+    rows = []
+    for g, gpu in enumerate(("GPU-aaaaaaa1", "GPU-aaaaaaa2")):
+        rows += series(gpu, at(10), 90, util_pct=lambda i: None if i % 7 == 3 else float(i % 100),
+                       power_w=lambda i, g=g: [None, float("nan"), 250.0 + g, 90.0][i % 4],
+                       power_limit_w=lambda i: None if i % 11 == 5 else 400.0,
+                       energy_mj=lambda i, g=g: None if i % 13 == 2 else 1e6 * (g + 1) + 2.0e4 * i)
+    rows = [r for i, r in enumerate(rows) if not 40 <= i % 90 < 50]  # a hole of 10 minutes
+    table = samples_table(rows)
+    shuffled = table.take(pa.array(random.Random(5).sample(range(table.num_rows), table.num_rows)))
+    states = states_table([("GPU-aaaaaaa1", at(10), at(12), "busy_dedicated", "s#1.0#1"),
+                           ("GPU-aaaaaaa2", at(10), at(12), "busy_dedicated", "s#1.0#1")])
+    jobs = jobs_table([{"global_job_id": "s#1.0#1", "run_start_utc": at(10, 5), "run_end_utc": at(11, 20),
+                        "assigned_gpus": "GPU-aaaaaaa1,GPU-aaaaaaa2"}])
+    answers = _record_answers(monkeypatch)
+    ordered = run(shuffled, states, jobs)
+    assert answers == [True]
+    _window_query_only(monkeypatch)
+    by_window = run(shuffled, states, jobs)
+    _same_results(ordered, by_window)
+    assert ordered.jobs.num_rows == 1 and ordered.jobs["samples"][0].as_py() > 0
+    assert ordered.counters["gaps_over_3x_cadence"] == 2
+
+
+def test_a_gpu_reported_at_one_time_from_two_hosts_is_ordered_by_the_window_query(monkeypatch):
+    """A tie of one GPU's sample time is broken by the host in the window query; the numpy order
+    declines it and the window query is made."""
+    rows = series("GPU-bbbbbbb1", at(10), 30, util_pct=50.0, power_w=200.0)
+    rows += [{**r, "host": "h0", "util_pct": 10.0, "power_w": 80.0} for r in rows[10:12]]
+    answers = _record_answers(monkeypatch)
+    res = run(samples_table(rows))
+    assert answers == [False]
+    _window_query_only(monkeypatch)
+    _same_results(res, run(samples_table(rows)))
