@@ -8,7 +8,10 @@ a gap is an interval longer than ``gap_factor`` x cadence.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpu_pipeline.lib.db import connect as db_connect
+from gpu_pipeline.lib.schemas import TableSpec
+from gpu_pipeline.lib.store import Store
 
 
 @dataclass(frozen=True)
@@ -110,3 +115,43 @@ def register_columns(con: duckdb.DuckDBPyConnection, name: str, source: pa.Table
 def source_rows(source: pa.Table | Path) -> int:
     """Rows of a table, or of a Parquet file (from its footer)."""
     return pq.ParquetFile(source).metadata.num_rows if isinstance(source, Path) else source.num_rows
+
+
+#: The partition note that keeps a file's coverage (:func:`partition_coverage`).
+COVERAGE_NOTE = "coverage"
+_NOTE_VERSION = 1  # bump when coverage() changes what it measures
+
+
+def partition_coverage(store: Store, spec: TableSpec, day: str, time_col: str, series_cols: list[str],
+                       start_utc: dt.datetime, end_utc: dt.datetime, gap_factor: float = 3.0,
+                       also: tuple[TableSpec, ...] = ()) -> Coverage:
+    """:func:`coverage` of the day's partition file of ``spec``, kept in the partition's
+    :data:`COVERAGE_NOTE` with the file's SHA-256 and the arguments. Bytes measured before with the
+    same arguments, under this partition or one of the ``also`` tables' (most days the clean
+    telemetry file is the raw file copied), are not measured again: hashing a file takes a few
+    hundredths of a second per 100 MB, measuring a 1,000-GPU day of telemetry 0.6 s. A note is
+    kept only when the file was not replaced while it was measured."""
+    path = store.partition_file(spec, day)
+    before = _identity(path)
+    with path.open("rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    args = {"time_col": time_col, "series_cols": list(series_cols), "start_utc": start_utc.isoformat(),
+            "end_utc": end_utc.isoformat(), "gap_factor": gap_factor, "version": _NOTE_VERSION}
+    for owner in (spec, *also):
+        note = store.read_partition_note(owner, day, COVERAGE_NOTE)
+        if note and note.get("sha256") == digest and note.get("args") == args:
+            try:
+                return Coverage(**note["result"])
+            except (TypeError, KeyError):
+                pass  # a note of another shape: measured again below
+    cov = coverage(path, time_col, series_cols, start_utc, end_utc, gap_factor)
+    if _identity(path) == before:
+        store.write_partition_note(spec, day, COVERAGE_NOTE,
+                                   {"sha256": digest, "args": args, "result": dataclasses.asdict(cov)})
+    return cov
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    """What changes when a file is replaced (a partition is renamed over the old file) or written."""
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_size

@@ -15,9 +15,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpu_pipeline.lib.coverage import coverage, register_columns, source_rows
+from gpu_pipeline.lib.coverage import Coverage, coverage, register_columns, source_rows
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
+
+#: A telemetry series: one GPU of one source on one host.
+TELEMETRY_SERIES = ("source", "host", "gpu_id")
 
 COVERAGE = TableSpec(
     layer="metrics",
@@ -81,9 +84,12 @@ def coverage_rows(
     kueue: pa.Table | None,
     quarantines: dict[str, list[pa.Table]],
     rows_in: dict[str, int] | None = None,
+    telemetry_coverage: Coverage | None = None,
 ) -> pa.Table:
     """Coverage rows of one day from the day's clean tables and quarantine tables (``samples`` may be
-    the day's ``clean/gpu_samples`` file, read by DuckDB)."""
+    the day's ``clean/gpu_samples`` file, read by DuckDB; ``telemetry_coverage``: the samples'
+    :func:`~gpu_pipeline.lib.coverage.coverage` when already known, e.g. from
+    :func:`~gpu_pipeline.lib.coverage.partition_coverage`)."""
     rows_in = rows_in or {}
     out = []
     snap_gpus = pc.unique(slots.column("gpu_id")) if slots.num_rows else pa.array([], pa.string())
@@ -100,7 +106,7 @@ def coverage_rows(
                 "expected_samples": cov.expected, "coverage_pct": 100 * cov.coverage, "cadence_s": cov.cadence_s,
                 "gaps": cov.gaps, "longest_gap_s": cov.longest_gap_s, "gpus_in_snapshots": len(snap_gpus)})
 
-    cov = coverage(samples, "sample_utc", ["source", "host", "gpu_id"], day_start, day_end)
+    cov = telemetry_coverage or coverage(samples, "sample_utc", list(TELEMETRY_SERIES), day_start, day_end)
     tel_gpus = pa.array([], pa.string())
     silent = 0
     if source_rows(samples):

@@ -101,3 +101,60 @@ def test_empty_day_has_rows_with_full_schema():
                         JOBS.empty(), None, {})
     assert out.schema == COVERAGE.schema and out.num_rows == 3
     assert out.column("coverage_pct").to_pylist()[:2] == [0.0, 0.0]
+
+
+def _telemetry_day(hole: range = range(0)) -> pa.Table:
+    times = [D0 + dt.timedelta(minutes=i) for i in range(1440) if i not in hole]
+    n = len(times)
+    return conform(pa.table({"sample_utc": pa.array(times, pa.timestamp("us", tz="UTC")), "source": ["dcgm"] * n,
+                             "host": ["h1"] * n, "gpu_id": ["GPU-1"] * n}), GPU_SAMPLES)
+
+
+def test_a_files_coverage_is_measured_once_per_bytes_and_found_again_under_the_copy(tmp_path, monkeypatch):
+    from gpu_pipeline.lib import coverage as coverage_module
+    from gpu_pipeline.lib.coverage import COVERAGE_NOTE, partition_coverage
+    from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY
+    from gpu_pipeline.lib.store import Store
+
+    measured = []
+    real = coverage_module.coverage
+    monkeypatch.setattr(coverage_module, "coverage", lambda *a, **k: measured.append(a[0]) or real(*a, **k))
+    store, day, series = Store(tmp_path), "2025-08-05", ["source", "host", "gpu_id"]
+    store.write_partition(RAW_GPU_TELEMETRY, day, _telemetry_day(range(100, 130)))
+    raw = partition_coverage(store, RAW_GPU_TELEMETRY, day, "sample_utc", series, D0, D1)
+    assert raw == real(store.partition_file(RAW_GPU_TELEMETRY, day), "sample_utc", series, D0, D1)
+    assert (raw.gaps, raw.longest_gap_s, raw.samples) == (1, 31 * 60, 1410)
+    with store.partition_file(RAW_GPU_TELEMETRY, day).open("rb") as fh:
+        store.write_partition_copy(GPU_SAMPLES, day, fh)  # the clean file: the raw bytes
+    assert partition_coverage(store, GPU_SAMPLES, day, "sample_utc", series, D0, D1,
+                              also=(RAW_GPU_TELEMETRY,)) == raw
+    assert len(measured) == 1  # found in the raw partition's note
+    # other arguments, or other bytes: measured again
+    other = partition_coverage(store, GPU_SAMPLES, day, "sample_utc", series, D0, D1, gap_factor=40.0,
+                               also=(RAW_GPU_TELEMETRY,))
+    assert len(measured) == 2 and other.gaps == 0
+    store.write_partition(GPU_SAMPLES, day, _telemetry_day())
+    clean = partition_coverage(store, GPU_SAMPLES, day, "sample_utc", series, D0, D1, also=(RAW_GPU_TELEMETRY,))
+    assert len(measured) == 3 and (clean.gaps, clean.samples) == (0, 1440)
+    assert partition_coverage(store, GPU_SAMPLES, day, "sample_utc", series, D0, D1) == clean
+    assert len(measured) == 3
+    assert store.read_partition_note(GPU_SAMPLES, day, COVERAGE_NOTE)["result"]["samples"] == 1440
+
+
+def test_a_file_replaced_while_its_coverage_is_measured_gets_no_note(tmp_path, monkeypatch):
+    from gpu_pipeline.lib import coverage as coverage_module
+    from gpu_pipeline.lib.coverage import COVERAGE_NOTE, partition_coverage
+    from gpu_pipeline.lib.store import Store
+
+    store, day = Store(tmp_path), "2025-08-05"
+    store.write_partition(GPU_SAMPLES, day, _telemetry_day(range(100, 130)))
+    real = coverage_module.coverage
+
+    def measured_then_replaced(*a, **k):
+        cov = real(*a, **k)
+        store.write_partition(GPU_SAMPLES, day, _telemetry_day())  # another run's write, meanwhile
+        return cov
+
+    monkeypatch.setattr(coverage_module, "coverage", measured_then_replaced)
+    partition_coverage(store, GPU_SAMPLES, day, "sample_utc", ["source", "host", "gpu_id"], D0, D1)
+    assert store.read_partition_note(GPU_SAMPLES, day, COVERAGE_NOTE) is None

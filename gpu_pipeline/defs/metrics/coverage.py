@@ -11,8 +11,9 @@ from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib import schemas as S
+from gpu_pipeline.lib.coverage import partition_coverage
 from gpu_pipeline.lib.coverage_table import COVERAGE as SPEC
-from gpu_pipeline.lib.coverage_table import COVERAGE_COLUMNS, coverage_rows
+from gpu_pipeline.lib.coverage_table import COVERAGE_COLUMNS, TELEMETRY_SERIES, coverage_rows
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND
 
 KEY = dg.AssetKey(["metrics", "coverage"])
@@ -44,6 +45,14 @@ def coverage(context: dg.AssetExecutionContext, data_store: DataStoreResource) -
             return store.partition_file(S.GPU_SAMPLES, day)
         return S.GPU_SAMPLES.empty().select(COVERAGE_COLUMNS["samples"])
 
+    def samples_coverage(day: str, start, end):
+        """The samples' coverage, measured once per file's bytes (the raw step measured the raw file,
+        which the clean step copies on a day with nothing to clean)."""
+        if not store.has_partition(S.GPU_SAMPLES, day):
+            return None
+        return partition_coverage(store, S.GPU_SAMPLES, day, "sample_utc", list(TELEMETRY_SERIES), start, end,
+                                  also=(S.RAW_GPU_TELEMETRY,))
+
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
         kueue = read(KUEUE_DEMAND, day, ["sample_utc"])
@@ -59,6 +68,7 @@ def coverage(context: dg.AssetExecutionContext, data_store: DataStoreResource) -
             rows_in={"slot_snapshots": store.row_count(S.RAW_CONDOR_SLOT_SNAPSHOTS, day),
                      "gpu_telemetry": store.row_count(S.RAW_GPU_TELEMETRY, day),
                      "job_records": store.row_count(S.RAW_JOB_DOCUMENTS, day)},
+            telemetry_coverage=samples_coverage(day, start, end),
         )
         metrics = {f"{r['source']}_coverage_pct": r["coverage_pct"] for r in table.to_pylist()
                    if r["coverage_pct"] is not None}

@@ -1,13 +1,13 @@
 """Raw layer: GPU telemetry samples of each day from every configured source."""
 
-from pathlib import Path
 
 import dagster as dg
 
 from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
-from gpu_pipeline.lib.coverage import coverage
+from gpu_pipeline.lib.coverage import partition_coverage
+from gpu_pipeline.lib.coverage_table import TELEMETRY_SERIES
 from gpu_pipeline.lib.samples import RawStream, write_raw_samples
 from gpu_pipeline.lib.schemas import QUARANTINE_GPU_TELEMETRY
 from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY as SPEC
@@ -57,7 +57,8 @@ def gpu_telemetry(
         # Lines the parsers could not read are kept with the reason (always written, so a re-run replaces).
         quarantine = stream.quarantine if stream.quarantine is not None else QUARANTINE_GPU_TELEMETRY.empty()
         store.write_partition(QUARANTINE_GPU_TELEMETRY, day, quarantine)
-        cov = coverage(Path(result.path), "sample_utc", ["source", "host", "gpu_id"], start, end)
+        # kept with the file's digest: the coverage metric reads it back for the clean copy of these bytes
+        cov = partition_coverage(store, SPEC, day, "sample_utc", list(TELEMETRY_SERIES), start, end)
         covs[day] = cov.coverage
         metrics = {"samples": result.rows, "lines_quarantined": quarantine.num_rows}
         metrics.update(cov.as_metadata("telemetry"))
