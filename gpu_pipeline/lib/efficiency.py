@@ -513,16 +513,18 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     _drop_samples(con)  # the previous group's, before this one's is made
     # The group's samples of the picked source, as per-sample values; then the next sample's values
     # (the segment to the next sample). A repeated (GPU, time) gives a zero-length segment, dropped.
-    group = f"""
-        SELECT p.gid, r.host, epoch_us(r.sample_utc) AS t, {_NUM.format(c="r.util_pct")} AS util,
-               {_NUM.format(c="r.power_w")} AS power, {_PLIMIT} AS plimit,
-               {_NUM.format(c="r.energy_mj")} AS energy_mj
-        FROM {samples_sql} r
-        JOIN (SELECT gid, gpu_id, source FROM _eff_src WHERE gid BETWEEN {int(gids[0])} AND {int(gids[1])}) p
-          ON p.gpu_id = r.gpu_id AND p.source = r.source
-        WHERE r.sample_utc >= ? AND r.sample_utc < ? AND NOT {_MIG_R}
-    """
-    if not _stage_next_values(con, group.replace("r.host, ", ""), [*params, lo, hi]):
+    def group(*extra: str) -> str:
+        return f"""
+            SELECT p.gid, {"".join(c + ", " for c in extra)}epoch_us(r.sample_utc) AS t,
+                   {_NUM.format(c="r.util_pct")} AS util, {_NUM.format(c="r.power_w")} AS power,
+                   {_PLIMIT} AS plimit, {_NUM.format(c="r.energy_mj")} AS energy_mj
+            FROM {samples_sql} r
+            JOIN (SELECT gid, gpu_id, source FROM _eff_src WHERE gid BETWEEN {int(gids[0])} AND {int(gids[1])}) p
+              ON p.gpu_id = r.gpu_id AND p.source = r.source
+            WHERE r.sample_utc >= ? AND r.sample_utc < ? AND NOT {_MIG_R}
+        """
+
+    if not _stage_next_values(con, group(), [*params, lo, hi]):
         con.execute(
             f"""
             CREATE OR REPLACE TEMP TABLE _eff_samples_w AS
@@ -530,7 +532,7 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
                    lead(t) OVER w AS nt, lead(util) OVER w AS util1, lead(power) OVER w AS power1,
                    lead(plimit) OVER w AS plimit1, lead(energy_mj) OVER w AS energy1,
                    count(power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn
-            FROM ({group})
+            FROM ({group("r.host")})
             WINDOW w AS (PARTITION BY gid ORDER BY t, host)
             """,
             [*params, lo, hi],

@@ -73,6 +73,20 @@ def test_the_run_is_recorded_in_the_persistent_instance(demo):
             assert len(records) == 1 and records[0].dagster_run.status == dg.DagsterRunStatus.SUCCESS
             mats = instance.fetch_materializations(dg.AssetKey(["plots", "gpu_timeline_heatmap"]), limit=20)
             assert len(mats.records) == 7
+
+            def by_day(*key: str) -> dict[str, dict]:
+                recs = instance.fetch_materializations(dg.AssetKey(list(key)), limit=20).records
+                return {r.partition_key: r.asset_materialization.metadata for r in recs}
+
+            # a day with nothing to clean is copied on the raw step's word, and the coverage metric
+            # finds the raw step's measure of the same bytes: the figures are the same either way
+            clean, raw, cov = by_day("clean", "gpu_samples"), by_day("raw", "gpu_telemetry"), by_day("metrics", "coverage")
+            assert len(clean) == len(raw) == len(cov) == 7
+            for day, md in clean.items():
+                nothing_to_clean = md["duplicate_rows_dropped"].value == md["rows_quarantined"].value == 0
+                assert md["checked_when_raw_was_written"].value is nothing_to_clean
+                assert cov[day]["gpu_telemetry_coverage_pct"].value == raw[day]["telemetry_coverage_pct"].value
+            assert any(md["checked_when_raw_was_written"].value for md in clean.values())
     finally:
         if old is None:
             os.environ.pop("DAGSTER_HOME", None)

@@ -50,7 +50,8 @@ def gpu_samples(context: dg.AssetExecutionContext, data_store: DataStoreResource
                 "gpus": cleaned.gpus,
             },
             details={"quarantined_by_reason": cleaned.quarantined_by_reason,
-                     "raw_sorted_first": not cleaned.sorted_raw},
+                     "raw_sorted_first": not cleaned.sorted_raw,
+                     "checked_when_raw_was_written": cleaned.checked_when_written},
         )
 
     outcomes = run_days(context, one_day)
