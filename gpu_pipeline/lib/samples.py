@@ -90,13 +90,13 @@ def _rows_within(t: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> p
     order, as the sampler writes them (a filter copies every column: a 1,000-GPU day's files 0.2-0.4 s),
     else a filter."""
     times = t["sample_utc"]
-    lo, hi = pa.scalar(start_utc, times.type), pa.scalar(end_utc, times.type)
     if times.type == TS and times.null_count == 0 and t.num_rows:
         us = times.cast(pa.int64()).to_numpy()
         if bool(np.all(us[1:] >= us[:-1])):
             first, stop = np.searchsorted(us, [epoch_us(start_utc), epoch_us(end_utc)], side="left")
             return t.slice(int(first), int(stop - first))
-    return t.filter(pc.and_(pc.greater_equal(times, lo), pc.less(times, hi)))
+    return t.filter(pc.and_(pc.greater_equal(times, pa.scalar(start_utc, times.type)),
+                            pc.less(times, pa.scalar(end_utc, times.type))))
 
 
 def nvml_window_bytes(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> int:

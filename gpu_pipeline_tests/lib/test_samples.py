@@ -300,6 +300,17 @@ def test_a_note_is_not_taken_for_another_raw_file_or_under_other_rules(tmp_path,
     assert store.read_table(GPU_SAMPLES, DAY).equals(pa.concat_tables([t.slice(0, 17), t.slice(18)]).combine_chunks())
     assert sorted(p.name for p in store.partition_file(GPU_SAMPLES, DAY).parent.iterdir()) == [".lock", "part-0.parquet"]
 
+    # replaced by a file with nothing to clean either: the copy of other bytes is dropped, and the
+    # read-only pass copies the file again
+    power[17] = 55.0
+    store.write_partition(RAW_GPU_TELEMETRY, DAY, t.set_column(t.schema.get_field_index("power_w"), "power_w",
+                                                               pa.array(power, pa.float64())))
+    cleaned = write_clean_samples(store, DAY, batch_rows=97)
+    assert not cleaned.checked_when_written and cleaned.quarantined_by_reason == {}
+    assert (store.partition_file(GPU_SAMPLES, DAY).read_bytes()
+            == store.partition_file(RAW_GPU_TELEMETRY, DAY).read_bytes())
+    assert store.read_table(GPU_SAMPLES, DAY)["power_w"][17].as_py() == 55.0
+
     write_sorted_raw(store, DAY, [t], T0, T0 + dt.timedelta(hours=1))
     monkeypatch.setattr(samples_module, "_RULES", "other-rules")
     cleaned = write_clean_samples(store, DAY, batch_rows=97)
