@@ -458,6 +458,10 @@ class _RssSampler:
     def peak(self) -> int | None:
         return max((rss for _, rss in self.samples), default=None)
 
+    def current(self) -> int | None:
+        """The resident set size of this process now (its children not counted)."""
+        return self._rss([])
+
     def __enter__(self) -> _RssSampler:
         self._thread.start()
         return self
@@ -985,7 +989,7 @@ def bench_telemetry_formats(base: Path, day: dt.date, cfg: BenchConfig) -> dict[
         def go() -> int:
             store = Store(work / f"store-{name}")
             with _RssSampler() as rss:
-                before = rss._rss([]) or 0
+                before = rss.current() or 0
                 written = write_raw_samples(store, d, RawStream(roots[name], start, end, SIM_TZ, 0))
             peaks[name].append(((rss.peak() or before) - before) / MIB)
             return written.rows

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,9 +130,8 @@ def partition_coverage(store: Store, spec: TableSpec, day: str, time_col: str, s
     hundredths of a second per 100 MB, measuring a 1,000-GPU day of telemetry 0.6 s. A note is
     kept only when the file was not replaced while it was measured."""
     path = store.partition_file(spec, day)
-    before = _identity(path)
-    with path.open("rb") as fh:
-        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    before = store.partition_identity(spec, day)
+    digest = store.partition_sha256(spec, day)
     args = {"time_col": time_col, "series_cols": list(series_cols), "start_utc": start_utc.isoformat(),
             "end_utc": end_utc.isoformat(), "gap_factor": gap_factor, "version": _NOTE_VERSION}
     for owner in (spec, *also):
@@ -145,13 +142,7 @@ def partition_coverage(store: Store, spec: TableSpec, day: str, time_col: str, s
             except (TypeError, KeyError):
                 pass  # a note of another shape: measured again below
     cov = coverage(path, time_col, series_cols, start_utc, end_utc, gap_factor)
-    if _identity(path) == before:
+    if store.partition_identity(spec, day) == before:
         store.write_partition_note(spec, day, COVERAGE_NOTE,
                                    {"sha256": digest, "args": args, "result": dataclasses.asdict(cov)})
     return cov
-
-
-def _identity(path: Path) -> tuple[int, int, int]:
-    """What changes when a file is replaced (a partition is renamed over the old file) or written."""
-    st = os.stat(path)
-    return st.st_ino, st.st_mtime_ns, st.st_size

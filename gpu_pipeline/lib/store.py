@@ -248,13 +248,13 @@ class Store:
         source.seek(0)
         rows = pq.ParquetFile(source).metadata.num_rows
         source.seek(0)
-        digest = hashlib.sha256()
+        digest = hashlib.sha256() if sha256 is not None else None
         with self._partition_lock(target.parent), _atomic_file(target) as out:
             while chunk := source.read(16 << 20):
-                if sha256 is not None:
+                if digest is not None:
                     digest.update(chunk)
                 out.write(chunk)
-            if sha256 is not None and digest.hexdigest() != sha256:
+            if digest is not None and digest.hexdigest() != sha256:
                 raise ContentMismatch(f"{getattr(source, 'name', source)}: the bytes copied to {target} are not "
                                       f"the ones expected (SHA-256 {digest.hexdigest()}, expected {sha256})")
         return WriteResult(path=str(target), rows=rows, bytes=target.stat().st_size, sha256=sha256)
@@ -321,6 +321,17 @@ class Store:
             return pq.read_table(path, columns=list(columns) if columns is not None else None,
                                  read_dictionary=list(dictionary))
         return pq.read_table(path, schema=spec.schema, columns=list(columns) if columns is not None else None)
+
+    def partition_sha256(self, spec: TableSpec, day: dt.date | str) -> str:
+        """The SHA-256 (hex) of the day's partition file, as the writers give it (``digest=True``)."""
+        with self.partition_file(spec, day).open("rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+
+    def partition_identity(self, spec: TableSpec, day: dt.date | str) -> tuple[int, int, int]:
+        """What changes when the day's partition is replaced (a new file renamed over it) or written
+        in place: its inode, modification time and size."""
+        st = self.partition_file(spec, day).stat()
+        return st.st_ino, st.st_mtime_ns, st.st_size
 
     def row_count(self, spec: TableSpec, day: dt.date | str) -> int:
         """Rows of the day's partition, from the Parquet footer (0 when the partition is absent)."""
