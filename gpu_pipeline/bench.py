@@ -34,6 +34,7 @@ Timings are wall-clock on whatever else the machine is doing; the machine is des
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import importlib.util
 import json
@@ -121,6 +122,7 @@ class BenchConfig:
     baseline_max_gpus: int = BASELINE_MAX_GPUS
     repeats: int = REPEATS
     profile: bool = False  #: run each size's pipeline under pyinstrument (timings then include its cost)
+    compare_zstd: bool = False  #: the telemetry formats also from the day's text compressed with zstd
     duckdb_memory_limit: str = DUCKDB_MEMORY_LIMIT  #: the run's GPU_PIPELINE_DUCKDB_MEMORY_LIMIT ("" = none)
     seed: int = SEED
     start: dt.date = START
@@ -166,6 +168,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         baseline_max_gpus=int(get("baseline_max_gpus", d.baseline_max_gpus)),
         repeats=int(get("repeats", d.repeats)),
         profile=bool(get("profile", d.profile)),
+        compare_zstd=bool(get("compare_zstd", d.compare_zstd)),
         duckdb_memory_limit=str(get("duckdb_memory_limit", d.duckdb_memory_limit)),
         seed=int(get("seed", d.seed)),
     )
@@ -963,12 +966,49 @@ def write_as_sampler_files(raw_file: Path, root: Path) -> int:
     return files
 
 
+def write_zstd_copy(root: Path, start: dt.datetime, end: dt.datetime, dest: Path) -> int:
+    """The telemetry files a raw step of [start, end) reads under ``root``, each compressed with zstd
+    into ``dest`` (``<kind>/<host>/<name>.zst``, as a log rotation would leave them), streamed a few
+    MB at a time. Returns the compressed bytes."""
+    import pyarrow as pa
+
+    from gpu_pipeline.lib.telemetry import TelemetryDir
+
+    total = 0
+    for kind, host, path, _ in TelemetryDir(root, start, end, SIM_TZ, margin_days=0).tasks:
+        out = dest / kind / host / f"{path.name}.zst"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("rb") as src, pa.output_stream(str(out), compression="zstd") as sink:
+            while chunk := src.read(4 << 20):
+                sink.write(chunk)
+        total += out.stat().st_size
+    return total
+
+
+def _drop_cached(root: Path) -> None:
+    """Ask the kernel to drop the cached pages of every file under ``root`` (POSIX_FADV_DONTNEED:
+    no privileges needed; pages of this virtual machine's cache only), so that the next read comes
+    from the disk, as a nightly run's first read of its files does."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for path in root.rglob("*"):
+        if path.is_file():
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+
 def bench_telemetry_formats(base: Path, day: dt.date, cfg: BenchConfig) -> dict[str, Any]:
     """The raw telemetry step's library call on one day of the run, from the simulated exporter
-    text and CSV logs, and from the same samples in the NVML sampler's Parquet files: what parsing
-    text costs against reading columnar files, measured on the same rows in the same process
-    (best of :data:`FORMAT_ROUNDS` interleaved rounds at most, the first of which reads the text
-    from disk if the run left it uncached; memory: the largest RSS above the start)."""
+    text and CSV logs, from the same samples in the NVML sampler's Parquet files, and with
+    ``cfg.compare_zstd`` from the text compressed with zstd (as a log rotation leaves it): what
+    parsing text costs against reading columnar files, and what compressed logs cost, measured on the
+    same rows in the same process (best of :data:`FORMAT_ROUNDS` interleaved rounds at most; before
+    each call the source files' pages are dropped from the page cache, so every call reads from the
+    disk; memory: the largest RSS above the start)."""
     from gpu_pipeline.lib.samples import RawStream, write_raw_samples
     from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY
     from gpu_pipeline.lib.store import Store
@@ -982,11 +1022,18 @@ def bench_telemetry_formats(base: Path, day: dt.date, cfg: BenchConfig) -> dict[
     sampler_root = work / "sampler-files"
     convert_s, files = _timed(lambda: write_as_sampler_files(source.partition_file(RAW_GPU_TELEMETRY, d), sampler_root))
     start, end = day_window(day, SIM_TZ)
-    roots = {"text": base / "sources" / "telemetry", "sampler_parquet": sampler_root}
+    text_root = base / "sources" / "telemetry"
+    roots = {"text": text_root, "sampler_parquet": sampler_root}
+    compress_s, zstd_bytes = None, 0
+    if cfg.compare_zstd:
+        zstd_root = work / "zstd-text"
+        compress_s, zstd_bytes = _timed(lambda: write_zstd_copy(text_root, start, end, zstd_root))
+        roots["zstd_text"] = zstd_root
     peaks: dict[str, list[float]] = {name: [] for name in roots}
 
     def raw_step(name: str) -> Callable[[], int]:
         def go() -> int:
+            _drop_cached(roots[name])
             store = Store(work / f"store-{name}")
             with _RssSampler() as rss:
                 before = rss.current() or 0
@@ -996,18 +1043,20 @@ def bench_telemetry_formats(base: Path, day: dt.date, cfg: BenchConfig) -> dict[
         return go
 
     rounds = min(cfg.repeats, FORMAT_ROUNDS)
-    _log(f"[telemetry formats] one day's raw telemetry step from text and from sampler Parquet ({rounds} rounds)")
+    _log(f"[telemetry formats] one day's raw telemetry step from {', '.join(roots)} ({rounds} rounds)")
     timed = _best_interleaved(rounds, {name: raw_step(name) for name in roots})
-    out: dict[str, Any] = {"day": d, "sampler_files": files, "convert_s": convert_s}
+    out: dict[str, Any] = {"day": d, "sampler_files": files, "convert_s": convert_s, "compress_s": compress_s}
     for name, root in roots.items():
         best, runs, rows = timed[name]
         size = (RawStream(root, start, end, SIM_TZ, 0).reader.input_bytes if name == "text"  # the day's files
-                else _dir_bytes(root))
+                else zstd_bytes if name == "zstd_text" else _dir_bytes(root))
         out[name] = {"seconds": best, "runs_s": runs, "rows": rows, "source_bytes": size,
                      "rss_growth_mib": max(peaks[name])}
     shutil.rmtree(work, ignore_errors=True)
-    out["same_rows"] = timed["text"][2] == timed["sampler_parquet"][2]
+    out["same_rows"] = len({timed[name][2] for name in roots}) == 1
     out["text_vs_parquet"] = _ratio(timed["text"][0], timed["sampler_parquet"][0])
+    if "zstd_text" in roots:
+        out["text_vs_zstd_text"] = _ratio(timed["text"][0], timed["zstd_text"][0])
     return out
 
 
@@ -1408,11 +1457,16 @@ def format_report(result: dict[str, Any]) -> str:
         tf = s.get("telemetry_formats")
         if tf and "skipped" not in tf:
             tx, sp = tf["text"], tf["sampler_parquet"]
-            lines.append(f"   raw telemetry step on {tf['day']}, same {_fmt(tx['rows'])} samples: from exporter text + "
+            lines.append(f"   raw telemetry step on {tf['day']}, same {_fmt(tx['rows'])} samples, read from disk: from exporter text + "
                          f"CSV ({tx['source_bytes'] / 1e9:.2f} GB) {tx['seconds']:.2f} s, +{tx['rss_growth_mib']:,.0f} MiB; "
                          f"from the NVML sampler's Parquet ({tf['sampler_files']} files, {sp['source_bytes'] / 1e6:.0f} MB) "
                          f"{sp['seconds']:.2f} s, +{sp['rss_growth_mib']:,.0f} MiB -> text costs "
                          f"{_fmt(tf['text_vs_parquet'])}x{'' if tf['same_rows'] else ' (ROW COUNTS DIFFER)'}")
+            if "zstd_text" in tf:
+                zt = tf["zstd_text"]
+                lines.append(f"   the same text compressed with zstd ({zt['source_bytes'] / 1e6:.0f} MB, made in "
+                             f"{tf['compress_s']:.1f} s): {zt['seconds']:.2f} s, +{zt['rss_growth_mib']:,.0f} MiB -> "
+                             f"plain text costs {_fmt(tf['text_vs_zstd_text'])}x")
         elif tf:
             lines.append(f"   telemetry formats: skipped ({tf['skipped']})")
     sq = result.get("sqlite_archive")
@@ -1508,6 +1562,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the (slow) pandas baseline above this size")
     p.add_argument("--repeats", type=int, default=REPEATS)
     p.add_argument("--profile", action="store_true", help="profile each run with pyinstrument (next to --out)")
+    p.add_argument("--compare-zstd", action="store_true",
+                   help="also time the raw telemetry step on the last day's text compressed with zstd")
     p.add_argument("--duckdb-memory-limit", default=DUCKDB_MEMORY_LIMIT,
                    help="GPU_PIPELINE_DUCKDB_MEMORY_LIMIT of the measured run ('' for DuckDB's default)")
 

@@ -187,7 +187,7 @@ def test_bench_smoke_writes_json(tmp_path, capsys):
     # the cost at 600 s is measured on a slice of 13 GPUs (13 x 144 <= 2,000)
     args = argparse.Namespace(gpus="20", days=1, out=str(out), work_dir=None, telemetry_interval=600,
                               max_telemetry_samples=2_000, sqlite_rows=20_000, es_docs=300, es_page_size=100,
-                              baseline_max_gpus=0, repeats=1, profile=False)
+                              baseline_max_gpus=0, repeats=1, profile=False, compare_zstd=True)
     assert main_bench(args) == 0
     printed = capsys.readouterr().out
     assert "== targets" in printed and str(out) in printed
@@ -234,6 +234,10 @@ def test_bench_smoke_writes_json(tmp_path, capsys):
     assert tf["text"]["rows"] == tf["sampler_parquet"]["rows"] == assets["raw/gpu_telemetry"] > 0
     assert tf["text"]["source_bytes"] > tf["sampler_parquet"]["source_bytes"] > 0
     assert tf["text_vs_parquet"] == pytest.approx(tf["text"]["seconds"] / tf["sampler_parquet"]["seconds"])
+    # the same files compressed: the same rows, a fraction of the bytes
+    assert tf["zstd_text"]["rows"] == tf["text"]["rows"] and 0 < tf["zstd_text"]["source_bytes"] < tf["text"]["source_bytes"] / 5
+    assert tf["text_vs_zstd_text"] == pytest.approx(tf["text"]["seconds"] / tf["zstd_text"]["seconds"])
+    assert "compressed with zstd" in printed
     assert "raw telemetry step on" in printed
     assert any(t["target"].startswith("one day out of") for t in result["targets"])
     assert result["scratch_dir"] is None  # the scratch data is removed without --work-dir

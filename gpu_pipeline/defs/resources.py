@@ -86,7 +86,8 @@ class JobRecordsResource(dg.ConfigurableResource):
 
 
 class TelemetryResource(dg.ConfigurableResource):
-    """GPU telemetry: files (``<dir>/nvidia-smi/HOST/*.csv``, ``<dir>/dcgm/HOST/*.prom``,
+    """GPU telemetry: files (``<dir>/nvidia-smi/HOST/*.csv``, ``<dir>/dcgm/HOST/*.prom``, either
+    also gzip- or zstd-compressed as ``*.csv.gz`` / ``*.prom.zst`` ...,
     ``<dir>/nvml/HOST/*.parquet``; nvidia-smi timestamps are local time in ``source_timezone``)
     and/or DCGM history from a Prometheus server (``query_range`` at ``prometheus_step_s``)."""
 

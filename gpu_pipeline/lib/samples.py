@@ -172,10 +172,10 @@ class RawStream:
 
     @property
     def expected_bytes(self) -> int:
-        """A rough size of the rows in memory, known before reading: half the telemetry files' bytes
+        """A rough size of the rows in memory, known before reading: half the telemetry files' text
         (a DCGM scrape's text is about 3.4x its rows, nvidia-smi CSV about 1x), and the NVML files'
         rows in the window (:func:`nvml_window_bytes`)."""
-        text = self.reader.input_bytes // 2 if self.reader is not None else 0
+        text = self.reader.text_bytes // 2 if self.reader is not None else 0
         return text + sum(nvml_window_bytes(path, self.start_utc, self.end_utc) for path in self.nvml_paths)
 
     def parts(self) -> Iterator[pa.Table]:

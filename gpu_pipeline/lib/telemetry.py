@@ -45,6 +45,12 @@ dcgm-exporter (Prometheus text exposition)
     say where) the file is validated line by line, the lines it rejects are quarantined and the rest
     is parsed again. Both give the same rows and counters (tested).
 
+Compressed files
+    A file compressed by its log rotation (``nvidia-smi-2025-08-04.csv.gz``, ``dcgm-....prom.zst``:
+    gzip or zstd, by the name's last suffix) is read through pyarrow's codec as it is read, on every
+    path below, with the same rows, counters and quarantined lines as its text; a truncated or
+    corrupt one raises ``ValueError`` naming the file and codec.
+
 Fast path
     The line-by-line parsers above define the semantics; they cost ~1 s per host-day file. Both
     parsers first try a vectorized fast path for the common well-formed file, which gives exactly
@@ -175,7 +181,74 @@ class ParseResult:
         return quarantine_lines_table(self.quarantine, GPU_SAMPLES.path)
 
 
-_FILE_SUFFIXES = (".csv", ".prom", ".txt", ".log")
+_FILE_SUFFIXES = (".csv", ".prom", ".txt", ".log", ".gz", ".zst")
+
+# A telemetry file compressed by its log rotation (logrotate's ``compress``: gzip; or zstd), named
+# with the codec's suffix after its own (``nvidia-smi-2025-08-04.csv.gz``): read through pyarrow's
+# codec as it is read, never decompressed to disk. Exporter text and nvidia-smi logs compress 20-30
+# times, so a day read from a slow disk costs a twentieth of the reading (and the codec's CPU).
+_COMPRESSION = {".gz": "gzip", ".zst": "zstd"}
+#: How many times its size a compressed file's text is taken to be, to plan memory before reading
+#: (the spill's slabs, the threads' shares): an over-estimate only makes more, smaller slabs.
+COMPRESSED_TEXT_FACTOR = 32
+
+
+def compression_of(path: Path) -> str | None:
+    """The codec of a compressed telemetry file (``"gzip"``, ``"zstd"``), None for plain text."""
+    return _COMPRESSION.get(path.suffix.lower())
+
+
+def text_bytes_estimate(path: Path) -> int:
+    """The file's text size: its size, or for a compressed file :data:`COMPRESSED_TEXT_FACTOR` times it."""
+    size = path.stat().st_size
+    return size * COMPRESSED_TEXT_FACTOR if compression_of(path) else size
+
+
+class _Decompressing(io.RawIOBase):
+    """A compressed file's text as a readable binary stream, a read error naming the file and codec
+    (a truncated or corrupt file fails its partition with that message)."""
+
+    def __init__(self, path: Path, codec: str):
+        self.path, self.codec = path, codec
+        self._raw = path.open("rb")
+        try:
+            self._stream = pa.CompressedInputStream(self._raw, codec)
+        except BaseException:
+            self._raw.close()
+            raise
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001 - any writable buffer
+        try:
+            return self._stream.readinto(buffer)
+        except (OSError, pa.ArrowException) as exc:
+            raise ValueError(f"{self.path}: cannot read the {self.codec}-compressed text: {exc}") from exc
+
+    def fileno(self) -> int:
+        return self._raw.fileno()  # the compressed file's, for _read_once
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._stream.close()
+            finally:
+                self._raw.close()
+        super().close()
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    """The file's text as a binary stream: the file itself, or its decompressed text (buffered)."""
+    codec = compression_of(path)
+    if codec is None:
+        return path.open("rb")
+    return io.BufferedReader(_Decompressing(path, codec), buffer_size=1 << 20)
+
+
+def _read_file_bytes(path: Path) -> bytes:
+    with _open_binary(path) as fh:
+        return fh.read()
 
 
 def _resolve_source(path_or_text: str | Path) -> Path | str:
@@ -201,7 +274,7 @@ def _source_lines(path_or_text: str | Path) -> tuple[Callable[[], Iterator[str]]
     if isinstance(source, Path):
 
         def from_file() -> Iterator[str]:
-            with source.open(encoding="utf-8", errors="replace", newline="") as fh:
+            with io.TextIOWrapper(_open_binary(source), encoding="utf-8", errors="replace", newline="") as fh:
                 yield from fh
 
         return from_file, str(source)
@@ -297,7 +370,7 @@ def _source_bytes(path_or_text: str | Path) -> tuple[bytes, str | None]:
     """The input as UTF-8 bytes, and the path when it is a file (see :func:`_resolve_source`)."""
     source = _resolve_source(path_or_text)
     if isinstance(source, Path):
-        with source.open("rb") as fh:
+        with _open_binary(source) as fh:
             data = fh.read()
             _read_once(fh)
         return data, str(source)
@@ -326,7 +399,7 @@ def _file_pieces(source: Path | io.BytesIO) -> Iterator[bytearray]:
     # Each piece is read into its own buffer after the previous piece's unfinished line, and cut at
     # its last newline in place: its bytes are copied once (concatenating bytes objects copied every
     # piece twice more, holding the GIL that the other parsing threads wait for).
-    with source.open("rb") if isinstance(source, Path) else source as fh:
+    with _open_binary(source) if isinstance(source, Path) else source as fh:
         rest = b""
         while True:
             piece = bytearray(len(rest) + _PIECE_BYTES)
@@ -1454,6 +1527,22 @@ _AHEAD = 0
 _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
+def _host_files(host_dir: Path, suffix: str, counters: Counter[str]) -> list[Path]:
+    """A host folder's files of one kind: ``*<suffix>``, and ``*<suffix>.gz`` / ``*<suffix>.zst``
+    (compressed by a log rotation), in name order. While a rotation compresses a file, the file and
+    its compressed copy may both be there (the copy perhaps unfinished): the file is read, the copy
+    skipped and counted (``compressed_twins_skipped``)."""
+    plain = {p.name for p in host_dir.glob(f"*{suffix}")}
+    files = []
+    for path in sorted(p for pattern in (f"*{suffix}", *(f"*{suffix}{c}" for c in _COMPRESSION))
+                       for p in host_dir.glob(pattern)):
+        if compression_of(path) and path.name[: -len(path.suffix)] in plain:
+            counters["compressed_twins_skipped"] += 1
+            continue
+        files.append(path)
+    return files
+
+
 def _file_day(name: str) -> dt.date | None:
     m = _FILE_DAY_RE.search(name)
     if not m:
@@ -1550,7 +1639,10 @@ def read_telemetry_dir(
     fast: bool = True,
 ) -> ParseResult:
     """Samples in [start_utc, end_utc) from ``root/nvidia-smi/HOST/*.csv`` and
-    ``root/dcgm/HOST/*.prom`` (host = directory name), sorted by (sample_utc, host, gpu_id).
+    ``root/dcgm/HOST/*.prom`` (host = directory name), sorted by (sample_utc, host, gpu_id). Either
+    kind may also be compressed by a log rotation (``*.csv.gz``, ``*.prom.zst``: gzip or zstd), read
+    through the codec as it is read, with the same result as its text (see :func:`_host_files` for a
+    file and its compressed copy side by side).
 
     Files are parsed only when the local date in their name (``...-YYYY-MM-DD``) lies within
     ``margin_days`` of the window's local dates (names without a date are always read: the margin
@@ -1585,7 +1677,8 @@ class TelemetryDir:
     (``counters`` then also holds ``rows_out`` and ``quarantined_lines``, as in a
     :class:`ParseResult`). At most a few units are parsed ahead of the consumer, so a caller that
     writes each part away holds a few files' rows, not the day's. ``input_bytes`` is the size of the
-    files to parse, known before any is read."""
+    files to parse and ``text_bytes`` the size of their text (a compressed file's estimated), known
+    before any is read."""
 
     def __init__(self, root: str | Path, start_utc: dt.datetime, end_utc: dt.datetime, source_tz: str, *,
                  ambiguous: str = "earlier", margin_days: int = 1, fast: bool = True):
@@ -1608,19 +1701,21 @@ class TelemetryDir:
         self.files: list[str] = []
         self.fast_parsed = 0
         self.tasks: list[tuple[str, str, Path, dt.date | None]] = []
-        for kind, pattern in (("nvidia-smi", "*.csv"), ("dcgm", "*.prom")):
+        for kind, suffix in (("nvidia-smi", ".csv"), ("dcgm", ".prom")):
             base = root / kind
             if not base.is_dir():
                 continue
             for host_dir in sorted(p for p in base.iterdir() if p.is_dir()):
-                for path in sorted(host_dir.glob(pattern)):
+                for path in _host_files(host_dir, suffix, self.counters):
                     day = _file_day(path.name)
                     if day is not None and not lo <= day <= hi:
                         self.counters["files_outside_window"] += 1
                         continue
                     self.tasks.append((kind, host_dir.name, path, day))
-        self.sizes = [task[2].stat().st_size for task in self.tasks]
-        self.input_bytes = sum(self.sizes)
+        #: per file, its text's size (a compressed file's estimated: :func:`text_bytes_estimate`)
+        self.sizes = [text_bytes_estimate(task[2]) for task in self.tasks]
+        self.text_bytes = sum(self.sizes)
+        self.input_bytes = sum(task[2].stat().st_size for task in self.tasks)
 
     def _no_sample_in_window(self, kind: str, data: bytes) -> bool:
         """Whether a scan of the text's timestamps shows that no sample lies in the window (False
@@ -1639,7 +1734,7 @@ class TelemetryDir:
         kind, host, path, day = task
         rel = path.relative_to(self.root).as_posix()
         margin = day is not None and not self.first_day <= day <= self.last_day
-        if margin and self.fast and self._no_sample_in_window(kind, path.read_bytes()):
+        if margin and self.fast and self._no_sample_in_window(kind, _read_file_bytes(path)):
             return None
         if kind == "nvidia-smi":
             read = partial(_NvsmiFast.read, path, self.zone, host, rel, None)
