@@ -204,3 +204,17 @@ def test_h100_sampler_stopped_by_sigterm_then_restarted_kept_every_row(tmp_path)
     shutil.copy(path, folder / path.name)
     got, _ = read_nvml_dir(tmp_path, H100.start, H100.start + dt.timedelta(days=1))
     assert got.num_rows == 7
+
+
+@pytest.mark.parametrize("cap", CAPTURES)
+def test_the_cards_real_name_finds_its_spec_and_the_spec_matches_the_card(cap):
+    """Efficiency's spec lookup knows the name the driver reports, and the spec agrees with the
+    card: its TDP is the enforced power limit, its idle power the idle readings within 5 %."""
+    from gpu_pipeline.lib.gpu_specs import lookup
+
+    spec = lookup(cap.device_name)
+    assert spec.spec_known
+    assert spec.tdp_w == POWER_LIMIT_W
+    idle = _idle_at_first(pq.read_table(cap.nvml).to_pylist())
+    measured = sum(r["power_w"] for r in idle) / len(idle)
+    assert spec.idle_power_w == pytest.approx(measured, rel=0.05)
