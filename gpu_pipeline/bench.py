@@ -966,23 +966,20 @@ def write_as_sampler_files(raw_file: Path, root: Path) -> int:
     return files
 
 
-def write_zstd_copy(root: Path, start: dt.datetime, end: dt.datetime, dest: Path) -> int:
+def write_zstd_copy(root: Path, start: dt.datetime, end: dt.datetime, dest: Path) -> None:
     """The telemetry files a raw step of [start, end) reads under ``root``, each compressed with zstd
     into ``dest`` (``<kind>/<host>/<name>.zst``, as a log rotation would leave them), streamed a few
-    MB at a time. Returns the compressed bytes."""
+    MB at a time."""
     import pyarrow as pa
 
     from gpu_pipeline.lib.telemetry import TelemetryDir
 
-    total = 0
     for kind, host, path, _ in TelemetryDir(root, start, end, SIM_TZ, margin_days=0).tasks:
         out = dest / kind / host / f"{path.name}.zst"
         out.parent.mkdir(parents=True, exist_ok=True)
         with path.open("rb") as src, pa.output_stream(str(out), compression="zstd") as sink:
             while chunk := src.read(4 << 20):
                 sink.write(chunk)
-        total += out.stat().st_size
-    return total
 
 
 def _drop_cached(root: Path) -> None:
@@ -1024,10 +1021,10 @@ def bench_telemetry_formats(base: Path, day: dt.date, cfg: BenchConfig) -> dict[
     start, end = day_window(day, SIM_TZ)
     text_root = base / "sources" / "telemetry"
     roots = {"text": text_root, "sampler_parquet": sampler_root}
-    compress_s, zstd_bytes = None, 0
+    compress_s = None
     if cfg.compare_zstd:
         zstd_root = work / "zstd-text"
-        compress_s, zstd_bytes = _timed(lambda: write_zstd_copy(text_root, start, end, zstd_root))
+        compress_s, _ = _timed(lambda: write_zstd_copy(text_root, start, end, zstd_root))
         roots["zstd_text"] = zstd_root
     peaks: dict[str, list[float]] = {name: [] for name in roots}
 
@@ -1049,7 +1046,7 @@ def bench_telemetry_formats(base: Path, day: dt.date, cfg: BenchConfig) -> dict[
     for name, root in roots.items():
         best, runs, rows = timed[name]
         size = (RawStream(root, start, end, SIM_TZ, 0).reader.input_bytes if name == "text"  # the day's files
-                else zstd_bytes if name == "zstd_text" else _dir_bytes(root))
+                else _dir_bytes(root))
         out[name] = {"seconds": best, "runs_s": runs, "rows": rows, "source_bytes": size,
                      "rss_growth_mib": max(peaks[name])}
     shutil.rmtree(work, ignore_errors=True)

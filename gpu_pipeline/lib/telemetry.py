@@ -1532,11 +1532,14 @@ def _host_files(host_dir: Path, suffix: str, counters: Counter[str]) -> list[Pat
     (compressed by a log rotation), in name order. While a rotation compresses a file, the file and
     its compressed copy may both be there (the copy perhaps unfinished): the file is read, the copy
     skipped and counted (``compressed_twins_skipped``)."""
-    plain = {p.name for p in host_dir.glob(f"*{suffix}")}
+    def text_name(path: Path) -> str:  # the name without the codec's suffix
+        return path.name[: -len(path.suffix)] if compression_of(path) else path.name
+
+    found = sorted(p for p in host_dir.glob("*") if text_name(p).endswith(suffix))
+    plain = {p.name for p in found if not compression_of(p)}
     files = []
-    for path in sorted(p for pattern in (f"*{suffix}", *(f"*{suffix}{c}" for c in _COMPRESSION))
-                       for p in host_dir.glob(pattern)):
-        if compression_of(path) and path.name[: -len(path.suffix)] in plain:
+    for path in found:
+        if compression_of(path) and text_name(path) in plain:
             counters["compressed_twins_skipped"] += 1
             continue
         files.append(path)
