@@ -34,7 +34,6 @@ Timings are wall-clock on whatever else the machine is doing; the machine is des
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import importlib.util
 import json
@@ -983,19 +982,14 @@ def write_zstd_copy(root: Path, start: dt.datetime, end: dt.datetime, dest: Path
 
 
 def _drop_cached(root: Path) -> None:
-    """Ask the kernel to drop the cached pages of every file under ``root`` (POSIX_FADV_DONTNEED:
-    no privileges needed; pages of this virtual machine's cache only), so that the next read comes
-    from the disk, as a nightly run's first read of its files does."""
-    if not hasattr(os, "posix_fadvise"):
-        return
+    """The cached pages of every file under ``root`` dropped (this machine's page cache only), so
+    that the next read comes from the disk, as a nightly run's first read of its files does."""
+    from gpu_pipeline.lib.telemetry import drop_cached_pages
+
     for path in root.rglob("*"):
         if path.is_file():
-            with contextlib.suppress(OSError):
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
+            with path.open("rb") as fh:
+                drop_cached_pages(fh.fileno())
 
 
 def bench_telemetry_formats(base: Path, day: dt.date, cfg: BenchConfig) -> dict[str, Any]:

@@ -617,10 +617,9 @@ def _stage_next_values(con, group_sql: str, params: list) -> bool:
     scanned = con.sql(group_sql, params=params).to_arrow_table()
     if not scanned.num_rows:
         return False
-    gid = scanned["gid"].to_numpy()
-    order = np.lexsort((scanned["t"].to_numpy(), gid))
-    gid = gid[order]
-    t = scanned["t"].to_numpy()[order]
+    gid, t = scanned["gid"].to_numpy(), scanned["t"].to_numpy()
+    order = np.lexsort((t, gid))
+    gid, t = gid[order], t[order]
     same_gpu = gid[1:] == gid[:-1]
     if bool(np.any(same_gpu & (t[1:] == t[:-1]))):
         return False

@@ -225,6 +225,26 @@ def test_a_streamed_write_gives_the_sha256_of_the_bytes_it_wrote(data_root):
     assert store.partition_file(QUARANTINE, "2025-08-07").read_bytes() == on_disk  # the same file either way
 
 
+def test_a_digest_known_from_the_write_or_copy_is_not_read_again_until_the_file_changes(data_root, monkeypatch):
+    import hashlib
+
+    store = Store(data_root)
+    reads = []
+    file_digest = hashlib.file_digest
+    monkeypatch.setattr(store_mod.hashlib, "file_digest", lambda fh, name: reads.append(name) or file_digest(fh, name))
+    batches = store_mod.conform(q_rows(25, "x"), QUARANTINE).to_batches(max_chunksize=7)
+    written = store.write_partition_batches(QUARANTINE, "2025-08-06", iter(batches), digest=True)
+    assert store.partition_sha256(QUARANTINE, "2025-08-06") == written.sha256 and reads == []
+    with store.partition_file(QUARANTINE, "2025-08-06").open("rb") as fh:
+        store.write_partition_copy(QUARANTINE, "2025-08-07", fh, sha256=written.sha256)
+    assert store.partition_sha256(QUARANTINE, "2025-08-07") == written.sha256 and reads == []
+    # replaced by a writer that did not hash it: read, then remembered
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(3, "other"))
+    on_disk = hashlib.sha256(store.partition_file(QUARANTINE, "2025-08-06").read_bytes()).hexdigest()
+    assert store.partition_sha256(QUARANTINE, "2025-08-06") == on_disk != written.sha256
+    assert store.partition_sha256(QUARANTINE, "2025-08-06") == on_disk and reads == ["sha256"]
+
+
 def test_a_copy_checked_against_another_digest_replaces_nothing(data_root):
     import hashlib
 
