@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import queue
 import re
 import sqlite3
 import threading
@@ -45,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpu_pipeline.lib.db import connect as db_connect
+from gpu_pipeline.lib.prefetch import Prefetch
 from gpu_pipeline.lib.schemas import QUARANTINE_CONDOR_RAW, RAW_CONDOR_SLOT_SNAPSHOTS
 from gpu_pipeline.lib.timeutil import UTC
 
@@ -183,8 +183,9 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
             # The first reader stays a few batches ahead; the second reads its whole range meanwhile
             # (see _AHEAD).
             for masked in (False, True):
-                readers = [_Prefetch(_sqlite_batches(path, wanted, lo, hi, rows, masked, text_columns),
-                                     depth=2 if i == 0 else _AHEAD) for i, rows in enumerate(ranges)]
+                readers = [Prefetch(_sqlite_batches(path, wanted, lo, hi, rows, masked, text_columns),
+                                    depth=2 if i == 0 else _AHEAD, name="archive-read")
+                           for i, rows in enumerate(ranges)]
                 try:
                     part = consume(_in_order(readers))
                     part.read_path = "columnar_masked" if masked else "columnar"
@@ -317,60 +318,7 @@ def _converted(con: adbc_sqlite.Connection, sql: str, params: tuple, schema: pa.
         cur.close()
 
 
-_DONE = object()
-
-
-class _Prefetch:
-    """The batches of ``items`` produced by a background thread from the moment this is built, up to
-    ``depth`` ahead of the caller. The SQLite driver decodes without the GIL, so two of these read two
-    row ranges of a file on two cores while the caller localizes and filters. The producer's exception
-    is raised to the caller; :meth:`close` stops the producer, which closes ``items`` (and so its
-    connection) in its own thread."""
-
-    def __init__(self, items: Iterator[pa.RecordBatch], depth: int):
-        self._items = items
-        self._buffer: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._worker = threading.Thread(target=self._produce, name="archive-read", daemon=True)
-        self._worker.start()
-
-    def _put(self, entry: tuple) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._buffer.put(entry, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _produce(self) -> None:
-        try:
-            for item in self._items:
-                if not self._put((item, None)):
-                    return
-            self._put((_DONE, None))
-        except BaseException as exc:  # handed to the consumer, raised there
-            self._put((None, exc))
-        finally:
-            close = getattr(self._items, "close", None)
-            if close is not None:
-                close()
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        while True:
-            item, exc = self._buffer.get()
-            if exc is not None:
-                raise exc
-            if item is _DONE:
-                return
-            yield item
-
-    def close(self) -> None:
-        self._stop.set()
-        self._worker.join()
-
-
-def _in_order(readers: list[_Prefetch]) -> Iterator[pa.RecordBatch]:
+def _in_order(readers: list[Prefetch]) -> Iterator[pa.RecordBatch]:
     """The readers' batches one reader after the other (so in rowid order), all of them reading at once."""
     try:
         for reader in readers:

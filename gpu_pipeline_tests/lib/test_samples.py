@@ -3,6 +3,7 @@
 import datetime as dt
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 import duckdb
@@ -406,3 +407,35 @@ def test_a_sampler_files_rows_of_the_window_are_those_a_filter_keeps(seed):
         assert got.equals(expected) and 0 < got.num_rows < table.num_rows
     assert samples_module._rows_within(t, T0 - dt.timedelta(days=2), T0 - dt.timedelta(days=1)).num_rows == 0
     assert samples_module._rows_within(t, T0 - dt.timedelta(days=1), T0 + dt.timedelta(days=1)).equals(t)
+
+
+def test_a_raw_write_failing_while_its_slabs_are_sorted_keeps_the_days_file_and_note(tmp_path, monkeypatch):
+    """The slabs are read back and sorted on a thread of their own while the writer encodes: an error
+    there reaches the caller, and the day's earlier file and note stay as they were."""
+    t = faulty_rows(0)
+    store = Store(tmp_path / "store")
+    parts = [t.slice(at, 300) for at in range(0, t.num_rows, 300)]
+    first = write_sorted_raw(store, DAY, parts, T0, T0 + dt.timedelta(hours=1), **SMALL)
+    before = Path(first.path).read_bytes()
+    note = store.read_partition_note(RAW_GPU_TELEMETRY, DAY, CLEAN_CHECK_NOTE)
+    sorted_in: list[str] = []
+    sort = samples_module.TimeSlabSorter.sorted_batches
+
+    def failing(self):
+        for i, batch in enumerate(sort(self)):
+            sorted_in.append(threading.current_thread().name)
+            if i == 3:
+                raise OSError("disk gone while reading slab back")
+            yield batch
+
+    monkeypatch.setattr(samples_module.TimeSlabSorter, "sorted_batches", failing)
+    spill = tmp_path / "spill"
+    with pytest.raises(OSError, match="disk gone"):
+        write_sorted_raw(store, DAY, [t.slice(0, 2000)] * 2, T0, T0 + dt.timedelta(hours=1),
+                         spill_dir=spill, **SMALL)
+    assert set(sorted_in) == {"raw-sort"}  # not the writer's thread
+    assert Path(first.path).read_bytes() == before
+    assert store.read_partition_note(RAW_GPU_TELEMETRY, DAY, CLEAN_CHECK_NOTE) == note
+    assert sorted(p.name for p in Path(first.path).parent.iterdir()) == sorted(
+        [".lock", Path(first.path).name, f"{CLEAN_CHECK_NOTE}.json"])  # no temp file left
+    assert list(spill.iterdir()) == []  # the spill file removed
