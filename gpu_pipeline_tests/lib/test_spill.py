@@ -96,3 +96,37 @@ def test_the_spill_file_goes_in_duckdbs_temp_dir_when_none_is_given(tmp_path, mo
     got = pa.Table.from_batches(list(sorter.sorted_batches()), schema=SCHEMA)
     assert got.equals(sorted_rows(table, KEYS))
     assert list(where.iterdir()) == []
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_parts_of_time_ordered_runs_are_sliced_into_slabs_and_give_the_same_stable_sort(tmp_path, seed):
+    """Parts as the telemetry reader gives them: several files' rows, each file's in time order (ties,
+    times outside the window and files of a few rows included). They are cut by slicing, not sorted,
+    and the rows come back in the order of one stable sort of all."""
+    rng = np.random.default_rng(seed)
+    files = []
+    for f in range(40):
+        count = int(rng.choice([1, 3, 200, 900]))
+        us = np.sort(START_US + rng.integers(-5, DAY_US + 5, count))
+        files.append(pa.table({"t": pa.array(us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                               "host": [f"h{f % 7}"] * count, "n": rng.integers(0, 2, count),
+                               "i": np.arange(count) + 10_000 * f}, schema=SCHEMA))
+    parts = [pa.concat_tables(files[at:at + 5]) for at in range(0, len(files), 5)]
+    table = pa.concat_tables(parts)
+    sorter = TimeSlabSorter(SCHEMA, KEYS, START_US, START_US + DAY_US, spill_dir=tmp_path,
+                            expected_bytes=table.nbytes, memory_bytes=20_000, slab_bytes=30_000, flush_bytes=20_000)
+    for part in parts:
+        sorter.add(part)
+    got = pa.Table.from_batches(list(sorter.sorted_batches()), schema=SCHEMA)
+    assert sorter.slabs > 2 and sorter.spilled_rows == table.num_rows
+    assert sorter.parts_sorted == 0  # every part cut by slicing
+    assert got.equals(sorted_rows(table, KEYS))
+
+
+def test_a_part_in_no_useful_order_is_cut_by_a_sort(tmp_path):
+    table = rows(8, 5_000)  # random times: thousands of falls back in time
+    sorter = TimeSlabSorter(SCHEMA, KEYS, START_US, START_US + DAY_US, spill_dir=tmp_path,
+                            expected_bytes=table.nbytes, memory_bytes=1, slab_bytes=20_000, flush_bytes=1)
+    got = sort_in(sorter, table, 2_500)
+    assert sorter.parts_sorted == 2
+    assert got.equals(sorted_rows(table, KEYS))
