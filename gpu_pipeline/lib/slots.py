@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpu_pipeline.lib.db import connect as db_connect
+from gpu_pipeline.lib.prefetch import Prefetch
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, QUARANTINE, conform
 
 _SHORT_RE = re.compile(r"^(?:GPUs_)?GPU[-_]([0-9a-fA-F]{8})(?:[-_][0-9a-fA-F-]+)?$")
@@ -419,7 +420,9 @@ def clean_slot_rows(
         if sink is None:
             table = pa.Table.from_batches(list(plan.batches(batch_rows)), schema=CLEAN_SLOT_SNAPSHOTS.schema)
         else:
-            written = sink(plan.batches(batch_rows))
+            # the next batch's columns taken on a thread of their own while the sink writes this one
+            with Prefetch(plan.batches(batch_rows), depth=1, name="slot-clean") as batches:
+                written = sink(iter(batches))
         return CleanResult(
             table=table, quarantine=quarantine, rows_in=raw.num_rows, rows_out=len(plan.order), gpus=plan.gpus,
             written=written, excluded_by_host=plan.excluded_by_host,

@@ -1,6 +1,7 @@
 import datetime as dt
 
 import pyarrow as pa
+import pytest
 
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, RAW_CONDOR_SLOT_SNAPSHOTS, conform
 from gpu_pipeline.lib.slots import clean_slot_rows, normalize_gpu_id
@@ -212,6 +213,40 @@ def test_columnar_cleaning_gives_the_sql_path_s_table_and_counts():
             mem = a.table.column("gpu_memory_mib").to_pylist()
             assert {1, 3, -1, -3, 0}.issuperset({m for m in mem if m is not None and abs(m) < 10})
             assert {1, 3, -3}.issubset(set(mem))  # halves away from zero
+
+
+def test_columnar_cleaning_streams_its_batches_from_a_thread_of_their_own_into_the_sink(monkeypatch):
+    """The sink writes one batch while the next one's columns are taken on another thread: the same
+    table as in one piece, in order; an error there reaches the caller."""
+    import threading
+
+    from gpu_pipeline.lib import slots
+
+    raw_rows = _quirky_rows(1)
+    whole = clean_slot_rows(raw_rows, excluded_hosts=["login-*"], batch_rows=10**9)
+    made_in: list[str] = []
+    batches_of = slots._Columnar.batches
+
+    def recording(self, batch_rows):
+        for batch in batches_of(self, batch_rows):
+            made_in.append(threading.current_thread().name)
+            yield batch
+
+    monkeypatch.setattr(slots._Columnar, "batches", recording)
+    got: list[pa.RecordBatch] = []
+    streamed = clean_slot_rows(raw_rows, excluded_hosts=["login-*"], batch_rows=20,
+                               sink=lambda it: got.extend(it) or "written")
+    assert streamed.written == "written" and len(got) > 3
+    assert pa.Table.from_batches(got).equals(whole.table)
+    assert set(made_in) == {"slot-clean"}
+
+    def failing(self, batch_rows):
+        yield from batches_of(self, batch_rows)
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(slots._Columnar, "batches", failing)
+    with pytest.raises(OSError, match="disk gone"):
+        clean_slot_rows(raw_rows, excluded_hosts=["login-*"], batch_rows=20, sink=lambda it: list(it))
 
 
 def test_what_the_columnar_path_leaves_to_sql_gives_the_same_result():
