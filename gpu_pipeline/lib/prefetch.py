@@ -65,10 +65,26 @@ class Prefetch(Generic[T]):
             if item is _DONE:
                 return
             yield item
+            del item  # not held while waiting for the next one
 
     def close(self) -> None:
+        """Stop the producer and wait until its thread has ended -- also when the wait is
+        interrupted (a signal's exception is raised after it), so that nothing the producer
+        reads is closed under it -- then drop the items still queued."""
         self._stop.set()
-        self._worker.join()
+        interrupted: BaseException | None = None
+        while self._worker.is_alive():
+            try:
+                self._worker.join()
+            except BaseException as exc:  # KeyboardInterrupt, a run's termination
+                interrupted = exc
+        while True:
+            try:
+                self._buffer.get_nowait()
+            except queue.Empty:
+                break
+        if interrupted is not None:
+            raise interrupted
 
     def __enter__(self) -> Prefetch[T]:
         return self

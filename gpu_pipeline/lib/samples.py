@@ -226,7 +226,9 @@ def write_sorted_raw(store: Store, day: str, parts: Iterable[pa.Table], start_ut
         give_back()  # what the parsers freed, before the slabs are read back and sorted
         check = _CheckAsWritten()
         # the slabs read back, sorted and checked on a thread of their own while this one encodes
-        # the batches before them into the Parquet file: both mostly without the GIL
+        # the batches before them into the Parquet file: both mostly without the GIL (the batches
+        # queued are slices of sorted slabs, and keep up to two of them alive besides the one
+        # being sorted: a 1,000-GPU day's peak was the same with four batches ahead as with one)
         with Prefetch(check.passing(slabs.sorted_batches()), depth=_WRITE_AHEAD, name="raw-sort") as batches:
             result = store.write_partition_batches(RAW_GPU_TELEMETRY, day, iter(batches), digest=True)
     store.write_partition_note(RAW_GPU_TELEMETRY, day, CLEAN_CHECK_NOTE, check.note(result))

@@ -411,7 +411,8 @@ def clean_slot_rows(
     With ``sink``, the clean rows are not gathered into one table: ``sink`` receives an iterator of
     record batches (``batch_rows`` each, the clean schema, in table order) and what it returns is
     kept in ``written`` (e.g. ``Store.write_partition_batches``); ``table`` is then None. Memory
-    stays at about one batch however large the day is."""
+    stays at a few batches however large the day is (on the columnar path the next batch is taken
+    on another thread while the sink writes one)."""
     patterns = [p.strip() for p in (excluded_hosts or []) if p.strip()]
     plan = _columnar(raw, patterns) if columnar else None
     if plan is not None:

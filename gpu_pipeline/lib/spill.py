@@ -87,6 +87,9 @@ class TimeSlabSorter:
         if not table.num_rows:
             return
         table = table.select(self.schema.names).cast(self.schema)
+        if table[self.keys[0]].null_count:
+            raise ValueError(f"{table[self.keys[0]].null_count} row(s) without a {self.keys[0]}: "
+                             "a row needs its time to be given a slab")
         self.rows += table.num_rows
         self._held.append(table)
         self._held_bytes += table.nbytes

@@ -68,3 +68,34 @@ def test_a_consumer_that_stops_early_stops_the_producer_which_closes_its_generat
 def test_depth_must_be_positive():
     with pytest.raises(ValueError, match="depth"):
         Prefetch(iter([]), depth=0)
+
+
+def test_close_waits_for_the_producer_even_when_its_wait_is_interrupted(monkeypatch):
+    """A signal's exception during close() must not leave the producer running over what the caller
+    closes next: the wait goes on, then the exception is raised; the queued items are dropped."""
+    release = threading.Event()
+
+    def items():
+        yield 1
+        yield 2
+        release.wait(5)  # a slow step, under way when close() is called
+        yield 3
+
+    ahead = Prefetch(items(), depth=1, name="producer")
+    assert next(iter(ahead)) == 1
+    joins = []
+    join = threading.Thread.join
+
+    def interrupted_once(self, timeout=None):
+        joins.append(self.name)
+        if len(joins) == 1:
+            release.set()
+            raise KeyboardInterrupt
+        return join(self, timeout)
+
+    monkeypatch.setattr(threading.Thread, "join", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        ahead.close()
+    assert joins[:2] == ["producer", "producer"]
+    assert not any(t.name == "producer" for t in threading.enumerate())
+    assert ahead._buffer.empty()

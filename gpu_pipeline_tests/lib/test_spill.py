@@ -107,7 +107,11 @@ def test_parts_of_time_ordered_runs_are_sliced_into_slabs_and_give_the_same_stab
     files = []
     for f in range(40):
         count = int(rng.choice([1, 3, 200, 900]))
-        us = np.sort(START_US + rng.integers(-5, DAY_US + 5, count))
+        # a coarse grid (ties within a file and across files), and times just outside the window
+        us = START_US + rng.integers(0, 96, count) * (DAY_US // 96)
+        us[rng.random(count) < 0.03] = START_US - 1
+        us[rng.random(count) < 0.03] = START_US + DAY_US
+        us = np.sort(us)
         files.append(pa.table({"t": pa.array(us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
                                "host": [f"h{f % 7}"] * count, "n": rng.integers(0, 2, count),
                                "i": np.arange(count) + 10_000 * f}, schema=SCHEMA))
@@ -120,7 +124,19 @@ def test_parts_of_time_ordered_runs_are_sliced_into_slabs_and_give_the_same_stab
     got = pa.Table.from_batches(list(sorter.sorted_batches()), schema=SCHEMA)
     assert sorter.slabs > 2 and sorter.spilled_rows == table.num_rows
     assert sorter.parts_sorted == 0  # every part cut by slicing
+    times = table["t"].cast(pa.int64()).to_numpy()
+    assert (times < START_US).any() and (times >= START_US + DAY_US).any()
+    assert len(np.unique(times)) < len(times) / 5  # many ties: their order shows in ``i``
     assert got.equals(sorted_rows(table, KEYS))
+
+
+def test_a_row_without_a_time_is_refused_with_the_column_named(tmp_path):
+    sorter = TimeSlabSorter(SCHEMA, KEYS, START_US, START_US + DAY_US, spill_dir=tmp_path)
+    table = rows(9, 10)
+    t = table["t"].to_pylist()
+    t[3] = None
+    with pytest.raises(ValueError, match="1 row.* without a t"):
+        sorter.add(table.set_column(0, "t", pa.array(t, SCHEMA.field("t").type)))
 
 
 def test_a_part_in_no_useful_order_is_cut_by_a_sort(tmp_path):
