@@ -46,7 +46,7 @@ SLAB_BYTES = 48 << 20
 #: Parts gathered before they are cut into slabs and written (fewer, larger spill batches).
 FLUSH_BYTES = 32 << 20
 MAX_SLABS = 4096
-#: A part whose rows fall back in time more often than this is cut into slabs by a sort, not by slices.
+#: A part whose rows fall back in time this often or more is cut into slabs by a sort, not by slices.
 MAX_RUNS = 256
 ROWS_PER_BATCH = 1 << 16
 
