@@ -198,9 +198,9 @@ def compression_of(path: Path) -> str | None:
     return _COMPRESSION.get(path.suffix.lower())
 
 
-def text_bytes_estimate(path: Path) -> int:
-    """The file's text size: its size, or for a compressed file :data:`COMPRESSED_TEXT_FACTOR` times it."""
-    size = path.stat().st_size
+def text_bytes_estimate(path: Path, size: int) -> int:
+    """The text size of a file of ``size`` bytes: that size, or for a compressed file
+    :data:`COMPRESSED_TEXT_FACTOR` times it."""
     return size * COMPRESSED_TEXT_FACTOR if compression_of(path) else size
 
 
@@ -1721,10 +1721,11 @@ class TelemetryDir:
                         self.counters["files_outside_window"] += 1
                         continue
                     self.tasks.append((kind, host_dir.name, path, day))
+        on_disk = [task[2].stat().st_size for task in self.tasks]
         #: per file, its text's size (a compressed file's estimated: :func:`text_bytes_estimate`)
-        self.sizes = [text_bytes_estimate(task[2]) for task in self.tasks]
+        self.sizes = [text_bytes_estimate(task[2], n) for task, n in zip(self.tasks, on_disk, strict=True)]
         self.text_bytes = sum(self.sizes)
-        self.input_bytes = sum(task[2].stat().st_size for task in self.tasks)
+        self.input_bytes = sum(on_disk)
 
     def _no_sample_in_window(self, kind: str, data: bytes) -> bool:
         """Whether a scan of the text's timestamps shows that no sample lies in the window (False
