@@ -1307,11 +1307,12 @@ def _take_in_place(array: pa.LargeStringArray, rows: np.ndarray) -> pa.LargeStri
                                             pa.py_buffer(valid), len(rows))
 
 
-def _read_dcgm_piece(data: bytes | bytearray) -> tuple[np.ndarray, pa.Array, np.ndarray, list[str]] | None:
+def _read_dcgm_piece(data: bytes | bytearray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]] | None:
     """One piece of a DCGM text (whole lines) split with Arrow kernels: per sample line its series'
-    code in the piece's distinct series (listed in order of first appearance), its value token and
-    its time (UTC microseconds); None when the piece holds no sample line. Raises ``_NotFast`` where
-    the line parser might read a line differently."""
+    code in the piece's distinct series (listed in order of first appearance), its value (float64;
+    the token's shape checked, so that it reads as the line parser reads it) and its time (UTC
+    microseconds); None when the piece holds no sample line. Raises ``_NotFast`` where the line
+    parser might read a line differently."""
     if b"\r" in data:  # a line end to the line parser
         raise _NotFast
     text = pa.LargeStringArray.from_buffers(1, pa.py_buffer(np.array([0, len(data)], dtype=np.int64)),
@@ -1343,7 +1344,7 @@ def _read_dcgm_piece(data: bytes | bytearray) -> tuple[np.ndarray, pa.Array, np.
     sample_us = np.rint(pc.cast(stamps, pa.int64()).to_numpy() / 1000 * 1_000_000).astype(np.int64)
     series = pc.dictionary_encode(_take_in_place(tokens, first))
     codes = pc.fill_null(series.indices, 0).to_numpy()[0::2]
-    return codes, values, sample_us, series.dictionary.to_pylist()
+    return codes, pc.cast(values, pa.float64()).to_numpy(), sample_us, series.dictionary.to_pylist()
 
 
 def _fast_series_entry(series: str) -> tuple[str, dict[str, str]]:
@@ -1377,10 +1378,10 @@ class _DcgmFast:
     timestamp included), a line it would quarantine, a duplicate or conflicting sample."""
 
     def __init__(self, codes: np.ndarray, entries: list[tuple[str, dict[str, str]]],
-                 values: pa.Array, sample_us: np.ndarray, host: str | None, src: str | None):
+                 values: np.ndarray, sample_us: np.ndarray, host: str | None, src: str | None):
         self.codes = codes  # per sample line: its series in ``entries``
         self.entries = entries
-        self.values = values  # per sample line: its value token
+        self.values = values  # per sample line: its value
         self.sample_us = sample_us
         self.host = host
         self.src = src
@@ -1408,8 +1409,7 @@ class _DcgmFast:
         if not codes:
             raise _NotFast
         src = source_file if source_file is not None else path
-        return cls(np.concatenate(codes), entries, pa.concat_arrays(values) if len(values) > 1 else values[0],
-                   np.concatenate(sample_us), host, src)
+        return cls(np.concatenate(codes), entries, np.concatenate(values), np.concatenate(sample_us), host, src)
 
     def finish(self, sort: bool = True) -> ParseResult:
         return self.finish_many([self], sort)
@@ -1453,39 +1453,56 @@ class _DcgmFast:
         counters["samples"] = len(codes)
         _count(counters, unmapped_samples=slot == -1, samples_without_uuid=slot == -2)
         k_codes, k_slot, k_us = codes[kept], slot[kept], sample_us[kept]
-        value = pc.cast(pa.concat_arrays([s.values for s in staged]) if len(staged) > 1 else staged[0].values,
-                        pa.float64()).to_numpy()[kept]
+        value = (np.concatenate([s.values for s in staged]) if len(staged) > 1 else staged[0].values)[kept]
         nan = np.isnan(value)
         blank = ~nan & (value >= blank_of[k_codes])
         _count(counters, nan_values=nan, blank_values=blank)
         value = np.where(nan | blank, np.nan, value * scale_of[k_codes])
-        # Rows: one per (timestamp, GPU), in the order the line parser creates them (by first sample).
-        time_code = pc.dictionary_encode(pa.array(k_us)).indices.to_numpy().astype(np.int64)
-        row = pc.dictionary_encode(pa.array(time_code * len(gpus) + gpu_of[k_codes])).indices.to_numpy()
+        # Rows: one per (timestamp, GPU), in the order the line parser creates them (by first
+        # sample): a dictionary encoding numbers the distinct keys in the order they first appear.
+        lo_us = int(k_us.min())
+        if (int(k_us.max()) - lo_us + 1) * len(gpus) < 1 << 62:  # (time, GPU) as one number, one encoding
+            row_key = (k_us - lo_us) * len(gpus) + gpu_of[k_codes]
+        else:
+            time_code = pc.dictionary_encode(pa.array(k_us)).indices.to_numpy().astype(np.int64)
+            row_key = time_code * len(gpus) + gpu_of[k_codes]
+        row = pc.dictionary_encode(pa.array(row_key)).indices.to_numpy()
         n_rows = int(row.max()) + 1
         first = np.empty(n_rows, dtype=np.int64)
         first[row[::-1]] = np.arange(len(row) - 1, -1, -1)  # the last write is the first sample
-        order = np.argsort(first)
-        rank = np.empty(n_rows, dtype=np.int64)
-        rank[order] = np.arange(n_rows)
-        row, first = rank[row], first[order]
-        cell = row * len(_DCGM_SLOTS) + k_slot
-        if np.bincount(cell, minlength=n_rows * len(_DCGM_SLOTS)).max() > 1:
+        if (first[1:] < first[:-1]).any():  # not so numbered: put in that order
+            order = np.argsort(first)
+            rank = np.empty(n_rows, dtype=np.int64)
+            rank[order] = np.arange(n_rows)
+            row, first = rank[row], first[order]
+        cell = k_slot * n_rows + row  # the value matrix is held a column (slot) at a time
+        seen = np.zeros(len(_DCGM_SLOTS) * n_rows, dtype=bool)
+        seen[cell] = True
+        if np.count_nonzero(seen) < len(cell):
             raise _NotFast  # a duplicate or conflicting sample
-        matrix = np.full((n_rows, len(_DCGM_SLOTS)), np.nan)
-        matrix[row, k_slot] = value
+        del seen
+        matrix = np.full((len(_DCGM_SLOTS), n_rows), np.nan)
+        matrix.reshape(-1)[cell] = value
         # Identity columns per distinct first series of a row (its labels name the row's GPU).
-        row_series, row_of_series = np.unique(k_codes[first], return_inverse=True)
+        first_series = k_codes[first]
+        present = np.zeros(n_series, dtype=bool)
+        present[first_series] = True
+        row_series = np.flatnonzero(present)  # in code order, as np.unique gives them
+        number = np.zeros(n_series, dtype=np.int64)
+        number[row_series] = np.arange(len(row_series))
+        row_of_series = number[first_series]
         ids = [_dcgm_row_ids(keys[k][0], keys[k][1], entries[k][1]) for k in row_series.tolist()]
-        good = np.array([i is not None for i in ids])[row_of_series]
+        good_series = np.array([i is not None for i in ids], dtype=bool)
+        all_good = bool(good_series.all())
+        good = np.ones(n_rows, dtype=bool) if all_good else good_series[row_of_series]
         _count(counters, rows_bad_uuid=~good)
-        pick = pa.array(row_of_series[good])
+        pick = pa.array(row_of_series if all_good else row_of_series[good])
 
         def identity(values: list, type_: pa.DataType) -> pa.Array:
             return pa.array(values, type=type_).take(pick)
 
         n = len(pick)
-        slots = {col: matrix[good, j] for j, col in enumerate(_DCGM_SLOTS)}
+        slots = {col: matrix[j] if all_good else matrix[j][good] for j, col in enumerate(_DCGM_SLOTS)}
         none = np.full(n, np.nan)
         slots["power_limit_w"] = np.where(np.isnan(slots["power_limit_w"]), slots["_enforced_limit"],
                                           slots["power_limit_w"])
@@ -1494,7 +1511,7 @@ class _DcgmFast:
                                           slots["mem_used_mib"] + slots["_fb_free"] + reserved,
                                           slots["_fb_total"])
         columns: dict[str, pa.Array] = {
-            "sample_utc": pa.array(k_us[first][good], type=pa.int64()).cast(TS),
+            "sample_utc": pa.array(k_us[first] if all_good else k_us[first][good], type=pa.int64()).cast(TS),
             "source": pa.repeat("dcgm", n),
             "host": identity([keys[k][2] for k in row_series.tolist()], pa.string()),
             **{col: identity([None if i is None else getattr(i, col) for i in ids],

@@ -328,6 +328,19 @@ def test_dcgm_fast_path_reads_nan_unmapped_and_uuid_less_samples(sim_telemetry):
     assert (c["nan_values"], c["unmapped_samples"], c["samples_without_uuid"]) == (1, 1, 1)
 
 
+def test_dcgm_fast_path_drops_the_rows_of_a_gpu_whose_uuid_is_not_one(sim_telemetry):
+    # One GPU's UUID label made unreadable in every line: its rows are dropped and counted, the
+    # other GPUs' rows kept, as the line parser does, without giving up the fast path.
+    lines = _dcgm_lines(sim_telemetry)
+    uuid = re.search(r'UUID="([^"]*)"', lines[_sample(lines)]).group(1)
+    lines = [ln.replace(f'UUID="{uuid}"', 'UUID="not-a-gpu"') for ln in lines]
+    result = dcgm_both("".join(lines), host="h1", default_time_utc=T0)
+    assert result.fast_parsed == 1
+    assert result.counters["rows_bad_uuid"] > 0
+    assert result.table.num_rows > 0
+    assert uuid not in set(result.table["gpu_uuid"].to_pylist())
+
+
 @pytest.mark.parametrize("piece_bytes", [64, 700, 4096])
 def test_dcgm_text_read_in_pieces_gives_the_whole_text_s_result(sim_telemetry, monkeypatch, piece_bytes):
     # A file is read a piece at a time (pieces end at a line end): the result is the one of the whole
