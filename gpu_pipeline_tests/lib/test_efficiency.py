@@ -801,3 +801,17 @@ def test_a_gpu_reported_at_one_time_from_two_hosts_is_ordered_by_the_window_quer
     assert answers == [False]
     _window_query_only(monkeypatch)
     _same_results(res, run(samples_table(rows)))
+
+
+@pytest.mark.parametrize("gid_span", [1, 3, 1000, 1 << 16, 1 << 20])
+def test_gpu_time_order_is_lexsort_s_order(gid_span):
+    # The two stable sorts (time, then GPU as a 16-bit key) give np.lexsort's order, ties of one
+    # GPU's time in row order included; a span past 16 bits takes lexsort itself.
+    import numpy as np
+
+    rng = np.random.default_rng(gid_span)
+    for n in (0, 1, 7, 5000):
+        gid = rng.integers(0, gid_span, n) + 500
+        t = np.sort(rng.integers(0, 40, n))  # nearly in time order, with ties, as the clean files come
+        t[rng.integers(0, max(n, 1), n // 10)] = rng.integers(0, 40, n // 10)
+        assert np.array_equal(efficiency_module._gpu_time_order(gid, t), np.lexsort((t, gid)))
