@@ -34,6 +34,7 @@ Timings are wall-clock on whatever else the machine is doing; the machine is des
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime as dt
 import importlib.util
 import json
@@ -394,7 +395,10 @@ def _run_summary(instance: Any, asset_graph: Any) -> dict[str, Any]:
 class _RssSampler:
     """Samples the resident set size of this process plus its live child processes (the plot
     helper) every ``interval`` s (Linux ``/proc``), so that the peak of the whole run -- and of each
-    step -- counts every process working at that moment."""
+    step -- counts every process working at that moment; and with it the CPU time they have used
+    (user + system: this process's own, its reaped children's, and its live descendants'), so that a
+    step's CPU seconds can be told from its wall seconds. On a shared two-core machine the wall of a
+    step moves with the disk and the neighbours; its CPU time much less."""
 
     CHILDREN_EVERY = 10
 
@@ -403,8 +407,10 @@ class _RssSampler:
 
         self.interval = interval
         self.samples: list[tuple[float, int]] = []
+        self.cpu_samples: list[tuple[float, float]] = []  # (time, CPU seconds so far), never decreasing
         self._stop = threading.Event()
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
     def _statm(self, pid: str) -> int:
@@ -442,6 +448,26 @@ class _RssSampler:
                 continue
         return total
 
+    def _cpu_ticks(self, pid: str, with_reaped_children: bool) -> int:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()  # from field 3 (the state) on: utime is field 14
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime
+        if with_reaped_children:
+            ticks += int(fields[13]) + int(fields[14])  # cutime + cstime: children waited for
+        return ticks
+
+    def _cpu(self, descendants: list[str]) -> float | None:
+        try:
+            ticks = self._cpu_ticks("self", True)
+        except (OSError, ValueError, IndexError):
+            return None
+        for pid in descendants:
+            try:
+                ticks += self._cpu_ticks(pid, False)
+            except (OSError, ValueError, IndexError):  # ended meanwhile
+                continue
+        return ticks / self._tick
+
     def _run(self) -> None:
         # The process tree is walked every CHILDREN_EVERY samples only: listing the children of each
         # of the run's ~50 threads every 50 ms took ~3 % of a core, from the run it measures.
@@ -454,7 +480,14 @@ class _RssSampler:
             rss = self._rss(descendants)
             if rss is None:
                 return
-            self.samples.append((time.time(), rss))
+            now = time.time()
+            self.samples.append((now, rss))
+            cpu = self._cpu(descendants)
+            if cpu is not None:
+                # a child that ended but is not yet waited for drops out of the sum until it is:
+                # the series is kept from going back
+                last = self.cpu_samples[-1][1] if self.cpu_samples else cpu
+                self.cpu_samples.append((now, max(cpu, last)))
             self._stop.wait(self.interval)
 
     def peak(self) -> int | None:
@@ -471,6 +504,25 @@ class _RssSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def cpu_at(self, t: float) -> float | None:
+        """CPU seconds used by ``t``, interpolated between the samples either side of it (the first
+        or last sample outside their span); None without samples."""
+        samples = self.cpu_samples
+        if not samples:
+            return None
+        i = bisect.bisect_left(samples, (t, -math.inf))
+        if i == 0:
+            return samples[0][1]
+        if i == len(samples):
+            return samples[-1][1]
+        (ta, ca), (tb, cb) = samples[i - 1], samples[i]
+        return ca if tb <= ta else ca + (cb - ca) * (t - ta) / (tb - ta)
+
+    def cpu_between(self, t0: float, t1: float) -> float | None:
+        """CPU seconds used from ``t0`` to ``t1`` (to the sampling interval's resolution)."""
+        a, b = self.cpu_at(t0), self.cpu_at(t1)
+        return None if a is None or b is None else max(0.0, b - a)
 
     def peak_between(self, t0: float, t1: float) -> int | None:
         """The largest sample taken from ``t0`` to ``t1``; for a span shorter than the sampling
@@ -489,6 +541,12 @@ def _asset_key(user_string: str) -> Any:
     return dg.AssetKey(user_string.split("/"))
 
 
+def _cpu_used() -> float:
+    """CPU seconds (user + system) of this process and of its children waited for, so far."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _child_main(argv: list[str]) -> int:
     """``python -m gpu_pipeline.bench _pipeline BASE START END OUT_JSON [--profile FILE]``: one range
     run through Dagster with the environment already set; writes its figures to OUT_JSON."""
@@ -503,8 +561,12 @@ def _child_main(argv: list[str]) -> int:
 
         profiler = Profiler(interval=0.005)
         profiler.start()
+    cpu_before = _cpu_used()
     with _RssSampler() as sampler:
         wall, ok = _timed(lambda: run_pipeline(start, end))
+    cpu = _cpu_used() - cpu_before  # misses helpers still alive at the end: the sampler has them
+    if len(sampler.cpu_samples) > 1:
+        cpu = max(cpu, sampler.cpu_samples[-1][1] - sampler.cpu_samples[0][1])
     self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     children_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     if profiler is not None:
@@ -525,9 +587,11 @@ def _child_main(argv: list[str]) -> int:
         if step.get("wall_s") is not None:
             peak = sampler.peak_between(step["started_at"], step["started_at"] + step["wall_s"])
             step["peak_rss_mib"] = None if peak is None else peak / MIB
+            step["cpu_s"] = sampler.cpu_between(step["started_at"], step["started_at"] + step["wall_s"])
     summary.update(
         success=bool(ok),
         call_wall_s=wall,
+        call_cpu_s=cpu,
         peak_rss_bytes={"self": self_rss, "children": children_rss, "process_tree": sampler.peak() or 0},
     )
     out.write_text(json.dumps(summary, default=str))
@@ -816,6 +880,9 @@ def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reu
     for s in steps:
         wall = s["wall_s"]
         s["wall_per_day_s"] = None if wall is None else wall / cfg.days
+        cpu = s.get("cpu_s")
+        s["cpu_per_day_s"] = None if cpu is None else cpu / cfg.days
+        s["cores"] = None if cpu is None or not wall else cpu / wall  # CPU seconds per wall second
         rows = s["rows_in"] if s["rows_in"] else s["rows_out"]
         s["rows_per_s"] = None if not wall or rows is None else rows / wall
     run_wall = run.get("run_wall_s") or run["call_wall_s"]
@@ -826,6 +893,9 @@ def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reu
         "success": run["success"],
         "status": run.get("status"),
         "call_wall_s": run["call_wall_s"],
+        "call_cpu_s": run.get("call_cpu_s"),
+        "cpu_per_day_s": None if run.get("call_cpu_s") is None else run["call_cpu_s"] / cfg.days,
+        "cores": None if not run.get("call_cpu_s") or not run["call_wall_s"] else run["call_cpu_s"] / run["call_wall_s"],
         "process_wall_s": run["process_wall_s"],
         "run_wall_s": run_wall,
         "steps_wall_sum_s": steps_sum,
@@ -1410,6 +1480,9 @@ def format_report(result: dict[str, Any]) -> str:
                      f"({p['per_day_s']:.1f} s/day, {p['per_day_excl_plots_s']:.1f} s/day without plots), "
                      f"{p['steps_count']} steps, overhead outside steps {p['orchestration_overhead_s']:.1f} s, "
                      f"launch {p['launch_overhead_s']:.1f} s, peak RSS {peak_rss_mib(p):,.0f} MiB (with helpers)")
+        if p.get("call_cpu_s") is not None:
+            lines.append(f"   CPU (user + system, with helpers): {p['call_cpu_s']:.1f} s ({p['cpu_per_day_s']:.1f} s/day), "
+                         f"{p['cores']:.2f} of the {os.cpu_count()} cores on average over the call")
         est = p.get("at_requested_telemetry_estimate")
         if est:
             sl = est["slice"]
@@ -1420,10 +1493,11 @@ def format_report(result: dict[str, Any]) -> str:
                          f"x {sl['scale']:g})")
         if p["failed_checks"]:
             lines.append(f"   failed checks: {', '.join(p['failed_checks'])}")
-        lines.append(f"   {'step':32s} {'s/day':>8s} {'wall s':>8s} {'rows in':>12s} {'rows out':>12s} {'rows/s':>11s} "
-                     f"{'RSS MiB':>8s}")
+        lines.append(f"   {'step':32s} {'s/day':>8s} {'wall s':>8s} {'CPU s/day':>9s} {'cores':>5s} {'rows in':>12s} "
+                     f"{'rows out':>12s} {'rows/s':>11s} {'RSS MiB':>8s}")
         for st in sorted(p["steps"], key=lambda x: -(x["wall_s"] or 0)):
             lines.append(f"   {st['step'][:32]:32s} {_fmt(st['wall_per_day_s']):>8s} {_fmt(st['wall_s']):>8s} "
+                         f"{_fmt(st.get('cpu_per_day_s')):>9s} {_fmt(st.get('cores')):>5s} "
                          f"{_fmt(st['rows_in']):>12s} {_fmt(st['rows_out']):>12s} {_fmt(st['rows_per_s'], 0):>11s} "
                          f"{_fmt(st.get('peak_rss_mib'), 0):>8s}")
         r = s.get("ratios")

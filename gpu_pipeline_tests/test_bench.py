@@ -223,6 +223,12 @@ def test_bench_smoke_writes_json(tmp_path, capsys):
     assert r["pipeline"]["seconds"] > 0 and r["bare_scan"]["seconds"] > 0 and r["pipeline_vs_bare_scan"]["states"] > 0
     assert "skipped" in r["baseline"]  # --baseline-max-gpus 0: the equality tests above cover the baseline
     assert all(s.get("peak_rss_mib") for s in steps.values())
+    # CPU seconds: per step (sampled with the RSS), and the run's, which hold the steps'
+    assert all(s["cpu_s"] is not None and s["cpu_s"] >= 0 and s["cores"] >= 0 for s in steps.values())
+    assert steps["raw__gpu_telemetry"]["cpu_s"] > 0
+    assert p["call_cpu_s"] >= sum(s["cpu_s"] for s in steps.values()) * 0.9 > 0
+    assert p["cpu_per_day_s"] == pytest.approx(p["call_cpu_s"] / size["days"])
+    assert "CPU s/day" in printed and "CPU (user + system, with helpers)" in printed
     sq = result["sqlite_archive"]
     assert sq["archive_rows"] > 0 and sq["day_rows"] > 0 and sq["read_window_s"] > 0 and sq["archive_bytes"] > 0
     assert sq["read_window_indexed_rows"] > 0 and sq["read_window_indexed_s"] > 0
@@ -299,6 +305,47 @@ def test_rss_sampler_counts_a_helper_process_started_after_it():
             child.wait()
     assert alone is not None and with_child is not None
     assert with_child - alone > 250 * mib
+
+
+def test_rss_sampler_counts_the_cpu_time_of_a_helper_process():
+    """A child that keeps a core busy for a while is counted in the CPU seconds of the span it ran
+    in (live, before it is waited for), a quiet span next to it hardly at all."""
+    import subprocess
+    import sys
+    import time
+
+    from gpu_pipeline.bench import _RssSampler
+
+    with _RssSampler(interval=0.02) as sampler:
+        time.sleep(0.1)
+        quiet0 = time.time()
+        time.sleep(0.4)
+        quiet1 = busy0 = time.time()
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass\n"
+                                  "print(1, flush=True)\ntime.sleep(30)"], stdout=subprocess.PIPE)
+        try:
+            assert child.stdout.readline().strip() == b"1"
+            time.sleep(0.02 * (_RssSampler.CHILDREN_EVERY + 5))
+            busy1 = time.time()
+        finally:
+            child.kill()
+            child.wait()
+    assert sampler.cpu_between(quiet0, quiet1) < 0.2
+    assert sampler.cpu_between(busy0, busy1) > 0.7
+    assert all(b[1] >= a[1] for a, b in zip(sampler.cpu_samples, sampler.cpu_samples[1:], strict=False))
+
+
+def test_cpu_seconds_between_two_times_are_interpolated_from_the_samples():
+    from gpu_pipeline.bench import _RssSampler
+
+    sampler = _RssSampler(interval=0.05)
+    sampler.cpu_samples = [(10.0, 1.0), (10.1, 1.2), (10.2, 1.2), (10.3, 1.5)]
+    assert sampler.cpu_at(10.05) == pytest.approx(1.1)
+    assert sampler.cpu_between(10.05, 10.25) == pytest.approx(0.25)
+    assert sampler.cpu_between(9.0, 11.0) == pytest.approx(0.5)  # outside the samples: the first and last
+    assert sampler.cpu_between(10.1, 10.2) == 0.0
+    assert _RssSampler().cpu_between(0.0, 1.0) is None
 
 
 def test_a_step_shorter_than_the_sampling_interval_gets_the_samples_either_side():
