@@ -2,8 +2,12 @@
 end on a tiny cluster and writes its JSON. No timing is asserted anywhere here."""
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -12,7 +16,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from gpu_pipeline.bench import _best_interleaved, compare_with_pipeline, main_bench, write_as_sampler_files
+from gpu_pipeline.bench import (
+    _best_interleaved,
+    _RssSampler,
+    compare_with_pipeline,
+    main_bench,
+    write_as_sampler_files,
+)
 from gpu_pipeline.lib import baseline
 from gpu_pipeline.lib.allocation import allocation_for_day, allocation_from_table
 from gpu_pipeline.lib.condor_archive import read_window
@@ -280,29 +290,30 @@ def test_profile_without_pyinstrument_is_refused_before_any_work(monkeypatch):
     bench.BenchConfig(profile=False).validate()
 
 
+@contextlib.contextmanager
+def _helper_process(code: str):
+    """A child process running ``code``, which prints 1 when it is ready and then waits: once it
+    has, the sampler is given time to find it (it walks the process tree every few samples of
+    20 ms); the child is killed on leaving."""
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"1"
+        time.sleep(0.02 * (_RssSampler.CHILDREN_EVERY + 5))
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_rss_sampler_counts_a_helper_process_started_after_it():
     """The peak RSS is the run process plus its helpers: a child started while sampling, holding
     ~300 MB, is found (the tree is walked every few samples, not every one) and counted."""
-    import subprocess
-    import sys
-    import time
-
-    from gpu_pipeline.bench import _RssSampler
-
     mib = 1 << 20
     with _RssSampler(interval=0.02) as sampler:
         time.sleep(0.1)
         alone = sampler.peak()
-        child = subprocess.Popen([sys.executable, "-c",
-                                  "import sys, time; b = bytearray(300 << 20); print(1, flush=True); time.sleep(30)"],
-                                 stdout=subprocess.PIPE)
-        try:
-            assert child.stdout.readline().strip() == b"1"
-            time.sleep(0.02 * (_RssSampler.CHILDREN_EVERY + 5))
+        with _helper_process("import sys, time; b = bytearray(300 << 20); print(1, flush=True); time.sleep(30)"):
             with_child = sampler.peak()
-        finally:
-            child.kill()
-            child.wait()
     assert alone is not None and with_child is not None
     assert with_child - alone > 250 * mib
 
@@ -310,35 +321,20 @@ def test_rss_sampler_counts_a_helper_process_started_after_it():
 def test_rss_sampler_counts_the_cpu_time_of_a_helper_process():
     """A child that keeps a core busy for a while is counted in the CPU seconds of the span it ran
     in (live, before it is waited for), a quiet span next to it hardly at all."""
-    import subprocess
-    import sys
-    import time
-
-    from gpu_pipeline.bench import _RssSampler
-
     with _RssSampler(interval=0.02) as sampler:
         time.sleep(0.1)
         quiet0 = time.time()
         time.sleep(0.4)
         quiet1 = busy0 = time.time()
-        child = subprocess.Popen([sys.executable, "-c",
-                                  "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass\n"
-                                  "print(1, flush=True)\ntime.sleep(30)"], stdout=subprocess.PIPE)
-        try:
-            assert child.stdout.readline().strip() == b"1"
-            time.sleep(0.02 * (_RssSampler.CHILDREN_EVERY + 5))
+        with _helper_process("import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass\n"
+                             "print(1, flush=True)\ntime.sleep(30)"):
             busy1 = time.time()
-        finally:
-            child.kill()
-            child.wait()
     assert sampler.cpu_between(quiet0, quiet1) < 0.2
     assert sampler.cpu_between(busy0, busy1) > 0.7
     assert all(b[1] >= a[1] for a, b in zip(sampler.cpu_samples, sampler.cpu_samples[1:], strict=False))
 
 
 def test_cpu_seconds_between_two_times_are_interpolated_from_the_samples():
-    from gpu_pipeline.bench import _RssSampler
-
     sampler = _RssSampler(interval=0.05)
     sampler.cpu_samples = [(10.0, 1.0), (10.1, 1.2), (10.2, 1.2), (10.3, 1.5)]
     assert sampler.cpu_at(10.05) == pytest.approx(1.1)
@@ -349,8 +345,6 @@ def test_cpu_seconds_between_two_times_are_interpolated_from_the_samples():
 
 
 def test_a_step_shorter_than_the_sampling_interval_gets_the_samples_either_side():
-    from gpu_pipeline.bench import _RssSampler
-
     sampler = _RssSampler(interval=0.05)
     sampler.samples = [(10.00, 100), (10.05, 300), (10.10, 200), (10.15, 150)]
     assert sampler.peak_between(10.04, 10.11) == 300  # samples inside: their largest
