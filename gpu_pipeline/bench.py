@@ -448,22 +448,22 @@ class _RssSampler:
                 continue
         return total
 
-    def _cpu_ticks(self, pid: str, with_reaped_children: bool) -> int:
+    def _cpu_ticks(self, pid: str) -> int:
+        """A process's CPU ticks: its own (utime + stime) and those of its children it has waited
+        for (cutime + cstime). Each ended process is so counted once, in its live parent, whoever
+        that is in the tree; a live one by itself."""
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()  # from field 3 (the state) on: utime is field 14
-        ticks = int(fields[11]) + int(fields[12])  # utime + stime
-        if with_reaped_children:
-            ticks += int(fields[13]) + int(fields[14])  # cutime + cstime: children waited for
-        return ticks
+        return int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
 
     def _cpu(self, descendants: list[str]) -> float | None:
         try:
-            ticks = self._cpu_ticks("self", True)
+            ticks = self._cpu_ticks("self")
         except (OSError, ValueError, IndexError):
             return None
         for pid in descendants:
             try:
-                ticks += self._cpu_ticks(pid, False)
+                ticks += self._cpu_ticks(pid)
             except (OSError, ValueError, IndexError):  # ended meanwhile
                 continue
         return ticks / self._tick
@@ -895,7 +895,7 @@ def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reu
         "call_wall_s": run["call_wall_s"],
         "call_cpu_s": run.get("call_cpu_s"),
         "cpu_per_day_s": None if run.get("call_cpu_s") is None else run["call_cpu_s"] / cfg.days,
-        "cores": None if not run.get("call_cpu_s") or not run["call_wall_s"] else run["call_cpu_s"] / run["call_wall_s"],
+        "cores": None if run.get("call_cpu_s") is None or not run["call_wall_s"] else run["call_cpu_s"] / run["call_wall_s"],
         "process_wall_s": run["process_wall_s"],
         "run_wall_s": run_wall,
         "steps_wall_sum_s": steps_sum,
@@ -1482,7 +1482,7 @@ def format_report(result: dict[str, Any]) -> str:
                      f"launch {p['launch_overhead_s']:.1f} s, peak RSS {peak_rss_mib(p):,.0f} MiB (with helpers)")
         if p.get("call_cpu_s") is not None:
             lines.append(f"   CPU (user + system, with helpers): {p['call_cpu_s']:.1f} s ({p['cpu_per_day_s']:.1f} s/day), "
-                         f"{p['cores']:.2f} of the {os.cpu_count()} cores on average over the call")
+                         f"{_fmt(p['cores'])} of the {result['machine'].get('cpus')} cores on average over the call")
         est = p.get("at_requested_telemetry_estimate")
         if est:
             sl = est["slice"]

@@ -334,6 +334,23 @@ def test_rss_sampler_counts_the_cpu_time_of_a_helper_process():
     assert all(b[1] >= a[1] for a, b in zip(sampler.cpu_samples, sampler.cpu_samples[1:], strict=False))
 
 
+def test_rss_sampler_keeps_the_cpu_time_of_a_helper_s_own_children():
+    """A helper that runs a child of its own and waits for it holds that child's CPU time in its
+    own (cutime): the tree's CPU does not drop when the grandchild ends, so what this process
+    uses next is still counted."""
+    grandchild = "import time\\ne = time.process_time() + 0.8\\nwhile time.process_time() < e: pass"
+    code = (f"import subprocess, sys, time\nsubprocess.run([sys.executable, '-c', '{grandchild}'], check=True)\n"
+            "print(1, flush=True)\ntime.sleep(30)")
+    with _RssSampler(interval=0.02) as sampler, _helper_process(code):
+        t0 = time.time()
+        end = time.process_time() + 0.6
+        while time.process_time() < end:
+            pass
+        time.sleep(0.1)
+        t1 = time.time()
+    assert sampler.cpu_between(t0, t1) > 0.4
+
+
 def test_cpu_seconds_between_two_times_are_interpolated_from_the_samples():
     sampler = _RssSampler(interval=0.05)
     sampler.cpu_samples = [(10.0, 1.0), (10.1, 1.2), (10.2, 1.2), (10.3, 1.5)]

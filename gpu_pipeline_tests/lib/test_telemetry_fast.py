@@ -341,6 +341,23 @@ def test_dcgm_fast_path_drops_the_rows_of_a_gpu_whose_uuid_is_not_one(sim_teleme
     assert uuid not in set(result.table["gpu_uuid"].to_pylist())
 
 
+def test_dcgm_rows_of_times_too_far_apart_for_one_packed_key_are_still_the_line_parser_s(monkeypatch):
+    # 20 GPUs with samples at the epoch and at the last millisecond of year 9999: the span in
+    # microseconds times the GPUs passes 2**62, so the (time, GPU) key cannot be packed into one
+    # number and each part is encoded on its own; the rows are the same either way.
+    packed = []
+    real = telemetry.pc.dictionary_encode
+    monkeypatch.setattr(telemetry.pc, "dictionary_encode", lambda a, *k, **kw: packed.append(len(a)) or real(a, *k, **kw))
+    lines = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"]
+    for ms in (253402300799999, 0, 86_400_000):
+        for g in range(20):
+            uuid = f"GPU-{g:08x}-0000-4000-8000-000000000000"
+            lines.append(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{g}",UUID="{uuid}",modelName="NVIDIA A100"}} {g} {ms}\n')
+    result = dcgm_both("".join(lines), host="h1", default_time_utc=T0)
+    assert result.fast_parsed == 1 and result.table.num_rows == 60
+    assert packed.count(60) >= 2  # the times, then the (time code, GPU) key: two encodings, not one
+
+
 @pytest.mark.parametrize("piece_bytes", [64, 700, 4096])
 def test_dcgm_text_read_in_pieces_gives_the_whole_text_s_result(sim_telemetry, monkeypatch, piece_bytes):
     # A file is read a piece at a time (pieces end at a line end): the result is the one of the whole
