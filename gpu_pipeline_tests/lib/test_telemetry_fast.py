@@ -233,7 +233,17 @@ NVSMI_EDITS = {
     "upper-case uuid": lambda ls: replaced(ls, 5, re.sub(r"GPU-[0-9a-f-]+", lambda m: m[0].upper(), ls[5])),
     "CRLF line ends": lambda ls: [ln.replace("\n", "\r\n") for ln in ls],
     "field count": lambda ls: replaced(ls, 5, ls[5].rstrip("\n") + ", extra\n"),
+    "NUL byte": lambda ls: replaced(ls, 5, ls[5].replace(", ", ", \x00", 1)),
 }
+
+
+def test_the_blank_line_cr_and_nul_scan_finds_what_searching_the_bytes_finds():
+    rng = random.Random(7)
+    alphabet = b"ab,\n\n\r\x00\t\x0b "
+    for n in [0, 1, 2, 3, 50] * 40:
+        data = bytes(rng.choice(alphabet) for _ in range(n))
+        expected = any(sep in data for sep in (b"\n\n", b"\r", b"\x00"))
+        assert telemetry._blank_line_cr_or_nul(data) == expected, data
 
 
 @pytest.mark.parametrize("edit", sorted(NVSMI_EDITS))
