@@ -436,17 +436,23 @@ class _RssSampler:
             pending += self._children(pid)
         return found
 
-    def _rss(self, descendants: list[str]) -> int | None:
+    @staticmethod
+    def _tree_sum(read: Callable[[str], int], descendants: list[str]) -> int | None:
+        """``read`` of this process plus that of each descendant still there; None when this
+        process's own cannot be read."""
         try:
-            total = self._statm("self")
+            total = read("self")
         except (OSError, ValueError, IndexError):
             return None
         for pid in descendants:
             try:
-                total += self._statm(pid)
+                total += read(pid)
             except (OSError, ValueError, IndexError):  # ended meanwhile
                 continue
         return total
+
+    def _rss(self, descendants: list[str]) -> int | None:
+        return self._tree_sum(self._statm, descendants)
 
     def _cpu_ticks(self, pid: str) -> int:
         """A process's CPU ticks: its own (utime + stime) and those of its children it has waited
@@ -457,16 +463,8 @@ class _RssSampler:
         return int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
 
     def _cpu(self, descendants: list[str]) -> float | None:
-        try:
-            ticks = self._cpu_ticks("self")
-        except (OSError, ValueError, IndexError):
-            return None
-        for pid in descendants:
-            try:
-                ticks += self._cpu_ticks(pid)
-            except (OSError, ValueError, IndexError):  # ended meanwhile
-                continue
-        return ticks / self._tick
+        ticks = self._tree_sum(self._cpu_ticks, descendants)
+        return None if ticks is None else ticks / self._tick
 
     def _run(self) -> None:
         # The process tree is walked every CHILDREN_EVERY samples only: listing the children of each
