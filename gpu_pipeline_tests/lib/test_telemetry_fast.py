@@ -413,6 +413,26 @@ def test_read_telemetry_dir_fast_equals_slow_for_each_day(sim_telemetry, window_
     assert skipped > 0  # margin files without a sample in the window were not parsed
 
 
+def test_the_remembered_utc_offsets_serve_the_day_s_files_and_are_dropped_after_the_read(sim_telemetry, monkeypatch):
+    # The nvidia-smi files of a day share their local seconds: the zone is asked about each
+    # second once, the later files served from what the first ones found; once the directory is
+    # read, the offsets are let go. The rows are the line parser's (above).
+    asked = []
+    real = telemetry._fast_utc_us
+
+    def counting(naive_us, zone):
+        asked.append(len(telemetry._ZONE_OFFSETS))
+        return real(naive_us, zone)
+
+    monkeypatch.setattr(telemetry, "_fast_utc_us", counting)
+    telemetry._ZONE_OFFSETS.clear()  # what single files parsed earlier in this process left
+    start, end = day_window(SIM_DAYS[1], SIM_TZ)
+    result = read_telemetry_dir(sim_telemetry, start, end, SIM_TZ)
+    assert result.fast_parsed > 1 and len(asked) > 1
+    assert asked[0] == 0 and max(asked) > 0  # the second file found the first one's seconds
+    assert telemetry._ZONE_OFFSETS == {}
+
+
 def test_read_telemetry_dir_on_several_threads_equals_one_thread(sim_telemetry, monkeypatch):
     """Files parsed on several threads come back in the one-thread order: the same rows, quarantine,
     counters and file list."""
