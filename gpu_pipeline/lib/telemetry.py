@@ -1502,11 +1502,8 @@ class _DcgmFast:
         n_rows = int(row.max()) + 1
         first = np.empty(n_rows, dtype=np.int64)
         first[row[::-1]] = np.arange(len(row) - 1, -1, -1)  # the last write is the first sample
-        if (first[1:] < first[:-1]).any():  # not so numbered: put in that order
-            order = np.argsort(first)
-            rank = np.empty(n_rows, dtype=np.int64)
-            rank[order] = np.arange(n_rows)
-            row, first = rank[row], first[order]
+        if (first[1:] < first[:-1]).any():  # the encoding numbered them otherwise: the line parser's order
+            raise _NotFast
         cell = k_slot * n_rows + row  # the value matrix is held a column (slot) at a time
         seen = np.zeros(len(_DCGM_SLOTS) * n_rows, dtype=bool)
         seen[cell] = True
@@ -1524,17 +1521,16 @@ class _DcgmFast:
         number[row_series] = np.arange(len(row_series))
         row_of_series = number[first_series]
         ids = [_dcgm_row_ids(keys[k][0], keys[k][1], entries[k][1]) for k in row_series.tolist()]
-        good_series = np.array([i is not None for i in ids], dtype=bool)
-        all_good = bool(good_series.all())
-        good = np.ones(n_rows, dtype=bool) if all_good else good_series[row_of_series]
+        good = np.array([i is not None for i in ids], dtype=bool)[row_of_series]
         _count(counters, rows_bad_uuid=~good)
-        pick = pa.array(row_of_series if all_good else row_of_series[good])
+        rows = slice(None) if good.all() else good  # every GPU readable (the rule): views, no copies
+        pick = pa.array(row_of_series[rows])
 
         def identity(values: list, type_: pa.DataType) -> pa.Array:
             return pa.array(values, type=type_).take(pick)
 
         n = len(pick)
-        slots = {col: matrix[j] if all_good else matrix[j][good] for j, col in enumerate(_DCGM_SLOTS)}
+        slots = {col: matrix[j][rows] for j, col in enumerate(_DCGM_SLOTS)}
         none = np.full(n, np.nan)
         slots["power_limit_w"] = np.where(np.isnan(slots["power_limit_w"]), slots["_enforced_limit"],
                                           slots["power_limit_w"])
@@ -1543,7 +1539,7 @@ class _DcgmFast:
                                           slots["mem_used_mib"] + slots["_fb_free"] + reserved,
                                           slots["_fb_total"])
         columns: dict[str, pa.Array] = {
-            "sample_utc": pa.array(k_us[first] if all_good else k_us[first][good], type=pa.int64()).cast(TS),
+            "sample_utc": pa.array(k_us[first][rows], type=pa.int64()).cast(TS),
             "source": pa.repeat("dcgm", n),
             "host": identity([keys[k][2] for k in row_series.tolist()], pa.string()),
             **{col: identity([None if i is None else getattr(i, col) for i in ids],
