@@ -246,6 +246,21 @@ def test_the_blank_line_cr_and_nul_scan_finds_what_searching_the_bytes_finds():
         assert telemetry._blank_line_cr_or_nul(data) == expected, data
 
 
+def test_the_dcgm_value_check_accepts_what_the_value_pattern_accepts():
+    """Digits alone skip the regular expression; every other token is matched by it: the answer is
+    the pattern's on every token, on random tokens of the characters a value may hold and more."""
+    import pyarrow as pa
+
+    rng = random.Random(11)
+    alphabet = "0123456789.eE+-NaIf x"
+    pattern = re.compile(telemetry._PROM_VALUE_PATTERN)
+    for _ in range(400):
+        tokens = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) if rng.random() < 0.3
+                  else str(rng.randint(0, 10**6)) for _ in range(rng.randint(1, 5))]
+        expected = all(pattern.fullmatch(t) for t in tokens)
+        assert telemetry._prom_values_readable(pa.array(tokens)) == expected, tokens
+
+
 @pytest.mark.parametrize("edit", sorted(NVSMI_EDITS))
 def test_nvidia_smi_fast_path_gives_up_and_the_result_is_unchanged(sim_telemetry, edit):
     text = "".join(NVSMI_EDITS[edit](_nvsmi_lines(sim_telemetry)))
