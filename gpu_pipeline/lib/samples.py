@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpu_pipeline.lib.coverage import SeriesPoints, keep_coverage
+from gpu_pipeline.lib.coverage_table import TELEMETRY_SERIES
 from gpu_pipeline.lib.memory import give_back
 from gpu_pipeline.lib.prefetch import Prefetch
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig, fetch_dcgm_range
@@ -218,21 +220,37 @@ def write_sorted_raw(store: Store, day: str, parts: Iterable[pa.Table], start_ut
     :class:`~gpu_pipeline.lib.spill.TimeSlabSorter` (``sorter``: its keyword options): a day too
     large to hold is spilled to disk in time slabs and sorted one slab at a time. The rows are
     checked for the clean step on their way to the file (:class:`_CheckAsWritten`), and the answer
-    kept beside it as the partition's :data:`CLEAN_CHECK_NOTE`."""
+    kept beside it as the partition's :data:`CLEAN_CHECK_NOTE`; their coverage is measured on the
+    way too (:class:`~gpu_pipeline.lib.coverage.SeriesPoints`) and kept as its coverage note, which
+    the raw asset's coverage check finds instead of reading the file again."""
     with TimeSlabSorter(RAW_GPU_TELEMETRY.schema, RAW_ORDER, epoch_us(start_utc), epoch_us(end_utc),
                         **sorter) as slabs:
         for part in parts:
             slabs.add(part)
         give_back()  # what the parsers freed, before the slabs are read back and sorted
         check = _CheckAsWritten()
+        points = SeriesPoints("sample_utc", TELEMETRY_SERIES)
         # the slabs read back, sorted and checked on a thread of their own while this one encodes
         # the batches before them into the Parquet file: both mostly without the GIL (the batches
         # queued are slices of sorted slabs, and keep up to two of them alive besides the one
         # being sorted: a 1,000-GPU day's peak was the same with four batches ahead as with one)
-        with Prefetch(check.passing(slabs.sorted_batches()), depth=_WRITE_AHEAD, name="raw-sort") as batches:
+        with Prefetch(_seen(points, check.passing(slabs.sorted_batches())), depth=_WRITE_AHEAD,
+                      name="raw-sort") as batches:
             result = store.write_partition_batches(RAW_GPU_TELEMETRY, day, iter(batches), digest=True)
     store.write_partition_note(RAW_GPU_TELEMETRY, day, CLEAN_CHECK_NOTE, check.note(result))
+    # the day's coverage, from the rows as they were written (the raw asset's coverage check finds
+    # it), once what the writer freed is given back
+    give_back()
+    if (cov := points.coverage(start_utc, end_utc)) is not None:
+        keep_coverage(store, RAW_GPU_TELEMETRY, day, result.sha256, cov, "sample_utc", TELEMETRY_SERIES,
+                      start_utc, end_utc)
     return result
+
+
+def _seen(points: SeriesPoints, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        points.add(batch)
+        yield batch
 
 
 @dataclass

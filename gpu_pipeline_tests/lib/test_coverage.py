@@ -1,8 +1,10 @@
 import datetime as dt
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from gpu_pipeline.lib.coverage import coverage
 from gpu_pipeline.lib.coverage_table import COVERAGE, coverage_rows
@@ -158,3 +160,77 @@ def test_a_file_replaced_while_its_coverage_is_measured_gets_no_note(tmp_path, m
     monkeypatch.setattr(coverage_module, "coverage", measured_then_replaced)
     partition_coverage(store, GPU_SAMPLES, day, "sample_utc", ["source", "host", "gpu_id"], D0, D1)
     assert store.read_partition_note(GPU_SAMPLES, day, COVERAGE_NOTE) is None
+
+
+def _random_points(rng, sorted_times: bool) -> pa.Table:
+    """Samples of a few series (nulls in every key column, repeated times, one-sample series)."""
+    n = int(rng.integers(0, 400))
+    step = int(rng.choice([1, 1000, 1_000_000]))
+    t = rng.integers(0, 86400, n) * step + int(D0.timestamp() * 1_000_000)
+    if sorted_times:
+        t = np.sort(t)
+    gpus = [f"GPU-{i}" for i in range(int(rng.integers(1, 8)))] + [None]
+    return pa.table({"sample_utc": pa.array(t, pa.timestamp("us", tz="UTC")),
+                     "source": pa.array(rng.choice(["dcgm", "nvidia-smi", None], n).tolist(), pa.string()),
+                     "host": pa.array(rng.choice(["h1", "h2", None], n).tolist(), pa.string()),
+                     "gpu_id": pa.array(rng.choice(gpus, n).tolist(), pa.string())})
+
+
+@pytest.mark.parametrize("sorted_times", [True, False])
+def test_points_seen_batch_by_batch_give_the_sql_coverage(sorted_times):
+    """SeriesPoints + coverage_of_points against coverage()'s SQL: series numbered across batches,
+    nulls in the key, repeated times, series of one sample, medians of even and odd counts; in time
+    order (the writer's rows: one radix sort) and not (lexsort)."""
+    from gpu_pipeline.lib.coverage import SeriesPoints
+
+    rng = np.random.default_rng(7 if sorted_times else 8)
+    series = ["source", "host", "gpu_id"]
+    for _ in range(150):
+        t = _random_points(rng, sorted_times)
+        gap_factor = float(rng.choice([3.0, 1.5, 2.7]))
+        points = SeriesPoints("sample_utc", series)
+        for batch in t.to_batches(max_chunksize=int(rng.integers(1, 100))):
+            points.add(batch)
+        assert points.coverage(D0, D1, gap_factor) == coverage(t, "sample_utc", series, D0, D1, gap_factor)
+
+
+def test_points_with_a_missing_time_give_no_coverage():
+    from gpu_pipeline.lib.coverage import SeriesPoints
+
+    points = SeriesPoints("sample_utc", ["gpu_id"])
+    points.add(pa.table({"sample_utc": pa.array([D0, None], pa.timestamp("us", tz="UTC")), "gpu_id": ["a", "a"]}))
+    points.add(pa.table({"sample_utc": pa.array([D0], pa.timestamp("us", tz="UTC")), "gpu_id": ["a"]}))
+    assert points.coverage(D0, D1) is None
+    assert SeriesPoints("sample_utc", ["gpu_id"]).coverage(D0, D1) == coverage(
+        _telemetry_day().slice(0, 0), "sample_utc", ["gpu_id"], D0, D1)
+
+
+def test_the_raw_step_keeps_the_coverage_of_the_rows_it_wrote(tmp_path, monkeypatch):
+    """The raw writer measures coverage on the rows as it writes them; the asset's partition_coverage
+    then finds the note for those bytes and reads nothing, and the figures are the file's."""
+    from gpu_pipeline.lib import coverage as coverage_module
+    from gpu_pipeline.lib.coverage import COVERAGE_NOTE, partition_coverage
+    from gpu_pipeline.lib.coverage_table import TELEMETRY_SERIES
+    from gpu_pipeline.lib.samples import write_sorted_raw
+    from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY
+    from gpu_pipeline.lib.store import Store
+
+    rng = np.random.default_rng(3)
+    t = conform(pa.concat_tables([_telemetry_day(range(100, 130)).drop_columns(["source", "host", "gpu_id"])
+                                  .append_column("source", pa.array(["dcgm"] * 1410))
+                                  .append_column("host", pa.array([h] * 1410))
+                                  .append_column("gpu_id", pa.array([g] * 1410))
+                                  for h, g in (("h1", "GPU-1"), ("h2", "GPU-2"))]), RAW_GPU_TELEMETRY)
+    t = t.take(rng.permutation(t.num_rows))  # parts come in any order
+    store, day, series = Store(tmp_path), "2025-08-05", list(TELEMETRY_SERIES)
+    written = write_sorted_raw(store, day, [t.slice(0, 1000), t.slice(1000)], D0, D1,
+                               memory_bytes=20_000, slab_bytes=10_000, flush_bytes=15_000)
+    note = store.read_partition_note(RAW_GPU_TELEMETRY, day, COVERAGE_NOTE)
+    assert note["sha256"] == written.sha256
+    measured = []
+    real = coverage_module.coverage
+    monkeypatch.setattr(coverage_module, "coverage", lambda *a, **k: measured.append(a[0]) or real(*a, **k))
+    found = partition_coverage(store, RAW_GPU_TELEMETRY, day, "sample_utc", series, D0, D1)
+    assert not measured
+    assert found == real(store.partition_file(RAW_GPU_TELEMETRY, day), "sample_utc", series, D0, D1)
+    assert (found.series, found.samples, found.gaps, found.longest_gap_s) == (2, 2820, 2, 31 * 60)

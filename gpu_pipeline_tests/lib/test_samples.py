@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from gpu_pipeline.lib import samples as samples_module
+from gpu_pipeline.lib.coverage import COVERAGE_NOTE
 from gpu_pipeline.lib.samples import (
     CLEAN_CHECK_NOTE,
     RANGES,
@@ -418,6 +419,8 @@ def test_a_raw_write_failing_while_its_slabs_are_sorted_keeps_the_days_file_and_
     first = write_sorted_raw(store, DAY, parts, T0, T0 + dt.timedelta(hours=1), **SMALL)
     before = Path(first.path).read_bytes()
     note = store.read_partition_note(RAW_GPU_TELEMETRY, DAY, CLEAN_CHECK_NOTE)
+    coverage_note = store.read_partition_note(RAW_GPU_TELEMETRY, DAY, COVERAGE_NOTE)
+    assert coverage_note["sha256"] == first.sha256
     sorted_in: list[str] = []
     sort = samples_module.TimeSlabSorter.sorted_batches
 
@@ -436,6 +439,7 @@ def test_a_raw_write_failing_while_its_slabs_are_sorted_keeps_the_days_file_and_
     assert set(sorted_in) == {"raw-sort"}  # not the writer's thread
     assert Path(first.path).read_bytes() == before
     assert store.read_partition_note(RAW_GPU_TELEMETRY, DAY, CLEAN_CHECK_NOTE) == note
+    assert store.read_partition_note(RAW_GPU_TELEMETRY, DAY, COVERAGE_NOTE) == coverage_note
     assert sorted(p.name for p in Path(first.path).parent.iterdir()) == sorted(
-        [".lock", Path(first.path).name, f"{CLEAN_CHECK_NOTE}.json"])  # no temp file left
+        [".lock", Path(first.path).name, f"{CLEAN_CHECK_NOTE}.json", f"{COVERAGE_NOTE}.json"])  # no temp file left
     assert list(spill.iterdir()) == []  # the spill file removed
