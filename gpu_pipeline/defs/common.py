@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_partitions
 from gpu_pipeline.lib.db import close_databases, release_memory
-from gpu_pipeline.lib.memory import give_back
+from gpu_pipeline.lib.memory import give_back, limit_heap_arenas
 from gpu_pipeline.lib.schemas import TableSpec
 from gpu_pipeline.lib.store import WriteResult
 from gpu_pipeline.lib.timeutil import day_window
@@ -70,6 +70,7 @@ def run_days_multi(
 ) -> dict[dg.AssetKey, list[DayOutcome]]:
     """``run_days`` for a multi-asset: ``fn`` returns one outcome per asset key for the day (keys
     that the run did not select are dropped when the results are built: multi-assets are subsettable)."""
+    limit_heap_arenas()  # before the step's threads allocate (lib.memory)
     outcomes: dict[dg.AssetKey, list[DayOutcome]] = {k: [] for k in keys}
     selected = set(context.selected_asset_keys)
     failed: list[tuple[str, str]] = []

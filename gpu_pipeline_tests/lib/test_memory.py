@@ -34,3 +34,57 @@ def test_give_back_returns_freed_heap_pages_below_a_live_block():
     assert held - freed < (64 << 20), "free() alone already gave the blocks back: the test proves nothing here"
     assert freed - trimmed > (192 << 20), (held, freed, trimmed)
 
+
+
+_ARENAS_SCRIPT = r"""
+import ctypes, ctypes.util, re, sys, tempfile, threading
+from gpu_pipeline.lib import memory
+limited = memory.limit_heap_arenas(int(sys.argv[1])) if sys.argv[1] != "-" else None
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+start, held = threading.Barrier(9), []
+def work():  # each thread allocates from the C heap (not Python's small-object allocator) at once
+    start.wait()
+    held.append([bytearray(4096) for _ in range(64)])
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+start.wait()
+for t in threads:
+    t.join()
+with tempfile.NamedTemporaryFile(suffix=".xml") as out:
+    fp = libc.fopen(out.name.encode(), b"w")
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    heaps = len(re.findall(r'<heap nr="', open(out.name).read()))
+print(limited, heaps)
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="heap arenas and mallopt are glibc's")
+def test_limit_heap_arenas_caps_the_arenas_that_threads_get():
+    """Eight threads allocating at once get arenas of their own (glibc's default); with the cap they
+    share two. Counted by glibc's own malloc_info, in fresh processes."""
+    import subprocess
+    import sys
+
+    def heaps(arg: str) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", _ARENAS_SCRIPT, arg], capture_output=True, text=True,
+                             check=True).stdout.split()
+        return out[0], int(out[1])
+
+    assert heaps("2") == ("True", 2)
+    limited, default = heaps("-")
+    assert limited == "None" and default > 2
+    unset, arenas = heaps("0")  # 0: glibc's choice
+    assert unset == "False" and arenas > 2
+    with pytest.raises(ValueError, match="GPU_PIPELINE_MALLOC_ARENAS"):
+        os.environ[memory.ENV_HEAP_ARENAS] = "two"
+        try:
+            memory.limit_heap_arenas()
+        finally:
+            del os.environ[memory.ENV_HEAP_ARENAS]
