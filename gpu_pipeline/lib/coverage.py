@@ -108,7 +108,7 @@ def _series_time_order(k: np.ndarray, t: np.ndarray) -> np.ndarray:
     """The permutation that orders points by (series, time): for points already in time order (a
     writer's rows) of fewer than 65,536 series, one stable radix sort of the series' numbers, else
     ``lexsort``."""
-    if len(k) and int(k.max()) < 1 << 16 and bool((t[1:] >= t[:-1]).all()):
+    if len(k) and 0 <= int(k.min()) and int(k.max()) < 1 << 16 and bool((t[1:] >= t[:-1]).all()):
         return np.argsort(k.astype(np.uint16, copy=False), kind="stable")
     return np.lexsort((t, k))
 
@@ -157,8 +157,10 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
 class SeriesPoints:
     """The (series, time) points of rows seen a batch at a time, for :func:`coverage_of_points`: a
     series is a distinct value of ``series_cols`` (nulls included, as in GROUP BY), numbered as it is
-    first seen; 12 bytes a row are kept, not the rows. A row without a time makes the points unusable
-    (``coverage`` gives None: measure the file instead), and so does ``coverage``, which lets them go."""
+    first seen; 12 bytes a row are kept, not the rows. A row without a time, times in another unit
+    than microseconds, or a batch of too many distinct keys to number at once make the points
+    unusable (``coverage`` gives None: measure the file instead), and so does ``coverage``, which
+    lets them go."""
 
     def __init__(self, time_col: str, series_cols: Sequence[str]):
         self.time_col, self.series_cols = time_col, tuple(series_cols)
@@ -171,9 +173,8 @@ class SeriesPoints:
         if not self.usable or batch.num_rows == 0:
             return
         times = batch.column(self.time_col)
-        if times.null_count:
-            self.usable = False
-            self._series, self._times = [], []
+        if times.null_count or times.type != pa.timestamp("us", tz=getattr(times.type, "tz", None)):
+            self._give_up()  # not epoch microseconds throughout: the file is measured instead
             return
         # each column's values numbered in the batch, the columns' numbers combined into one
         code = np.zeros(batch.num_rows, dtype=np.int64)
@@ -185,8 +186,9 @@ class SeriesPoints:
                 encoded = encoded.combine_chunks()
             dictionary = encoded.dictionary.to_pylist() + [None]  # the last number: null
             size *= len(dictionary)
-            if size >= 1 << 62:
-                raise ValueError(f"too many distinct values of {self.series_cols} in one batch")
+            if size >= 1 << 62:  # the batch's combined numbers would overflow: the file is measured instead
+                self._give_up()
+                return
             code = code * len(dictionary) + pc.fill_null(encoded.indices, len(dictionary) - 1).to_numpy()
             values.append(dictionary)
         combos = pc.dictionary_encode(pa.array(code))
@@ -202,10 +204,15 @@ class SeriesPoints:
         # a copy: a view would keep the batch's whole buffer alive (a spill slab read back is one)
         self._times.append(times.cast(pa.int64()).to_numpy().copy())
 
+    def _give_up(self) -> None:
+        self.usable = False
+        self._series, self._times = [], []
+
     def coverage(self, start_utc: dt.datetime, end_utc: dt.datetime, gap_factor: float = 3.0) -> Coverage | None:
         if not self.usable:
             return None
         if not self._times:
+            self.usable = False
             return coverage_of_points(np.zeros(0, np.int64), np.zeros(0, np.int64), start_utc, end_utc, gap_factor)
         series = np.concatenate(self._series)
         self._series, self.usable = [], False  # the points are let go: a second call gives None

@@ -166,7 +166,8 @@ def _random_points(rng, sorted_times: bool) -> pa.Table:
     """Samples of a few series (nulls in every key column, repeated times, one-sample series)."""
     n = int(rng.integers(0, 400))
     step = int(rng.choice([1, 1000, 1_000_000]))
-    t = rng.integers(0, 86400, n) * step + int(D0.timestamp() * 1_000_000)
+    spread = int(rng.choice([86400, 50, 3]))  # few distinct times: repeated points, whole series of one time
+    t = rng.integers(0, spread, n) * step + int(D0.timestamp() * 1_000_000)
     if sorted_times:
         t = np.sort(t)
     gpus = [f"GPU-{i}" for i in range(int(rng.integers(1, 8)))] + [None]
@@ -192,6 +193,32 @@ def test_points_seen_batch_by_batch_give_the_sql_coverage(sorted_times):
         for batch in t.to_batches(max_chunksize=int(rng.integers(1, 100))):
             points.add(batch)
         assert points.coverage(D0, D1, gap_factor) == coverage(t, "sample_utc", series, D0, D1, gap_factor)
+
+
+def test_points_of_more_series_than_a_16_bit_number_give_the_sql_coverage():
+    """Beyond 65,536 series the points are ordered by lexsort instead of the radix sort."""
+    from gpu_pipeline.lib.coverage import SeriesPoints
+
+    rng = np.random.default_rng(5)
+    n = 200_000
+    t = pa.table({"sample_utc": pa.array(np.sort(rng.integers(0, 600, n)) * 1_000_000 + int(D0.timestamp() * 1e6),
+                                         pa.timestamp("us", tz="UTC")),
+                  "gpu_id": pa.array([f"GPU-{i}" for i in rng.integers(0, 70_000, n)])})
+    points = SeriesPoints("sample_utc", ["gpu_id"])
+    for batch in t.to_batches(max_chunksize=65_536):
+        points.add(batch)
+    got = points.coverage(D0, D1)
+    assert got.series > 1 << 16
+    assert got == coverage(t, "sample_utc", ["gpu_id"], D0, D1)
+
+
+def test_points_that_cannot_be_read_exactly_give_no_coverage():
+    """Times in another unit than microseconds, or a missing time: no figures (the file is measured)."""
+    from gpu_pipeline.lib.coverage import SeriesPoints
+
+    points = SeriesPoints("sample_utc", ["gpu_id"])
+    points.add(pa.table({"sample_utc": pa.array([D0], pa.timestamp("ms", tz="UTC")), "gpu_id": ["a"]}))
+    assert points.coverage(D0, D1) is None
 
 
 def test_points_with_a_missing_time_give_no_coverage():

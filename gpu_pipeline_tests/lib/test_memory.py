@@ -39,12 +39,19 @@ def test_give_back_returns_freed_heap_pages_below_a_live_block():
 _ARENAS_SCRIPT = r"""
 import ctypes, ctypes.util, re, sys, tempfile, threading
 from gpu_pipeline.lib import memory
-limited = memory.limit_heap_arenas(int(sys.argv[1])) if sys.argv[1] != "-" else None
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.fopen.restype = ctypes.c_void_p
 libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
 libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
 libc.fclose.argtypes = [ctypes.c_void_p]
+def heaps():
+    with tempfile.NamedTemporaryFile(suffix=".xml") as out:
+        fp = libc.fopen(out.name.encode(), b"w")
+        libc.malloc_info(0, fp)
+        libc.fclose(fp)
+        return len(re.findall(r'<heap nr="', open(out.name).read()))
+before = heaps()
+limited = memory.limit_heap_arenas(int(sys.argv[1])) if sys.argv[1] != "-" else None
 start, held = threading.Barrier(9), []
 def work():  # each thread allocates from the C heap (not Python's small-object allocator) at once
     start.wait()
@@ -55,12 +62,7 @@ for t in threads:
 start.wait()
 for t in threads:
     t.join()
-with tempfile.NamedTemporaryFile(suffix=".xml") as out:
-    fp = libc.fopen(out.name.encode(), b"w")
-    libc.malloc_info(0, fp)
-    libc.fclose(fp)
-    heaps = len(re.findall(r'<heap nr="', open(out.name).read()))
-print(limited, heaps)
+print(limited, before, heaps())
 """
 
 
@@ -72,19 +74,22 @@ def test_limit_heap_arenas_caps_the_arenas_that_threads_get():
     import subprocess
     import sys
 
-    def heaps(arg: str) -> tuple[str, int]:
+    def heaps(arg: str) -> tuple[str, int, int]:
         out = subprocess.run([sys.executable, "-c", _ARENAS_SCRIPT, arg], capture_output=True, text=True,
                              check=True).stdout.split()
-        return out[0], int(out[1])
+        return out[0], int(out[1]), int(out[2])
 
-    assert heaps("2") == ("True", 2)
-    limited, default = heaps("-")
-    assert limited == "None" and default > 2
-    unset, arenas = heaps("0")  # 0: glibc's choice
-    assert unset == "False" and arenas > 2
-    with pytest.raises(ValueError, match="GPU_PIPELINE_MALLOC_ARENAS"):
-        os.environ[memory.ENV_HEAP_ARENAS] = "two"
-        try:
-            memory.limit_heap_arenas()
-        finally:
-            del os.environ[memory.ENV_HEAP_ARENAS]
+    limited, before, after = heaps("2")  # the arenas made before the cap stay; no more are made
+    assert limited == "True" and before <= 8 and after == max(2, before)
+    limited, before, after = heaps("-")
+    assert limited == "None" and after >= before + 4  # most of the eight threads get one of their own
+    unset, before, after = heaps("0")  # 0: glibc's choice
+    assert unset == "False" and after >= before + 4
+
+
+def test_a_bad_arena_count_is_named(monkeypatch):
+    monkeypatch.setenv(memory.ENV_HEAP_ARENAS, "two")
+    with pytest.raises(ValueError, match="GPU_PIPELINE_MALLOC_ARENAS='two'"):
+        memory.limit_heap_arenas()
+    with pytest.raises(ValueError, match=">= 0"):
+        memory.limit_heap_arenas(-1)
