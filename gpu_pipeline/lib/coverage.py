@@ -268,8 +268,7 @@ def partition_coverage(store: Store, spec: TableSpec, day: str, time_col: str, s
                 pass  # a note of another shape: measured again below
     cov = coverage(path, time_col, series_cols, start_utc, end_utc, gap_factor)
     if store.partition_identity(spec, day) == before:
-        store.write_partition_note(spec, day, COVERAGE_NOTE,
-                                   {"sha256": digest, "args": args, "result": dataclasses.asdict(cov)})
+        keep_coverage(store, spec, day, digest, cov, time_col, series_cols, start_utc, end_utc, gap_factor)
     return cov
 
 
