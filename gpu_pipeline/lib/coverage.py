@@ -104,13 +104,18 @@ def _coverage_of(series: int, samples: int, cad_us: float | None, gaps: int | No
     )
 
 
-def _series_time_order(k: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """The permutation that orders points by (series, time): for points already in time order (a
-    writer's rows) of fewer than 65,536 series, one stable radix sort of the series' numbers, else
-    ``lexsort``."""
-    if len(k) and 0 <= int(k.min()) and int(k.max()) < 1 << 16 and bool((t[1:] >= t[:-1]).all()):
-        return np.argsort(k.astype(np.uint16, copy=False), kind="stable")
-    return np.lexsort((t, k))
+def series_time_order(series: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The rows' order by (series, t), ties in row order: ``np.lexsort((t, series))``, made as two
+    stable sorts, by time first (rows come nearly in time order: a merge sort of few runs), then by
+    series as a 16-bit key (a radix sort, no comparisons). A 1,000-GPU group of 1.5 M samples:
+    0.07-0.10 s -> 0.03-0.04 s. Series numbers spanning more than 16 bits take ``lexsort``."""
+    if not len(series):
+        return np.zeros(0, dtype=np.intp)
+    lo = int(series.min())
+    if int(series.max()) - lo >= 1 << 16:
+        return np.lexsort((t, series))
+    by_time = np.argsort(t, kind="stable")
+    return by_time[np.argsort((series[by_time] - lo).astype(np.uint16), kind="stable")]
 
 
 def _median(values: np.ndarray) -> float:
@@ -132,7 +137,7 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
     if len(t_us) == 0:
         return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
     series, t_us = np.asarray(series), np.asarray(t_us, dtype=np.int64)
-    order = _series_time_order(series, t_us)
+    order = series_time_order(series, t_us)
     t = t_us[order]
     k = series[order]
     del order
