@@ -392,7 +392,7 @@ def _source_bytes(path_or_text: str | Path) -> tuple[bytes, str | None]:
 _PIECE_BYTES = 4 << 20
 
 
-def _source_pieces(path_or_text: str | Path) -> tuple[Iterator[bytearray], str | None]:
+def _source_pieces(path_or_text: str | Path) -> tuple[Iterator[bytes | bytearray | memoryview], str | None]:
     """The input as UTF-8 bytes in pieces of about :data:`_PIECE_BYTES` that each end at a newline
     (the last one where the input ends), and the path when it is a file (see :func:`_resolve_source`).
     A file is read a piece at a time."""
@@ -402,10 +402,15 @@ def _source_pieces(path_or_text: str | Path) -> tuple[Iterator[bytearray], str |
     return _file_pieces(io.BytesIO(_source_bytes(source)[0])), None
 
 
-def _file_pieces(source: Path | io.BytesIO) -> Iterator[bytearray]:
-    # Each piece is read into its own buffer after the previous piece's unfinished line, and cut at
-    # its last newline in place: its bytes are copied once (concatenating bytes objects copied every
-    # piece twice more, holding the GIL that the other parsing threads wait for).
+def _file_pieces(source: Path | io.BytesIO) -> Iterator[bytes | bytearray | memoryview]:
+    """The text in pieces of about :data:`_PIECE_BYTES` that each end at a newline (the last one
+    where the text ends). A plain file is read with ``os.pread`` from where the last piece ended,
+    each piece a view of the bytes read: no buffer to zero and no unfinished line to copy, both of
+    which held the GIL that the other parsing threads wait for; a compressed file or text in memory
+    a piece at a time after the previous piece's unfinished line."""
+    if isinstance(source, Path) and compression_of(source) is None and hasattr(os, "pread"):
+        yield from _plain_file_pieces(source)
+        return
     with _open_binary(source) if isinstance(source, Path) else source as fh:
         rest = b""
         while True:
@@ -426,6 +431,40 @@ def _file_pieces(source: Path | io.BytesIO) -> Iterator[bytearray]:
             yield bytearray(rest)
         if isinstance(source, Path):
             _read_once(fh)
+
+
+def _plain_file_pieces(path: Path) -> Iterator[bytes | memoryview]:
+    with path.open("rb") as fh:
+        fd, at, size = fh.fileno(), 0, _PIECE_BYTES
+        while data := _pread_full(fd, size, at):
+            if len(data) < size:  # the end of the file
+                yield data
+                break
+            cut = data.rfind(b"\n") + 1
+            if not cut:  # a line longer than a piece: a longer piece from the same place
+                size *= 2
+                continue
+            yield data if cut == len(data) else memoryview(data)[:cut]
+            at += cut
+            size = _PIECE_BYTES
+        _read_once(fh)
+
+
+def _holds(piece: bytes | bytearray | memoryview, byte: bytes) -> bool:
+    """Whether a piece of :func:`_file_pieces` holds ``byte`` (a view there is of the start of a
+    bytes object, searched in place)."""
+    if isinstance(piece, memoryview):
+        assert isinstance(piece.obj, bytes) and piece.nbytes <= len(piece.obj)
+        return piece.obj.find(byte, 0, piece.nbytes) >= 0
+    return byte in piece
+
+
+def _pread_full(fd: int, size: int, at: int) -> bytes:
+    """``size`` bytes of the file from offset ``at``, fewer only where the file ends."""
+    data = os.pread(fd, size, at)
+    while 0 < len(data) < size and (more := os.pread(fd, size - len(data), at + len(data))):
+        data += more  # a short read before the end
+    return data
 
 
 def _per_distinct(values: pa.Array | pa.ChunkedArray, fn: Callable[[str], object],
@@ -1339,13 +1378,13 @@ def _take_in_place(array: pa.LargeStringArray, rows: np.ndarray) -> pa.LargeStri
                                             pa.py_buffer(valid), len(rows))
 
 
-def _read_dcgm_piece(data: bytes | bytearray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]] | None:
+def _read_dcgm_piece(data: bytes | bytearray | memoryview) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]] | None:
     """One piece of a DCGM text (whole lines) split with Arrow kernels: per sample line its series'
     code in the piece's distinct series (listed in order of first appearance), its value (float64;
     the token's shape checked, so that it reads as the line parser reads it) and its time (UTC
     microseconds); None when the piece holds no sample line. Raises ``_NotFast`` where the line
     parser might read a line differently."""
-    if b"\r" in data:  # a line end to the line parser
+    if _holds(data, b"\r"):  # a line end to the line parser
         raise _NotFast
     text = pa.LargeStringArray.from_buffers(1, pa.py_buffer(np.array([0, len(data)], dtype=np.int64)),
                                             pa.py_buffer(data))

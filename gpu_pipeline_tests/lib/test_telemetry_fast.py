@@ -698,3 +698,42 @@ def test_read_telemetry_dir_checks_the_dst_policy_argument(sim_telemetry):
     start, end = day_window(SIM_DAYS[0], SIM_TZ)
     with pytest.raises(ValueError, match="ambiguous must be"):
         read_telemetry_dir(sim_telemetry, start, end, SIM_TZ, ambiguous="latest")
+
+
+def test_file_pieces_cover_the_file_and_end_at_line_ends(tmp_path, monkeypatch):
+    # A plain file is read with pread from where the last piece ended (each piece a view of one
+    # read); a compressed file and text in memory after the last piece's unfinished line. Either
+    # way the pieces are the file's bytes in order, each but the last ends at a newline, and a line
+    # longer than a piece comes whole -- also when a read returns fewer bytes than asked for.
+    import gzip
+    import io
+
+    rng = random.Random(7)
+    lines = [b"x" * rng.choice([0, 1, 5, 40, 90, 300]) + b"\n" for _ in range(400)]
+    lines.insert(200, b"y" * 1000 + b"\n")  # longer than the pieces below
+    text = b"".join(lines) + b"last line without a newline"
+    plain, packed = tmp_path / "a.prom", tmp_path / "a.prom.gz"
+    plain.write_bytes(text)
+    packed.write_bytes(gzip.compress(text))
+    monkeypatch.setattr(telemetry, "_PIECE_BYTES", 256)
+    real_pread = telemetry.os.pread
+    for short in (False, True):
+        if short:  # at most 37 bytes a read
+            monkeypatch.setattr(telemetry.os, "pread", lambda fd, n, at: real_pread(fd, min(n, 37), at))
+        for source in (plain, packed, io.BytesIO(text)):
+            if isinstance(source, io.BytesIO):
+                source.seek(0)
+            pieces = [bytes(piece) for piece in telemetry._file_pieces(source)]
+            assert b"".join(pieces) == text, source
+            assert all(piece.endswith(b"\n") for piece in pieces[:-1]) and all(pieces), source
+            assert any(b"y" * 1000 + b"\n" in piece for piece in pieces), source
+        views = list(telemetry._file_pieces(plain))
+        assert any(isinstance(piece, memoryview) for piece in views)
+
+
+def test_a_piece_is_searched_only_within_its_bytes():
+    # A view of the start of a read: a CR in the unfinished line after it is the next piece's.
+    data = b"a b 1\nc d 2\r\nunfinished\r"
+    assert not telemetry._holds(memoryview(data)[:6], b"\r")
+    assert telemetry._holds(memoryview(data)[:13], b"\r")
+    assert telemetry._holds(data, b"\r") and not telemetry._holds(bytearray(b"a\n"), b"\r")
