@@ -58,7 +58,7 @@ def coverage(
     Parquet file (read by DuckDB, within its memory limit, instead of held)."""
     window_s = (end_utc - start_utc).total_seconds()
     if source_rows(table) == 0:
-        return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
+        return _no_points(window_s)
     con = db_connect()
     try:
         register_columns(con, "_cov_points", table, [time_col, *series_cols])
@@ -86,6 +86,11 @@ def coverage(
     finally:
         con.close()  # its temporary table and view go with it
     return _coverage_of(*row, window_s)
+
+
+def _no_points(window_s: float) -> Coverage:
+    """No sample in the window: the whole window is one gap."""
+    return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
 
 
 def _coverage_of(series: int, samples: int, cad_us: float | None, gaps: int | None, max_gap_us: int | None,
@@ -135,7 +140,7 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
     their length at once (a 1,000-GPU day of telemetry: 70 MB)."""
     window_s = (end_utc - start_utc).total_seconds()
     if len(t_us) == 0:
-        return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
+        return _no_points(window_s)
     series, t_us = np.asarray(series), np.asarray(t_us, dtype=np.int64)
     order = series_time_order(series, t_us)
     t = t_us[order]

@@ -19,8 +19,9 @@ from gpu_pipeline.lib.coverage import Coverage, coverage, register_columns, sour
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
-#: A telemetry series: one GPU of one source on one host.
+#: A telemetry series: one GPU of one source on one host; its samples' time column.
 TELEMETRY_SERIES = ("source", "host", "gpu_id")
+TELEMETRY_TIME = "sample_utc"
 
 COVERAGE = TableSpec(
     layer="metrics",
@@ -106,7 +107,7 @@ def coverage_rows(
                 "expected_samples": cov.expected, "coverage_pct": 100 * cov.coverage, "cadence_s": cov.cadence_s,
                 "gaps": cov.gaps, "longest_gap_s": cov.longest_gap_s, "gpus_in_snapshots": len(snap_gpus)})
 
-    cov = telemetry_coverage or coverage(samples, "sample_utc", list(TELEMETRY_SERIES), day_start, day_end)
+    cov = telemetry_coverage or coverage(samples, TELEMETRY_TIME, list(TELEMETRY_SERIES), day_start, day_end)
     tel_gpus = pa.array([], pa.string())
     silent = 0
     if source_rows(samples):

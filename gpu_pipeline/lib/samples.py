@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpu_pipeline.lib.coverage import SeriesPoints, keep_coverage
-from gpu_pipeline.lib.coverage_table import TELEMETRY_SERIES
+from gpu_pipeline.lib.coverage_table import TELEMETRY_SERIES, TELEMETRY_TIME
 from gpu_pipeline.lib.memory import give_back
 from gpu_pipeline.lib.prefetch import Prefetch
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig, fetch_dcgm_range
@@ -229,7 +229,7 @@ def write_sorted_raw(store: Store, day: str, parts: Iterable[pa.Table], start_ut
             slabs.add(part)
         give_back()  # what the parsers freed, before the slabs are read back and sorted
         check = _CheckAsWritten()
-        points = SeriesPoints("sample_utc", TELEMETRY_SERIES)
+        points = SeriesPoints(TELEMETRY_TIME, TELEMETRY_SERIES)
         # the slabs read back, sorted and checked on a thread of their own while this one encodes
         # the batches before them into the Parquet file: both mostly without the GIL (the batches
         # queued are slices of sorted slabs, and keep up to two of them alive besides the one
@@ -242,7 +242,7 @@ def write_sorted_raw(store: Store, day: str, parts: Iterable[pa.Table], start_ut
     # it), once what the writer freed is given back
     give_back()
     if (cov := points.coverage(start_utc, end_utc)) is not None:
-        keep_coverage(store, RAW_GPU_TELEMETRY, day, result.sha256, cov, "sample_utc", TELEMETRY_SERIES,
+        keep_coverage(store, RAW_GPU_TELEMETRY, day, result.sha256, cov, TELEMETRY_TIME, TELEMETRY_SERIES,
                       start_utc, end_utc)
     return result
 

@@ -13,7 +13,7 @@ from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib import schemas as S
 from gpu_pipeline.lib.coverage import partition_coverage
 from gpu_pipeline.lib.coverage_table import COVERAGE as SPEC
-from gpu_pipeline.lib.coverage_table import COVERAGE_COLUMNS, TELEMETRY_SERIES, coverage_rows
+from gpu_pipeline.lib.coverage_table import COVERAGE_COLUMNS, TELEMETRY_SERIES, TELEMETRY_TIME, coverage_rows
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND
 
 KEY = dg.AssetKey(["metrics", "coverage"])
@@ -50,7 +50,7 @@ def coverage(context: dg.AssetExecutionContext, data_store: DataStoreResource) -
         which the clean step copies on a day with nothing to clean)."""
         if not store.has_partition(S.GPU_SAMPLES, day):
             return None
-        return partition_coverage(store, S.GPU_SAMPLES, day, "sample_utc", list(TELEMETRY_SERIES), start, end,
+        return partition_coverage(store, S.GPU_SAMPLES, day, TELEMETRY_TIME, list(TELEMETRY_SERIES), start, end,
                                   also=(S.RAW_GPU_TELEMETRY,))
 
     def one_day(day: str) -> DayOutcome:

@@ -7,7 +7,7 @@ from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, t
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
 from gpu_pipeline.lib.coverage import partition_coverage
-from gpu_pipeline.lib.coverage_table import TELEMETRY_SERIES
+from gpu_pipeline.lib.coverage_table import TELEMETRY_SERIES, TELEMETRY_TIME
 from gpu_pipeline.lib.samples import RawStream, write_raw_samples
 from gpu_pipeline.lib.schemas import QUARANTINE_GPU_TELEMETRY
 from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY as SPEC
@@ -58,7 +58,7 @@ def gpu_telemetry(
         quarantine = stream.quarantine if stream.quarantine is not None else QUARANTINE_GPU_TELEMETRY.empty()
         store.write_partition(QUARANTINE_GPU_TELEMETRY, day, quarantine)
         # kept with the file's digest: the coverage metric reads it back for the clean copy of these bytes
-        cov = partition_coverage(store, SPEC, day, "sample_utc", list(TELEMETRY_SERIES), start, end)
+        cov = partition_coverage(store, SPEC, day, TELEMETRY_TIME, list(TELEMETRY_SERIES), start, end)
         covs[day] = cov.coverage
         metrics = {"samples": result.rows, "lines_quarantined": quarantine.num_rows}
         metrics.update(cov.as_metadata("telemetry"))
