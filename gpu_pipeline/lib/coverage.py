@@ -3,7 +3,10 @@
 The cadence is never assumed: it is the median interval between consecutive distinct timestamps
 of each series (a GPU of one source on one host, or the pool for snapshots), and the window's
 cadence the median of the series' cadences. Expected samples = window length / cadence;
-a gap is an interval longer than ``gap_factor`` x cadence.
+a gap is an interval longer than ``gap_factor`` x cadence without a sample of a series: between two
+of its samples, or at an edge of the window (from the window's start to the series' first sample,
+from its last sample to the window's end), so that a collector that stopped at 06:00 shows an
+18-hour gap, as a day without any sample shows one of the whole window.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pyarrow.parquet as pq
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TableSpec
 from gpu_pipeline.lib.store import Store
+from gpu_pipeline.lib.timeutil import epoch_us
 
 
 @dataclass(frozen=True)
@@ -72,15 +76,21 @@ def coverage(
             points = f'SELECT DISTINCT s.k, epoch_us(p."{time_col}") AS t FROM _cov_points p JOIN _cov_series s ON {on}'
         else:
             points = f'SELECT DISTINCT 0 AS k, epoch_us("{time_col}") AS t FROM _cov_points'
+        s_us, e_us = epoch_us(start_utc), epoch_us(end_utc)
+        # The intervals: between a series' consecutive distinct times, and its window edges (from the
+        # window's start to its first time, from its last time to the window's end; none below 0).
         row = con.sql(
             f"""
             WITH pts AS ({points}),
             d AS (SELECT k, t, t - lag(t) OVER (PARTITION BY k ORDER BY t) AS dt_us FROM pts),
-            per AS (SELECT k, count(*) AS n, median(dt_us) AS cad FROM d GROUP BY k),
-            cad AS (SELECT median(cad) AS c FROM per WHERE cad IS NOT NULL)
+            per AS (SELECT k, count(*) AS n, median(dt_us) AS cad, min(t) AS t0, max(t) AS t1 FROM d GROUP BY k),
+            cad AS (SELECT median(cad) AS c FROM per WHERE cad IS NOT NULL),
+            iv AS (SELECT dt_us FROM d WHERE dt_us IS NOT NULL
+                   UNION ALL SELECT greatest(t0 - {s_us}, 0) FROM per
+                   UNION ALL SELECT greatest({e_us} - t1, 0) FROM per)
             SELECT (SELECT count(*) FROM per), (SELECT sum(n) FROM per), (SELECT c FROM cad),
-                   (SELECT count(*) FROM d, cad WHERE d.dt_us > {gap_factor} * cad.c),
-                   (SELECT max(dt_us) FROM d)
+                   (SELECT count(*) FROM iv, cad WHERE iv.dt_us > {gap_factor} * cad.c),
+                   (SELECT max(dt_us) FROM iv)
             """
         ).fetchall()[0]
     finally:
@@ -147,6 +157,9 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
     k = series[order]
     del order
     same = k[1:] == k[:-1]  # a point after another of its series
+    # the window's edges: from its start to each series' first time, from each last time to its end
+    s_us, e_us = epoch_us(start_utc), epoch_us(end_utc)
+    edges = np.maximum(np.r_[t[np.r_[True, ~same]] - s_us, e_us - t[np.r_[~same, True]]], 0)
     d = np.diff(t)
     del t
     repeated = same & (d == 0)  # the same (series, time) again: one point
@@ -155,13 +168,15 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
     n_series, samples = int(np.count_nonzero(k[1:] != k[:-1])) + 1, len(k) - int(np.count_nonzero(repeated))
     dt_us, dt_k = d[interval], k[1:][interval]
     del d, k, repeated, interval
+    longest = int(max(edges.max(), dt_us.max(initial=0)))
     if len(dt_us) == 0:
-        return _coverage_of(n_series, samples, None, 0, None, window_s)
+        return _coverage_of(n_series, samples, None, 0, longest, window_s)
     bounds = np.r_[np.flatnonzero(np.r_[True, dt_k[1:] != dt_k[:-1]]), len(dt_k)]
     cads = np.array([_median(dt_us[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
     cad_us = _median(cads)
-    gaps = int(np.count_nonzero(dt_us > gap_factor * cad_us))  # compared as float64, as in the SQL
-    return _coverage_of(n_series, samples, cad_us, gaps, int(dt_us.max()), window_s)
+    limit = gap_factor * cad_us  # compared as float64, as in the SQL
+    gaps = int(np.count_nonzero(dt_us > limit)) + int(np.count_nonzero(edges > limit))
+    return _coverage_of(n_series, samples, cad_us, gaps, longest, window_s)
 
 
 class SeriesPoints:
@@ -253,7 +268,7 @@ def source_rows(source: pa.Table | Path) -> int:
 
 #: The partition note that keeps a file's coverage (:func:`partition_coverage`).
 COVERAGE_NOTE = "coverage"
-_NOTE_VERSION = 1  # bump when coverage() changes what it measures
+_NOTE_VERSION = 2  # bump when coverage() changes what it measures (2: the window's edges)
 
 
 def partition_coverage(store: Store, spec: TableSpec, day: str, time_col: str, series_cols: list[str],

@@ -41,8 +41,10 @@ COVERAGE = TableSpec(
             _f("expected_samples", pa.float64(), "Window length / observed cadence, summed over series"),
             _f("coverage_pct", pa.float64(), "100 x samples / expected (capped at 100)"),
             _f("cadence_s", pa.float64(), "Observed cadence: median interval between samples (s)"),
-            _f("gaps", pa.int64(), "Intervals longer than 3 x cadence"),
-            _f("longest_gap_s", pa.float64(), "Longest interval between samples (s)"),
+            _f("gaps", pa.int64(), "Intervals without a sample of a series longer than 3 x cadence, the window's "
+               "start to a first sample and a last sample to its end included"),
+            _f("longest_gap_s", pa.float64(), "Longest interval without a sample of a series, the window's edges "
+               "included (s)"),
             _f("gpus_in_snapshots", pa.int64(), "GPUs seen in the day's slot snapshots"),
             _f("gpus_with_telemetry", pa.int64(), "Of those, GPUs with at least one telemetry sample"),
             _f("gpus_with_telemetry_pct", pa.float64(), "100 x gpus_with_telemetry / gpus_in_snapshots"),

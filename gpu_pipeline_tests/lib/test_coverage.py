@@ -23,6 +23,30 @@ def test_coverage_counts_gaps_against_the_observed_cadence():
     assert abs(cov.coverage - 264 / 288) < 1e-12
 
 
+@pytest.mark.parametrize("hours", [range(0, 6), range(18, 24), range(8, 10)])
+def test_silence_at_the_edges_of_the_window_is_a_gap(hours):
+    """A collector that stopped at 06:00 (or started at 18:00) leaves an 18-hour gap, as a day with no
+    sample at all shows the whole window as one: the time from the window's start to a series' first
+    sample and from its last sample to the window's end are intervals like those between samples.
+    The SQL and the numpy path agree."""
+    from gpu_pipeline.lib.coverage import SeriesPoints
+
+    times = [D0 + dt.timedelta(hours=h, minutes=5 * i, seconds=7) for h in hours for i in range(12)]
+    table = pa.table({"sample_utc": pa.array(times, pa.timestamp("us", tz="UTC")), "gpu_id": ["g"] * len(times)})
+    cov = coverage(table, "sample_utc", ["gpu_id"], D0, D1)
+    lead, trail = (times[0] - D0).total_seconds(), (D1 - times[-1]).total_seconds()
+    assert cov.cadence_s == 300
+    assert cov.gaps == (lead > 900) + (trail > 900) and cov.gaps >= 1
+    assert cov.longest_gap_s == max(lead, trail)
+    points = SeriesPoints("sample_utc", ["gpu_id"])
+    points.add(table)
+    assert points.coverage(D0, D1) == cov
+    # a sample just after the window's start and just before its end: no gap at the edges
+    full = [D0 + dt.timedelta(minutes=5 * i, seconds=7) for i in range(288)]
+    whole = coverage(pa.table({"sample_utc": pa.array(full, pa.timestamp("us", tz="UTC"))}), "sample_utc", [], D0, D1)
+    assert (whole.gaps, whole.longest_gap_s) == (0, 300)
+
+
 def test_coverage_series_are_the_whole_key(tmp_path):
     # one GPU reported by two sources, each every 60 s, offset by 30 s; a second GPU with no host, and a
     # 10-minute hole in the first source. Each (source, host, gpu_id) is its own series: a series keyed
