@@ -354,16 +354,23 @@ def _text(value) -> str | None:
     return str(value)
 
 
+_INT64 = (-(1 << 63), (1 << 63) - 1)  # what a SQLite INTEGER holds
+
+
 def _int(value) -> int | None:
+    """An integer column's value; None for a value that is not a number, not finite, or beyond what
+    a SQLite INTEGER holds (``Disk = 1.0e20`` in one ad must not lose the snapshot's other rows)."""
     if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return int(round(f)) if math.isfinite(f) else None
+    if not isinstance(value, int):
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            return None
+        if not math.isfinite(f):
+            return None
+        value = int(round(f))
+    return value if _INT64[0] <= value <= _INT64[1] else None
 
 
 def _float(value) -> float | None:

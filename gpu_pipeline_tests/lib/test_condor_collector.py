@@ -617,6 +617,22 @@ def test_collect_once_and_loop_with_an_injected_query(tmp_path):
     assert cc.exit_code_for(cc.ArchiveWriteError("x")) == cc.EXIT_ARCHIVE_ERROR
 
 
+def test_a_number_beyond_a_sqlite_integer_is_null_and_the_snapshot_is_kept(tmp_path):
+    """One ad's ``Disk = 1.0e20`` (a real the ClassAd parser accepts) or a memory of -1e30: that
+    value is null, the ad's row and the other ads' rows are appended, and the loop succeeds."""
+    ads = [{"Name": "slot1_1@gpu01", "State": "Claimed", "AssignedGPUs": "GPU-aaaa1111", "Machine": "gpu01",
+            "Disk": 1000, "GPUs_DeviceName": "H100", "GPUs_GlobalMemoryMb": 81559},
+           {"Name": "slot1_1@gpu02", "State": "Unclaimed", "AssignedGPUs": "GPU-bbbb2222", "Machine": "gpu02",
+            "Disk": 1.0e20, "GPUs_DeviceName": "H100", "GPUs_GlobalMemoryMb": -1e30}]
+    result = cc.collect_loop("cm", tmp_path, iterations=2, sleep=lambda s: None,
+                             query=lambda *a, **k: ads, now=lambda: T0)
+    assert (result.successes, result.failures, result.exit_code) == (2, 0, 0)
+    with sqlite3.connect(tmp_path / "gpu_state_2025-08.db") as con:
+        got = con.execute("SELECT Name, Disk, GPUs_GlobalMemoryMb FROM gpu_state ORDER BY Name").fetchall()
+    assert got == [("slot1_1@gpu01", 1000, 81559)] * 2 + [("slot1_1@gpu02", None, None)] * 2
+    assert (cc._int(2**63 - 1), cc._int(-(2**63)), cc._int(2**63), cc._int(-1e19)) == (2**63 - 1, -(2**63), None, None)
+
+
 def test_collect_loop_stops_on_a_permanent_archive_error(tmp_path):
     (tmp_path / "gpu_state_2025-08.parquet").write_bytes(b"PAR1")
     result = cc.collect_loop("cm", tmp_path, iterations=5, sleep=lambda s: None,
