@@ -341,6 +341,8 @@ _PLAN: dict[str, tuple[str, Any, tuple[tuple[str, str], ...]]] = {
     name: (kind, _COERCE[kind], tuple((a, a.lower()) for a in attrs)) for name, (kind, attrs) in _FIELDS.items()
 }
 _MIN_INT32, _MAX_INT32 = _INT32
+_MIN_INT64, _MAX_INT64 = _INT64
+_FLOAT_EXACT = 1 << 53  # an integer float() gives exactly; a larger one takes the coercion's checks
 
 
 class _Doc:
@@ -391,9 +393,10 @@ class _Doc:
                             continue
                         if v <= _MAX_EPOCH_S:
                             return v * 1_000_000
-                    elif kind == "int" or (kind == "int32" and _MIN_INT32 <= v <= _MAX_INT32):
+                    elif (kind == "int" and _MIN_INT64 <= v <= _MAX_INT64) or (
+                            kind == "int32" and _MIN_INT32 <= v <= _MAX_INT32):
                         return v
-                    elif kind == "float":
+                    elif kind == "float" and -_FLOAT_EXACT <= v <= _FLOAT_EXACT:
                         return float(v)
                 elif t is str and kind == "str":
                     sv = v.strip()

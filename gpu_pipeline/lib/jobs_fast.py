@@ -69,7 +69,7 @@ def _one_value(v: Any, kind: str, name: str, attr: str) -> tuple[int, Any]:
 def _one_float(x: float, kind: str, name: str, attr: str) -> tuple[int, Any]:
     """:func:`_one_value` of a value from a float column, which may have been an integer in the text
     (Arrow reads a column of integers and floats as floats): left to ``_row`` where the two differ."""
-    if kind in ("str", "gpus") or (x.is_integer() and abs(x) > (_EXACT_FLOAT_DATE_S if kind == "date" else 2**53)):
+    if kind in ("str", "gpus") or (x.is_integer() and abs(x) >= (_EXACT_FLOAT_DATE_S if kind == "date" else 2**53)):
         return _SLOW, None
     return _one_value(x, kind, name, attr)
 

@@ -178,11 +178,21 @@ def test_uncoercible_values_are_quarantined_never_raised():
         {"GlobalJobId": "s#9.0#1", "QDate": "2025-08-05T08:00:00Z", "JobStatus": "4", "RequestGpus": True},
     ]
     docs.append({"GlobalJobId": "s#10.0#1", "EpochAdType": "SPAWN", "EpochWriteDate": 5, "NumJobStarts": 1})
+    # integers beyond int64 (a 64-bit column) or beyond any float (10**400): the value, not a crash
+    docs += [{"GlobalJobId": "s#11.0#1", "ClusterId": 2**63}, {"GlobalJobId": "s#12.0#1", "ProcId": -(2**63) - 1},
+             {"GlobalJobId": "s#13.0#1", "RemoteWallClockTime": 10**400},
+             {"GlobalJobId": "s#14.0#1", "RequestGPUs": 10**400}]
     res = normalize_docs(docs, "elasticsearch", origin="test")
     reasons = {q.position: q.reason.split(":")[0] for q in res.quarantine}
     assert reasons == {0: "bad_value", 1: "bad_value", 2: "bad_value", 3: "bad_value", 4: "bad_value",
                        5: "bad_value", 6: "missing_global_job_id", 7: "not_a_job_ad", 8: "not_an_object",
-                       9: "bad_value", 10: "not_a_run_epoch"}
+                       9: "bad_value", 10: "not_a_run_epoch", 11: "bad_value", 12: "bad_value", 13: "bad_value",
+                       14: "bad_value"}
+    assert "ClusterId=9223372036854775808" in res.quarantine[11].reason
+    # the largest int64 and a float-typed count beyond 2**53 are values
+    big = normalize_docs([{"GlobalJobId": "s#15.0#1", "ClusterId": 2**63 - 1, "RemoteWallClockTime": 2**60}],
+                         "ndjson").table.to_pylist()[0]
+    assert big["cluster_id"] == 2**63 - 1 and big["remote_wall_clock_s"] == float(2**60)
     assert all(q.source == "test" for q in res.quarantine)
     ok = normalize_docs([{"GlobalJobId": "s#9.0#1", "QDate": "2025-08-05T08:00:00Z", "JobStatus": "4"}], "ndjson")
     r = ok.table.to_pylist()[0]

@@ -156,6 +156,20 @@ def test_every_simulated_document_takes_the_plain_way(tmp_path):
             want["global_job_id"], want["run_index"], want["assigned_gpus"], want["record_utc"])
 
 
+@pytest.mark.parametrize("cluster", [2**53 - 1, 2**53, 2**53 + 1, 2**60 + 1])
+def test_an_integer_in_a_column_read_as_floats_is_the_rules_integer(cluster):
+    """Arrow reads a key holding integers and floats as float64, where 2**53 + 1 is 2**53: such a
+    value is read as the rules read the text, or left to them, never rounded."""
+    texts = [canonical_json({"GlobalJobId": "ap1#1.0#1754300000", "ClusterId": cluster, "QDate": 1754300000}),
+             canonical_json({"GlobalJobId": "ap1#2.0#1754300000", "ClusterId": 3.0, "QDate": 1754300000})]
+    fast = fast_rows(pa.array(texts), "ndjson")
+    rows = fast.table.to_pylist()
+    for text, i in zip(texts, fast.index, strict=True):
+        if i >= 0:
+            assert rows[i]["cluster_id"] == _python(text)["cluster_id"], text
+    assert _python(texts[0])["cluster_id"] == cluster
+
+
 def test_a_batch_arrow_cannot_type_is_left_whole_to_the_rules():
     texts = _batch(random.Random(1), 200, one_mode=False)  # a key holding numbers and text
     fast = fast_rows(pa.array(texts), "ndjson")
