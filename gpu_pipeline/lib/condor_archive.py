@@ -582,17 +582,35 @@ def _read_parquet(path: Path, lo: str, hi: str) -> tuple[pa.Table, list[str]]:
     ])), cols
 
 
+def _repeated_hour(naive: dt.datetime, zone: ZoneInfo) -> tuple | None:
+    """The repeated local period (a DST fall-back's) that ``naive`` lies in, as (date, first offset,
+    second offset), or None when it names one instant (a time skipped by a spring-forward is not
+    repeated: its two readings do not come back to it)."""
+    first, second = naive.replace(tzinfo=zone, fold=0), naive.replace(tzinfo=zone, fold=1)
+    if first.utcoffset() == second.utcoffset():
+        return None
+    for aware in (first, second):
+        if aware.astimezone(UTC).astimezone(zone).replace(tzinfo=None) != naive:
+            return None
+    return naive.date(), first.utcoffset(), second.utcoffset()
+
+
 class _Localizer:
     """Maps each distinct local timestamp text of one file to UTC, in the order the rows come.
 
-    Snapshots are appended in time order, so in the repeated hour after a DST fall-back a local time
-    that is earlier than one already seen is the second occurrence (fold=1).
+    Snapshots are appended in time order, so in the repeated hour after a DST fall-back the local
+    times go back once: from the first local time that is earlier than one already seen, every time
+    of that repeated hour is its second occurrence (fold=1), also one later than the last of the
+    first pass (a snapshot's seconds of jitter, or a collector that missed the end of the first
+    pass). A repeated hour without a step back (the collector down across the change) reads as the
+    first occurrence: nothing in the file tells them apart. The same text twice is one instant.
     """
 
     def __init__(self, tz: str):
         self.zone = ZoneInfo(tz)
         self.known: dict[str, dt.datetime | None] = {}
         self.max_seen: dt.datetime | None = None
+        self.second_pass: set[tuple] = set()  # the repeated hours whose times went back
 
     def _one(self, text: str) -> dt.datetime | None:
         try:
@@ -601,7 +619,14 @@ class _Localizer:
             return None
         if naive.tzinfo is not None:
             return naive.astimezone(UTC)
-        fold = 1 if self.max_seen is not None and naive < self.max_seen else 0
+        fold = 0
+        hour = _repeated_hour(naive, self.zone)
+        if hour is not None:
+            if hour in self.second_pass:
+                fold = 1
+            elif self.max_seen is not None and naive < self.max_seen:
+                fold = 1
+                self.second_pass.add(hour)
         if self.max_seen is None or naive > self.max_seen:
             self.max_seen = naive
         return naive.replace(tzinfo=self.zone, fold=fold).astimezone(UTC)

@@ -79,6 +79,28 @@ def test_dst_fall_back_hour_is_resolved_by_append_order(tmp_path):
     assert utc[5] == dt.datetime(2025, 11, 2, 8, 0, tzinfo=UTC)
 
 
+@pytest.mark.parametrize("outage", [False, True])
+def test_every_time_of_the_second_pass_of_the_repeated_hour_is_its_second_occurrence(tmp_path, outage):
+    """Snapshots every 5 minutes with seconds of jitter across the fall-back: the second pass's 01:55
+    can be later than the first pass's last time (01:55:01 CDT, then 01:55:03 CST), and a collector
+    that missed the first pass's last 15 minutes steps back from 01:40 to 01:00 and then passes
+    01:45 again. Every snapshot reads back at the instant it was taken."""
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo("America/Chicago")
+    taken = [dt.datetime(2025, 11, 2, 5, 0, tzinfo=UTC) + dt.timedelta(minutes=5 * k, seconds=1 + k // 12)
+             for k in range(12 * 4)]  # 00:00 CDT .. 02:55 CST
+    if outage:
+        taken = [t for t in taken if not dt.datetime(2025, 11, 2, 6, 45, tzinfo=UTC) <= t < dt.datetime(2025, 11, 2, 7, tzinfo=UTC)]
+    local = [t.astimezone(zone).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds") for t in taken]
+    assert "2025-11-02 01:55:03.000000" in local and len(set(local)) == len(local)  # CST, after 01:55:02 CDT
+    assert ("2025-11-02 01:55:02.000000" in local) is not outage
+    write_gpu_state_db(tmp_path / "gpu_state_2025-11.db",
+                       [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Unclaimed") for ts in local])
+    start, end = day_window("2025-11-02", "America/Chicago")
+    assert read_window(tmp_path, start, end, "America/Chicago").table.column("snapshot_utc").to_pylist() == taken
+
+
 def test_parquet_monthly_archive_is_read_like_sqlite(tmp_path):
     import pandas as pd
 
