@@ -73,19 +73,25 @@ class RawSamples:
 
 def nvml_files(root: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> list[Path]:
     """The NVML sampler's files ``root/nvml/HOST/nvml-YYYY-MM-DD.parquet`` (UTC days) that may hold
-    samples of [start_utc, end_utc)."""
+    samples of [start_utc, end_utc), and the files ``nvml-YYYY-MM-DD.<stamp>.parquet`` a sampler
+    writes beside a day's file it can neither read nor move aside."""
     base = root / "nvml"
     if not base.is_dir():
         return []
     days = {(start_utc + dt.timedelta(days=i)).date().isoformat() for i in range((end_utc - start_utc).days + 2)}
-    return [path for path in sorted(base.glob("*/nvml-*.parquet")) if path.stem.removeprefix("nvml-") in days]
+    return [path for path in sorted(base.glob("*/nvml-*.parquet"))
+            if path.stem.removeprefix("nvml-").split(".")[0] in days]
 
 
 def nvml_file_samples(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
-    """One NVML sampler file's samples of [start_utc, end_utc), in the raw schema."""
-    file = pq.ParquetFile(path)  # one open and one footer read for the columns and the rows
-    t = file.read(columns=[c for c in file.schema_arrow.names if c in GPU_SAMPLES.schema.names])
-    return conform(_rows_within(t, start_utc, end_utc), RAW_GPU_TELEMETRY)
+    """One NVML sampler file's samples of [start_utc, end_utc), in the raw schema. A file that cannot
+    be read fails with its path in the message."""
+    try:
+        file = pq.ParquetFile(path)  # one open and one footer read for the columns and the rows
+        t = file.read(columns=[c for c in file.schema_arrow.names if c in GPU_SAMPLES.schema.names])
+        return conform(_rows_within(t, start_utc, end_utc), RAW_GPU_TELEMETRY)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise ValueError(f"{path}: unreadable NVML sampler file: {exc}") from exc
 
 
 def _rows_within(t: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:

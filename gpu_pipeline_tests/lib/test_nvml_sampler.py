@@ -451,6 +451,35 @@ def test_unreadable_day_file_is_moved_aside_not_overwritten(tmp_path: Path) -> N
     assert Path(aside).read_bytes() == b"not parquet" and Path(aside).name.startswith(path.name + ".corrupt-")
 
 
+def test_rows_written_beside_a_file_that_cannot_be_moved_aside_are_read(tmp_path: Path, monkeypatch) -> None:
+    """A day's file the sampler can neither read nor move aside (an immutable file, a sticky folder):
+    its rows go to ``nvml-<day>.<stamp>.parquet`` beside it, which the raw step reads; while the
+    corrupt file is there the day fails naming it."""
+    from gpu_pipeline.lib.samples import nvml_file_samples, nvml_files
+
+    host = tmp_path / "nvml" / "h"
+    host.mkdir(parents=True)
+    corrupt = host / "nvml-2023-11-14.parquet"
+    corrupt.write_bytes(b"not parquet")
+
+    def refuse(src, dst):
+        raise PermissionError(1, "Operation not permitted", str(src))
+
+    monkeypatch.setattr(ns.os, "replace", refuse)
+    writer = ns._DayWriter(host, ns.SamplerSummary())
+    writer.add(dt.date(2023, 11, 14), _table(2))
+    monkeypatch.undo()
+    assert writer.flush() and writer.path != corrupt and corrupt.read_bytes() == b"not parquet"
+    start = dt.datetime(2023, 11, 14, tzinfo=dt.UTC)
+    end = start + dt.timedelta(days=1)
+    assert nvml_files(tmp_path, start, end) == sorted([corrupt, writer.path])
+    with pytest.raises(ValueError, match=f"{corrupt}: unreadable NVML sampler file"):
+        nvml_file_samples(corrupt, start, end)
+    corrupt.unlink()
+    (left,) = nvml_files(tmp_path, start, end)
+    assert nvml_file_samples(left, start, end).num_rows == 2
+
+
 def test_unavailable_messages_are_actionable() -> None:
     msg = ns.unavailable_message(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
     assert msg.startswith("no NVIDIA driver / libnvidia-ml.so.1 found on this host; the NVML sampler is optional")
