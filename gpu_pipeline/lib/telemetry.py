@@ -106,6 +106,7 @@ UTC = dt.UTC
 
 
 _FLOAT_COLUMNS = tuple(f.name for f in GPU_SAMPLES.schema if f.type == pa.float64())
+_MAX_INT32 = 2**31 - 1  #: the largest GPU index / MIG instance id (an int32 column)
 
 # ----------------------------------------------------------------------------------------------
 # Common pieces
@@ -830,9 +831,12 @@ def _nvsmi_value(col: str, cell: str, unit: str | None, name: str) -> object:
         if _is_na(cell):
             return None
         try:
-            return int(cell)
+            number = int(cell)
         except ValueError:
             raise _BadValue(f"{name}: not an integer: {cell!r}") from None
+        if not -_MAX_INT32 - 1 <= number <= _MAX_INT32:
+            raise _BadValue(f"{name}: out of range: {cell!r}")
+        return number
     return _number(cell, unit, name)
 
 
@@ -1073,6 +1077,15 @@ class _DcgmRowIds(NamedTuple):
     device_name: str | None
 
 
+def _label_int(text: str | None) -> int | None:
+    """A label's value as a 32-bit count (a GPU index, a MIG instance id): ASCII digits within int32,
+    else None (``"²"`` is a digit to ``str.isdigit``, not to ``int``)."""
+    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 10:
+        return None
+    number = int(text)
+    return number if number <= _MAX_INT32 else None
+
+
 def _dcgm_row_ids(uuid: str, gi: str | None, labels: dict[str, str]) -> _DcgmRowIds | None:
     """The identity of the row of GPU ``uuid`` (``gi`` None) or of its MIG instance ``gi``; None when
     ``uuid`` is not a GPU UUID (the row is dropped, ``rows_bad_uuid``)."""
@@ -1086,16 +1099,24 @@ def _dcgm_row_ids(uuid: str, gi: str | None, labels: dict[str, str]) -> _DcgmRow
         mig_uuid = next((v for v in labels.values() if _MIG_UUID_RE.match(v)), None)
         gpu_uuid = mig_uuid or _canonical_uuid(uuid)
         gpu_id = mig_uuid or f"{gpu_uuid}/{gi}"
-        mig_id = int(gi) if gi.isdigit() else None
-    gpu = labels.get("gpu")
+        mig_id = _label_int(gi)
     return _DcgmRowIds(
         gpu_uuid=gpu_uuid,
         gpu_id=gpu_id,
-        gpu_index=int(gpu) if gpu is not None and gpu.isdigit() else None,
+        gpu_index=_label_int(labels.get("gpu")),
         mig_profile=(labels.get("GPU_I_PROFILE") or None) if gi is not None else None,
         mig_instance_id=mig_id,
         device_name=labels.get("modelName") or None,
     )
+
+
+class _BadSample(ValueError):
+    """A sample line the exposition parser reads but no row can hold (a timestamp that is not a
+    finite time within int64 microseconds): the line is quarantined."""
+
+
+#: a DCGM timestamp (seconds) beyond this is no time a row can hold (int64 microseconds)
+_MAX_TS_S = float(2**63 // 1_000_000)
 
 
 class _ExpositionError(Exception):
@@ -1184,22 +1205,25 @@ class _DcgmPivot:
                     self.quarantine.append(QuarantinedLine(ln, reason, raw.rstrip("\r\n"), self.src))
                 continue
             fast = self._split(line, series_cache)
-            if isinstance(fast, tuple):
-                name, labels, sig, value, ts = fast
-                self.sample(name, labels, sig, value, ts)
-                continue
-            if isinstance(fast, str):
-                self.quarantine.append(QuarantinedLine(ln, fast, raw.rstrip("\r\n"), self.src))
-                continue
-            # Any other shape: the parser reads the line as it is.
             try:
-                families = list(text_string_to_metric_families(line + "\n"))
-            except Exception as exc:  # anything the parser raises
-                self.quarantine.append(QuarantinedLine(ln, parser_reason(exc), raw.rstrip("\r\n"), self.src))
-                continue
-            for family in families:
-                for sample in family.samples:
-                    self.sample(sample.name, sample.labels, None, sample.value, sample.timestamp)
+                if isinstance(fast, tuple):
+                    name, labels, sig, value, ts = fast
+                    self.sample(name, labels, sig, value, ts)
+                    continue
+                if isinstance(fast, str):
+                    self.quarantine.append(QuarantinedLine(ln, fast, raw.rstrip("\r\n"), self.src))
+                    continue
+                # Any other shape: the parser reads the line as it is.
+                try:
+                    families = list(text_string_to_metric_families(line + "\n"))
+                except Exception as exc:  # anything the parser raises
+                    self.quarantine.append(QuarantinedLine(ln, parser_reason(exc), raw.rstrip("\r\n"), self.src))
+                    continue
+                for family in families:
+                    for sample in family.samples:
+                        self.sample(sample.name, sample.labels, None, sample.value, sample.timestamp)
+            except _BadSample as bad:
+                self.quarantine.append(QuarantinedLine(ln, str(bad), raw.rstrip("\r\n"), self.src))
 
     @staticmethod
     def _split(line: str, cache: dict) -> tuple | str | None:
@@ -1231,7 +1255,10 @@ class _DcgmPivot:
             c["samples_without_uuid"] += 1
             return
         if timestamp is not None:
-            ts_us = round(float(timestamp) * 1_000_000)
+            seconds = float(timestamp)  # the parser's number: an int of any size, or a float
+            if not math.isfinite(seconds) or abs(seconds) >= _MAX_TS_S:
+                raise _BadSample(f"timestamp out of range: {timestamp!r}")
+            ts_us = round(seconds * 1_000_000)
         elif self.default_us is not None:
             ts_us = self.default_us
             c["samples_default_time"] += 1
@@ -1251,7 +1278,10 @@ class _DcgmPivot:
             c["duplicate_samples" if seen == sig else "conflicting_samples"] += 1
             return
         row["_seen"][col] = sig
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:  # an integer of over 308 digits: infinite, as Arrow's cast reads it
+            v = math.inf if value > 0 else -math.inf
         if math.isnan(v):
             c["nan_values"] += 1
             row[col] = None
@@ -1327,6 +1357,14 @@ def _parse_dcgm_lines(path_or_text: str | Path, host: str | None, default_us: in
     if not whole_file:
         pivot.add_lines(lines())
         return _finish(pivot.columns(), pivot.quarantine, pivot.counters, [src] if src else [])
+    try:
+        return _parse_dcgm_families(lines, pivot, host, default_us, src)
+    except _BadSample:  # a line no row can hold: the line parser quarantines it by its number
+        return _parse_dcgm_lines(path_or_text, host, default_us, source_file, whole_file=False)
+
+
+def _parse_dcgm_families(lines: Callable[[], Iterator[str]], pivot: _DcgmPivot, host: str | None,
+                         default_us: int | None, src: str | None) -> ParseResult:
     quarantine: list[QuarantinedLine] = []
     try:
         pivot.add_families(lines())

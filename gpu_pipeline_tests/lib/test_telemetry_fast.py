@@ -737,3 +737,49 @@ def test_a_piece_is_searched_only_within_its_bytes():
     assert not telemetry._holds(memoryview(data)[:6], b"\r")
     assert telemetry._holds(memoryview(data)[:13], b"\r")
     assert telemetry._holds(data, b"\r") and not telemetry._holds(bytearray(b"a\n"), b"\r")
+
+
+# ----------------------------------------------------------------------------------------------
+# Values the exposition parser reads and no row can hold: the line, never the file
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stamp", ["NaN", "+Inf", "1e400", "99999999999999999", "-99999999999999999"])
+def test_a_dcgm_timestamp_no_row_can_hold_quarantines_its_line(stamp):
+    """A timestamp the exposition parser accepts but that is no time within int64 microseconds: that
+    line is quarantined with its number, the file's other lines are read, on every path."""
+    good = f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}",Hostname="n"}} 37 1752480000000\n'
+    text = good + f'DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="{U1}",Hostname="n"}} 5 {stamp}\n' + good.replace("37 ", "38 ").replace("1752480000000", "1752480030000")
+    for whole_file in (False, True):
+        result = dcgm_both(text, whole_file=whole_file)
+        assert result.table.column("util_pct").to_pylist() == [37.0, 38.0]
+        assert [(q.line_number, q.reason.split(":")[0]) for q in result.quarantine] == [(2, "timestamp out of range")]
+
+
+def test_a_dcgm_value_of_more_digits_than_a_float_holds_is_infinite_and_blank():
+    """A value of 310 digits: Arrow's cast and the line parser both read it as infinite, which the
+    blank rule nulls (it was an OverflowError for the line parser and the whole file failed)."""
+    series = f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}",Hostname="n"}}'
+    result = dcgm_both(f"{series} 37 1752480000000\n{series} {'9' * 310} 1752480030000\n")
+    assert result.fast_parsed == 1
+    assert result.table.column("util_pct").to_pylist() == [37.0, None] and result.counters["blank_values"] == 1
+
+
+@pytest.mark.parametrize("label", ['gpu="99999999999"', 'gpu="\u00b2"', 'gpu="0",GPU_I_ID="99999999999"',
+                                   'gpu="0",GPU_I_ID="\u00b2"', 'gpu="-1"'])
+def test_a_dcgm_gpu_index_or_instance_that_is_no_int32_count_is_null(label):
+    """A GPU index or MIG instance label of digits beyond int32, or of a digit ``int`` does not read
+    (``"²"``): null, the row kept (the file failed with an Arrow or int() error)."""
+    result = dcgm_both(f'DCGM_FI_DEV_GPU_UTIL{{{label},UUID="{U0}",Hostname="n"}} 37 1752480000000\n')
+    (row,) = result.table.to_pylist()
+    assert row["util_pct"] == 37.0 and row["mig_instance_id"] is None
+    assert row["gpu_index"] == (0 if label.startswith('gpu="0"') else None)
+
+
+def test_an_nvidia_smi_index_beyond_int32_quarantines_its_line():
+    text = ("timestamp, index, uuid, utilization.gpu [%]\n"
+            f"2026/01/15 10:00:00.000, 0, {U0}, 5 %\n"
+            f"2026/01/15 10:00:00.000, 99999999999, {U1}, 6 %\n")
+    result = nvsmi_both(text)
+    assert result.table.column("gpu_index").to_pylist() == [0]
+    assert [(q.line_number, q.reason) for q in result.quarantine] == [(3, "index: out of range: '99999999999'")]
