@@ -546,24 +546,39 @@ def _table_from_values(data: dict[str, list]) -> pa.Table:
     return pa.table(arrays)
 
 
-def _read_parquet(path: Path, lo: str, hi: str) -> tuple[pa.Table, list[str]]:
+def _read_parquet(path: Path, lo: str, hi: str, source_tz: str) -> tuple[pa.Table, list[str]]:
+    """The rows of a monthly Parquet archive whose local time lies in [lo, hi). A ``timestamp`` of
+    local times is read as the SQLite files' text is (text compared as text: an unreadable value in
+    the window is quarantined with its row, not failing the month); a time-zone-aware one (what
+    pandas writes for an aware column) names its instant, kept as UTC text with its offset."""
     con = db_connect()
     try:
-        cols = [r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall()]
+        types = {name: kind for name, kind, *_ in
+                 con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall()}
+        cols = list(types)
         missing_req = [c for c in REQUIRED_COLUMNS if c not in cols]
         if missing_req:
             raise ArchiveError(f"{path}: archive lacks required columns {missing_req}")
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
         select = ", ".join(_q(c) for c in wanted)
+        if types["timestamp"] == "TIMESTAMP WITH TIME ZONE":
+            local = "timezone(?, \"timestamp\")"
+            text = "strftime(timezone('UTC', \"timestamp\"), '%Y-%m-%d %H:%M:%S.%f') || '+00:00'"
+            zone = [source_tz]
+        elif types["timestamp"] == "VARCHAR":  # text, compared and read as the SQLite files' text is
+            local = text = '"timestamp"'
+            zone = []
+        else:
+            local = 'CAST("timestamp" AS TIMESTAMP)'
+            text = f"strftime({local}, '%Y-%m-%d %H:%M:%S.%f')"
+            zone = []
+        bound = "?" if local == text else "CAST(? AS TIMESTAMP)"
         tbl = con.sql(
-            f"""SELECT file_row_number AS source_rowid,
-                       strftime(CAST("timestamp" AS TIMESTAMP), '%Y-%m-%d %H:%M:%S.%f') AS timestamp_local,
-                       {select}
+            f"""SELECT file_row_number AS source_rowid, {text} AS timestamp_local, {select}
                 FROM read_parquet(?, file_row_number=true)
-                WHERE CAST("timestamp" AS TIMESTAMP) >= CAST(? AS TIMESTAMP)
-                  AND CAST("timestamp" AS TIMESTAMP) < CAST(? AS TIMESTAMP)
+                WHERE {local} >= {bound} AND {local} < {bound}
                 ORDER BY file_row_number""",
-            params=[str(path), lo, hi],
+            params=[str(path), *zone, lo, *zone, hi],
         ).to_arrow_table()
     except duckdb.Error as exc:
         raise ArchiveError(f"{path}: unreadable Parquet archive: {exc}") from exc
@@ -730,7 +745,7 @@ def read_window(
             result.missing_months.append(month)
             continue
         if path.suffix == ".parquet":
-            table, cols = _read_parquet(path, lo, hi)
+            table, cols = _read_parquet(path, lo, hi, source_tz)
             part = consumer(path)(iter([table]))
             part.read_path = "parquet"
         else:

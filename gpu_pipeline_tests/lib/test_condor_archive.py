@@ -115,6 +115,43 @@ def test_parquet_monthly_archive_is_read_like_sqlite(tmp_path):
     assert read.table.column("snapshot_utc").to_pylist() == [dt.datetime(2025, 8, 2, 0, 10, tzinfo=UTC)]
 
 
+def test_a_time_zone_aware_parquet_timestamp_is_its_instant(tmp_path):
+    """pandas writes an aware column as ``timestamp[us, tz=UTC]``: those are instants, not local
+    times to localize again (read as Chicago local time they came out 5 hours late). A day's window
+    in the archive's zone takes the rows of that local day."""
+    import pyarrow.parquet as pq
+
+    instants = [dt.datetime(2025, 8, 5, h, 0, 1, tzinfo=UTC) for h in (4, 6, 12, 18)]  # 04:00Z: Aug 4 CDT
+    rows = {"Name": ["slot1@h"] * 4, "AssignedGPUs": ["GPU-aaaaaaaa"] * 4, "State": ["Unclaimed"] * 4,
+            "Machine": ["h"] * 4, "timestamp": pa.array(instants, pa.timestamp("us", tz="UTC"))}
+    pq.write_table(pa.table(rows), tmp_path / "gpu_state_2025-08.parquet")
+    start, end = day_window("2025-08-05", "America/Chicago")
+    read = read_window(tmp_path, start, end, "America/Chicago")
+    assert read.table.column("snapshot_utc").to_pylist() == instants[1:]
+    assert read.table.column("timestamp_local").to_pylist()[0] == "2025-08-05 06:00:01.000000+00:00"
+
+
+def test_a_parquet_archive_of_text_timestamps_reads_as_the_sqlite_text(tmp_path):
+    """Text timestamps are compared and read as a SQLite file's: one unreadable value no longer fails
+    every day of the month (a cast in the filter did), and an offset in the text is honoured."""
+    import pyarrow.parquet as pq
+
+    def write(stamps):
+        n = len(stamps)
+        pq.write_table(pa.table({"Name": ["slot1@h"] * n, "AssignedGPUs": ["GPU-aaaaaaaa"] * n,
+                                 "State": ["Unclaimed"] * n, "Machine": ["h"] * n, "timestamp": stamps}),
+                       tmp_path / "gpu_state_2025-08.parquet")
+
+    start, end = day_window("2025-08-05", "UTC")
+    write(["2025-08-05 06:00:01.000000", "garbage", "2025-08-05 2x:00", "2025-08-05 07:00:01.000000"])
+    read = read_window(tmp_path, start, end, "UTC")
+    assert read.table.column("snapshot_utc").to_pylist() == [dt.datetime(2025, 8, 5, h, 0, 1, tzinfo=UTC) for h in (6, 7)]
+    assert [r[1] for r in read.rejected] == [2]  # the unreadable time within the day's text range, by its row
+    write(["2025-08-05 01:00:01.000000-05:00", "2025-08-05 12:00:01.000000-05:00"])
+    read = read_window(tmp_path, start, end, "America/Chicago")
+    assert read.table.column("snapshot_utc").to_pylist() == [dt.datetime(2025, 8, 5, h, 0, 1, tzinfo=UTC) for h in (6, 17)]
+
+
 def test_missing_table_names_the_file(tmp_path):
     path = tmp_path / "gpu_state_2025-08.db"
     con = sqlite3.connect(path)
