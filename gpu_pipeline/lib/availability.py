@@ -42,7 +42,10 @@ day's states (pass them in the same relation; only its last bucket per GPU is re
 * ``true``  -- the GPU was available at the previous day's last observation; the piece starts at
   the day start. If the day's first observation already shows it otherwise, a short *closing
   piece* ``[day start, that observation)`` is emitted with the real end reason, because the period
-  ends at the first snapshot seen otherwise even when that is after midnight;
+  ends at the first snapshot seen otherwise even when that is after midnight. The piece is empty
+  (end = start) when that observation is a snapshot taken just before midnight and carried into
+  the day's first bucket; a GPU not seen in the day at all (its host down) gets a ``dropout``
+  closing piece up to the day's first observation;
 * ``false`` -- the previous day is present and the GPU was not available at its end (or was not
   seen that day), or the period starts after the day's first bucket;
 * ``null``  -- the period is available in the day's first bucket and the previous day's states are
@@ -257,10 +260,34 @@ shaped AS (
            CASE WHEN next_state IS NULL OR last_obs IS NULL THEN NULL
                 ELSE epoch(next_obs) - epoch(last_obs) END AS end_gap_s
     FROM periods p
-    -- a GPU not seen in the day at all: its previous-day period has nothing to report here
+    -- the GPUs seen in the day (one not seen at all: see vanished)
     JOIN day_gpus dg ON dg.gpu_id = p.gpu_id
     CROSS JOIN params
     CROSS JOIN prev_exists pe
+),
+-- available at the previous day's last bucket and not seen in the day at all (its host gone): the
+-- period ends as a dropout at the day's first observation, the first bucket's first snapshot (its
+-- start when the collector saw nothing)
+vanished AS (
+    SELECT r.gpu_id, r.host, r.device_name, r.tier
+    FROM src r, params
+    WHERE r.bucket_start_utc < params.s AND r.state IN ('idle_prioritized', 'idle_shared', 'idle_backfill')
+      AND r.gpu_id NOT IN (SELECT gpu_id FROM day_gpus)
+),
+day_first AS (
+    SELECT least(greatest(coalesce(
+               (SELECT min(first_snap) FROM clean_first WHERE bucket_start_utc = params.s),
+               (SELECT min(first_snap) FROM state_first WHERE bucket_start_utc = params.s),
+               params.s), params.s), params.e) AS t
+    FROM params
+),
+pieces AS (
+    SELECT gpu_id, host, device_name, tier, start_utc, end_utc, end_reason, next_job, start_gap_s,
+           end_gap_s, starts_before_day
+    FROM shaped
+    UNION ALL
+    SELECT v.gpu_id, v.host, v.device_name, v.tier, params.s, d.t, 'dropout', NULL, NULL, NULL, true
+    FROM vanished v, day_first d, params
 )
 SELECT
     gpu_id, host, device_name, tier, start_utc, end_utc,
@@ -270,9 +297,11 @@ SELECT
     coalesce(greatest(start_gap_s, end_gap_s), c.cadence_s) AS resolution_s,
     starts_before_day,
     end_reason = 'open' AS continues_after_day
-FROM shaped
+FROM pieces
 CROSS JOIN cadence c
-WHERE end_utc > start_utc
+-- a closing piece is kept even when empty: the period ended at the day's start (the first
+-- observation of the day was carried from a snapshot just before midnight)
+WHERE end_utc > start_utc OR (starts_before_day AND end_reason <> 'open')
 ORDER BY host, gpu_id, start_utc
 """
 
@@ -416,14 +445,15 @@ WITH
 params AS (SELECT CAST($start AS TIMESTAMPTZ) AS s, CAST($end AS TIMESTAMPTZ) AS e),
 pieces AS (SELECT * FROM _avail_pieces),
 whole AS ({stitched}),
--- whole periods whose last piece lies in the day
+-- whole periods whose last piece lies in the day (one that ended at the day's start: the day's
+-- empty closing piece, the only piece that ends there without continuing after its day)
 rows AS (
     SELECT w.*,
            NOT w.continues_after_day AS ended,
            w.continues_after_day AS open_at_end,
            coalesce(w.starts_before_day, true) AS truncated
     FROM whole w, params
-    WHERE w.end_utc > params.s AND w.end_utc <= params.e
+    WHERE (w.end_utc > params.s OR (w.end_utc = params.s AND NOT w.continues_after_day)) AND w.end_utc <= params.e
 ),
 day_hours AS (
     SELECT device_name, tier,

@@ -258,6 +258,41 @@ def test_period_crossing_midnight_is_clipped_flagged_and_stitched():
     assert a["duration_max_s"] == pytest.approx(max(g["duration_s"], whole["c"]["duration_s"]))
 
 
+def test_a_period_open_at_midnight_ends_in_the_next_day_even_without_a_row_there():
+    """Two periods open at the end of day 1 whose ends day 2's rows did not show: ``v``'s host is
+    down all day 2 (no row at all), and ``z``'s first bucket of day 2 carries a Drained snapshot
+    taken 10 s before midnight. Each gets its closing piece -- ``v`` a dropout at day 2's first
+    snapshot, ``z`` an empty one at midnight -- and the summary counts both once, on day 2."""
+    s1, e1, n1 = _day("2025-08-05")
+    s2, e2, n2 = _day("2025-08-06")
+    day1 = states(gpu_rows("v", s1, ["P"] * 280 + ["I"] * (n1 - 280), host="h2"),
+                  gpu_rows("z", s1, ["P"] * 200 + ["S"] * (n1 - 200)),
+                  gpu_rows("k", s1, ["H"] * n1))
+    z2 = gpu_rows("z", s2, ["R"] * n2)
+    z2[0]["snapshot_utc"] = s2 - dt.timedelta(seconds=10)  # the last snapshot of day 1, carried
+    day2 = states(z2, gpu_rows("k", s2, ["H"] * n2))
+    snaps = pa.table({"snapshot_utc": pa.array([snap(s2, k) for k in range(n2)], pa.timestamp("us", tz="UTC"))})
+    d1, d2 = periods(day1, s1, e1), periods(day2, s2, e2, prev=day1, snapshots=snaps)
+    assert {r["gpu_id"]: r["end_reason"] for r in d1} == {"v": "open", "z": "open"}
+    # without the clean snapshots, the day's first bucket is dated by its earliest snapshot, z's
+    # carried one (clipped to midnight): v's closing piece is empty too
+    (v_no_clean,) = only(periods(day2, s2, e2, prev=day1), "v")
+    assert (v_no_clean["end_utc"], v_no_clean["end_reason"]) == (s2, "dropout")
+    (v,) = only(d2, "v")
+    assert (v["start_utc"], v["end_utc"], v["end_reason"], v["host"]) == (s2, snap(s2, 0), "dropout", "h2")
+    assert v["starts_before_day"] is True and v["continues_after_day"] is False and v["duration_s"] == 7.0
+    (z,) = only(d2, "z")
+    assert (z["start_utc"], z["end_utc"], z["end_reason"], z["duration_s"]) == (s2, s2, "drained", 0.0)
+    pieces = conform(pa.Table.from_pylist(d1 + d2), AVAILABILITY_PERIODS)
+    sm1 = {(r["device_name"], r["tier"]): r for r in availability_summary_from_table(pieces, s1, e1).to_pylist()}
+    assert (sm1[("ALL", "ALL")]["periods"], sm1[("ALL", "ALL")]["periods_open_at_day_end"]) == (0, 2)
+    sm2 = {(r["device_name"], r["tier"]): r for r in availability_summary_from_table(pieces, s2, e2).to_pylist()}
+    assert (sm2[("ALL", "ALL")]["periods"], sm2[("ALL", "ALL")]["periods_open_at_day_end"]) == (2, 0)
+    assert sm2[("ALL", "ALL")]["duration_max_s"] == pytest.approx((s2 - snap(s1, 200)).total_seconds())  # z
+    # a GPU seen in day 2 gets no such piece, nor one that was busy at day 1's end
+    assert {r["gpu_id"] for r in d2} == {"v", "z"}
+
+
 def test_empty_day_has_full_schema():
     out = availability_periods_from_tables(GPU_STATES.empty(), DAY0, DAY0 + dt.timedelta(days=1))
     assert out.num_rows == 0 and out.schema == AVAILABILITY_PERIODS.schema

@@ -32,7 +32,8 @@ from gpu_pipeline.lib.store import connect
 PERIODS_KEY, SUMMARY_KEY = table_key(AVAILABILITY_PERIODS), table_key(AVAILABILITY_SUMMARY)
 LOOKBACK_DAYS = 7  # whole periods are summarized on the day they end, with up to a week of history
 VALID = dg.AssetCheckSpec("periods_valid", asset=PERIODS_KEY,
-                          description="Every period has end > start and lies inside its day.")
+                          description="Every period has end > start (end = start only for the closing piece "
+                                      "of a period that ended at the day's start) and lies inside its day.")
 
 
 def _days_back(day: str, n: int) -> list[str]:
@@ -65,7 +66,10 @@ def availability(context: dg.AssetExecutionContext, data_store: DataStoreResourc
         finally:
             con.close()
         s, e = periods["start_utc"], periods["end_utc"]
-        bad[day] = int(pc.sum(pc.or_(pc.less_equal(e, s), pc.or_(
+        closing = pc.and_(pc.fill_null(periods["starts_before_day"], False),
+                          pc.not_equal(periods["end_reason"], "open"))
+        empty = pc.and_(pc.equal(e, s), pc.invert(closing))
+        bad[day] = int(pc.sum(pc.or_(pc.or_(pc.less(e, s), empty), pc.or_(
             pc.less(s, pa.scalar(start, s.type)), pc.greater(e, pa.scalar(end, e.type))))).as_py() or 0)
         all_row = [r for r in summary.to_pylist() if r["device_name"] == "ALL" and r["tier"] == "ALL"]
         kpis = {"periods": float(periods.num_rows)}
