@@ -43,7 +43,9 @@ no row of that snapshot still names J on the GPU).
 observation of the uninterrupted run of J on the GPU, looking back into the previous day's states
 when they are in the input (``runtime_is_lower_bound`` when J was already running at the first
 observation read). Snapshot times come from ``snapshot_utc`` of the states. Lost GPU-hours: the
-whole observed run (no checkpoint information in snapshots).
+whole observed run of each GPU (no checkpoint information in snapshots). The GPUs of J
+reclaimed in the same snapshot are one eviction, as the job records give one row per run:
+``gpu_id`` the least of them, ``n_gpus`` their number.
 
 **Merge.** A snapshot detection and a job-record eviction of the same job are one eviction when the
 snapshot GPU is one of the run's GPUs and the record's eviction time lies in
@@ -94,11 +96,13 @@ EVICTIONS = TableSpec(
             _f("global_job_id", pa.string(), "GlobalJobId of the evicted backfill job", nullable=False),
             _f("run_index", pa.int32(), "0-based run (epoch) index; null when seen only in snapshots"),
             _f("gpu_id", pa.string(), "GPU of the run (the first of several; null when the record has none)"),
-            _f("n_gpus", pa.int32(), "GPUs the run held (AssignedGPUs, else RequestGPUs; 1 from snapshots)",
+            _f("n_gpus", pa.int32(), "GPUs the run held (AssignedGPUs, else RequestGPUs; from snapshots alone: "
+               "its GPUs reclaimed in the same snapshot)",
                nullable=False),
             _f("host", pa.string(), "Execute host"),
             _f("device_name", pa.string(), "GPU model name (from the GPU states)"),
-            _f("tier_of_host", pa.string(), "priority or shared: tier of the host's primary slots"),
+            _f("tier_of_host", pa.string(), "priority when any primary slot of the host was prioritized in the "
+               "day, else shared (the rule of eviction_rates' tier)"),
             _f("started_utc", TS, "Start of the evicted run (first snapshot seen running when from snapshots)"),
             _f("evicted_utc", TS, "End of the run (job record), else the first snapshot showing the primary "
                "claim", nullable=False),
@@ -315,15 +319,19 @@ cadence AS (
 {jr_sql},
 {sn_sql},
 -- device and host tier: one cheap aggregate over the states (host and device are constant per
--- GPU and day; a host is 'priority' when any of its primary slots had PrioritizedProjects)
+-- GPU and day); the host's tier by the rule the rates use ({host_tier_rule}) over the day's rows,
+-- else over the previous day's (a host seen only before midnight)
 gpu_info AS (
     SELECT gpu_id, arg_max(host, bucket_start_utc) AS host, max(device_name) AS device_name,
+           bool_or(tier = 'priority') FILTER (WHERE bucket_start_utc >= params.s) AS day_priority,
+           bool_or(tier = 'shared') FILTER (WHERE bucket_start_utc >= params.s) AS day_shared,
            bool_or(tier = 'priority') AS any_priority, bool_or(tier = 'shared') AS any_shared
-    FROM _ev_states GROUP BY gpu_id
+    FROM _ev_states, params GROUP BY gpu_id
 ),
 host_info AS (
     SELECT host,
-           CASE WHEN bool_or(any_priority) THEN 'priority' WHEN bool_or(any_shared) THEN 'shared' END
+           coalesce(CASE WHEN bool_or(day_priority) THEN 'priority' WHEN bool_or(day_shared) THEN 'shared' END,
+                    CASE WHEN bool_or(any_priority) THEN 'priority' WHEN bool_or(any_shared) THEN 'shared' END)
                AS tier_of_host,
            max(device_name) AS device_name
     FROM gpu_info GROUP BY host
@@ -365,15 +373,8 @@ jr_rows AS (
     ) m USING (global_job_id, run_index)
     LEFT JOIN gpu_info gi ON gi.gpu_id = coalesce(jr.gpu_id, m.sn_gpu)
 ),
-sn_rows AS (
-    SELECT sn.global_job_id, CAST(NULL AS INTEGER) AS run_index, sn.gpu_id, 1 AS n_gpus, gi.host,
-           sn.started_utc, sn.evicted_utc,
-           epoch(sn.evicted_utc) - epoch(sn.started_utc) AS runtime_s,
-           sn.runtime_is_lower_bound,
-           (epoch(sn.evicted_utc) - epoch(sn.started_utc)) / 3600.0 AS lost_gpu_hours,
-           'whole_run' AS lost_basis,
-           $snapshot_reason AS reason, CAST(NULL AS INTEGER) AS reason_code,
-           sn.evicted_by_job_id, sn.resolution_s, 'snapshots' AS detected_by
+sn_unmatched AS (
+    SELECT sn.*, gi.host
     FROM sn
     CROSS JOIN cadence c
     LEFT JOIN gpu_info gi ON gi.gpu_id = sn.gpu_id
@@ -385,6 +386,22 @@ sn_rows AS (
      AND (list_contains(cr.gpus, sn.gpu_id) OR cr.gpus IS NULL)
      AND epoch(cr.completion_utc) >= epoch(sn.last_seen_utc) - c.cadence_s
      AND epoch(cr.completion_utc) <= epoch(sn.evicted_utc) + c.cadence_s
+),
+-- one row per evicted run, as the job records give it: the GPUs of J reclaimed in the same snapshot
+-- are one eviction (n_gpus of them, the first GPU named), the whole observed run of each lost
+sn_rows AS (
+    SELECT global_job_id, CAST(NULL AS INTEGER) AS run_index, min(gpu_id) AS gpu_id,
+           CAST(count(*) AS INTEGER) AS n_gpus, arg_min(host, gpu_id) AS host,
+           min(started_utc) AS started_utc, evicted_utc,
+           epoch(evicted_utc) - epoch(min(started_utc)) AS runtime_s,
+           bool_or(runtime_is_lower_bound) AS runtime_is_lower_bound,
+           {lost_sum} / 3600.0 AS lost_gpu_hours,
+           'whole_run' AS lost_basis,
+           $snapshot_reason AS reason, CAST(NULL AS INTEGER) AS reason_code,
+           arg_min(evicted_by_job_id, gpu_id) AS evicted_by_job_id, max(resolution_s) AS resolution_s,
+           'snapshots' AS detected_by
+    FROM sn_unmatched
+    GROUP BY global_job_id, evicted_utc
 ),
 all_rows AS (SELECT * FROM jr_rows UNION ALL SELECT * FROM sn_rows)
 SELECT a.global_job_id, a.run_index, a.gpu_id, a.n_gpus, a.host,
@@ -456,7 +473,9 @@ def compute_evictions(
             "CREATE OR REPLACE TEMP TABLE _ev_slots (snapshot_utc TIMESTAMPTZ, gpu_id VARCHAR, global_job_id VARCHAR)"
         )
     try:
-        sql = _MERGE_SQL.format(jr_sql=_JOB_EVICTIONS_SQL.strip(), sn_sql=_SNAPSHOT_EVICTIONS_SQL.strip())
+        sql = _MERGE_SQL.format(jr_sql=_JOB_EVICTIONS_SQL.strip(), sn_sql=_SNAPSHOT_EVICTIONS_SQL.strip(),
+                                lost_sum=exact_sum("epoch(evicted_utc) - epoch(started_utc)"),
+                                host_tier_rule="any priority slot: priority, else shared")
         table = con.sql(
             sql,
             params={
@@ -503,8 +522,11 @@ def evictions_from_tables(
 _RATES_SQL = """
 WITH
 params AS (SELECT CAST($start AS TIMESTAMPTZ) AS s, CAST($end AS TIMESTAMPTZ) AS e),
-host_tier AS (
-    SELECT host, mode(tier) FILTER (WHERE tier IN ('priority', 'shared')) AS tier
+host_tier AS (  -- the rule of the evictions' tier_of_host: priority when any primary slot of the
+                -- host had PrioritizedProjects in the day, else shared
+    SELECT host,
+           CASE WHEN bool_or(tier = 'priority') THEN 'priority' WHEN bool_or(tier = 'shared') THEN 'shared' END
+               AS tier
     FROM _rate_states GROUP BY host
 ),
 bf AS (

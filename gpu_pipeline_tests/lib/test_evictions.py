@@ -219,6 +219,46 @@ def test_snapshot_detector():
     assert rows["J4"]["runtime_is_lower_bound"] is True and rows["J4"]["evicted_by_job_id"] == "Q4"
 
 
+def test_a_multi_gpu_run_reclaimed_in_one_snapshot_is_one_eviction():
+    """J on two GPUs of a host, both claimed by primary jobs in the same snapshot: one row (the least
+    GPU id named, n_gpus 2, each GPU's observed run lost), as its job record gives one row. A GPU
+    of J that went idle instead is not a detection; K, seen on one GPU, stays one row of one GPU."""
+    t = states(day_of({
+        "GPU-m2": ["P", "B:J", "B:J", "B:J", "P:Q1"],
+        "GPU-m1": ["P", "P", "B:J", "B:J", "H:Q2"],
+        "GPU-m3": ["P", "B:J", "B:J", "B:J", "I"],
+        "GPU-k1": ["P", "B:K", "P:Q3"],
+    }))
+    rows = {r["global_job_id"]: r for r in evictions(states_t=t)}
+    assert set(rows) == {"J", "K"}
+    j = rows["J"]
+    assert (j["gpu_id"], j["n_gpus"], j["evicted_utc"], j["started_utc"]) == ("GPU-m1", 2, snap(DAY0, 4), snap(DAY0, 1))
+    assert j["runtime_s"] == (snap(DAY0, 4) - snap(DAY0, 1)).total_seconds()
+    lost = (snap(DAY0, 4) - snap(DAY0, 1)) + (snap(DAY0, 4) - snap(DAY0, 2))
+    assert j["lost_gpu_hours"] == pytest.approx(lost.total_seconds() / 3600)
+    assert j["evicted_by_job_id"] == "Q2"  # the named GPU's
+    assert (rows["K"]["gpu_id"], rows["K"]["n_gpus"]) == ("GPU-k1", 1)
+    rates = {(r["device_name"], r["tier"], r["hour_local"]): r
+             for r in eviction_rates_from_tables(evictions_from_tables(DAY0, DAY1, t, None), t, DAY0, DAY1).to_pylist()}
+    assert rates[("ALL", "ALL", None)]["evictions"] == 2
+
+
+def test_a_hosts_evictions_and_backfill_hours_are_in_one_tier():
+    """A host whose GPUs are prioritized until 06:00 and shared after: the evictions' tier_of_host
+    and the rates' backfill hours use one rule (priority: any of its primary slots prioritized in
+    the day), so its eviction and its 5 backfill hours share a row (rate 0.2 an hour)."""
+    codes = ["P"] * 72 + ["H"] * 60 + ["B:J"] * 60 + ["H:Q"] + ["H"] * 95
+    t = states(gpu_rows("g", DAY0, codes, host="hx"))
+    ev = evictions_from_tables(DAY0, DAY1, t, None)
+    assert ev.column("tier_of_host").to_pylist() == ["priority"]
+    rates = {(r["device_name"], r["tier"], r["hour_local"]): r
+             for r in eviction_rates_from_tables(ev, t, DAY0, DAY1).to_pylist()}
+    row = rates[("ALL", "priority", None)]
+    assert (row["evictions"], row["backfill_gpu_hours"]) == (1, 5.0)
+    assert row["evictions_per_backfill_gpu_hour"] == pytest.approx(0.2)
+    assert ("ALL", "shared", None) not in rates
+
+
 def test_a_run_seen_first_after_a_hole_in_the_gpus_rows_has_a_lower_bound_runtime():
     """A GPU with no rows for some buckets (absent from the grid, not 'na'): the row after the hole
     has no bucket before it, so a backfill run first seen there may have started in the hole (its
