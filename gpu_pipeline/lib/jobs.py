@@ -212,7 +212,8 @@ def _to_int(v: Any, attr: str, bounds: tuple[int, int] = _INT64) -> int:
 
 
 def _to_epoch_us(v: Any, attr: str) -> int | None:
-    """Epoch seconds (or ISO-8601 text) -> epoch microseconds; 0/negative -> None."""
+    """Epoch seconds (or ISO-8601 text) -> epoch microseconds; 0/negative (an ISO date at or before
+    1970-01-01, e.g. ``0001-01-01``) -> None."""
     if isinstance(v, str) and not _looks_numeric(v):
         s = v.strip()
         try:
@@ -221,7 +222,8 @@ def _to_epoch_us(v: Any, attr: str) -> int | None:
             raise _BadValue(f"{attr}={v!r} is not a date (epoch seconds or ISO-8601)") from None
         if t.tzinfo is None:
             t = t.replace(tzinfo=dt.UTC)
-        return (t - _EPOCH) // dt.timedelta(microseconds=1)
+        us = (t - _EPOCH) // dt.timedelta(microseconds=1)
+        return us if us > 0 else None  # as epoch seconds: 1970-01-01 or before is unset
     x = _to_float(v, attr)
     if x <= 0:
         return None

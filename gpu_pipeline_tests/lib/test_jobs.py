@@ -199,6 +199,17 @@ def test_uncoercible_values_are_quarantined_never_raised():
     assert r["queued_utc"] == t(8) and r["job_status"] == 4 and (r["cluster_id"], r["proc_id"]) == (9, 0)
 
 
+@pytest.mark.parametrize("qdate", [-86400, 0, "1969-12-31T00:00:00Z", "1970-01-01T00:00:00Z", "0001-01-01T00:00:00Z"])
+def test_a_date_at_or_before_1970_is_unset_as_text_too(qdate):
+    """HTCondor writes 0 for a date not set; the same instant, or an earlier one, as ISO-8601 text is
+    unset too (``0001-01-01`` opened a queue wait from year 1)."""
+    doc = {"GlobalJobId": "s#1.0#1", "JobStatus": 4, "JobCurrentStartDate": 1754300000,
+           "CompletionDate": 1754303600, "QDate": qdate}
+    assert normalize_docs([doc], "ndjson").table.to_pylist()[0]["queued_utc"] is None
+    assert normalize_docs([{**doc, "QDate": "1970-01-01T00:00:01Z"}], "ndjson").table.to_pylist()[0][
+        "queued_utc"] == dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.UTC)
+
+
 def test_table_has_the_spec_schema_and_is_deterministic(tmp_path):
     paths = [FIX / "adstash_epochs.ndjson", FIX / "adstash_jobs.ndjson"]
     a = read_ndjson(paths).table
