@@ -724,6 +724,14 @@ def read_window(
                         n_lost = int(pc.sum(kept.column(flag)).as_py() or 0)
                         if n_lost:
                             part.lost[name] = part.lost.get(name, 0) + n_lost
+                    if name in kept.column_names and pa.types.is_floating(kept.schema.field(name).type):
+                        # a non-finite real (SQLite keeps 1e999 as Infinity) is no number: nulled, counted
+                        odd = pc.invert(pc.is_finite(kept.column(name)))
+                        n_odd = int(pc.sum(odd).as_py() or 0)
+                        if n_odd:
+                            part.lost[name] = part.lost.get(name, 0) + n_odd
+                            at = kept.column_names.index(name)
+                            kept = kept.set_column(at, name, pc.if_else(odd, None, kept.column(name)))
                 n = kept.num_rows
                 if n:
                     part.tables.append(pa.Table.from_arrays(

@@ -221,6 +221,23 @@ def test_columnar_read_hands_odd_values_to_the_row_by_row_rules(tmp_path, monkey
     assert fast.table.column("State").to_pylist()[3] == "Claimed\ufffd"
 
 
+def test_a_non_finite_number_is_nulled_and_counted_by_both_readers(tmp_path, monkeypatch):
+    """SQLite keeps 1e999 as an infinite REAL: a memory of Infinity is no number (nulled, counted in
+    non_numeric), on the columnar and the row-by-row read alike, and the day's slots clean (the
+    cleaner's cast to BIGINT failed the day)."""
+    from gpu_pipeline.lib.slots import clean_slot_rows
+
+    rows = [slot_row(f"2025-08-05 {h:02d}:00:01.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed") for h in range(4)]
+    rows[1]["GPUs_GlobalMemoryMb"] = float("inf")
+    rows[2]["GPUs_GlobalMemoryMb"] = float("-inf")
+    write_gpu_state_db(tmp_path / "gpu_state_2025-08.db", rows, OLD_COLUMNS)
+    start, end = day_window("2025-08-05", "UTC")
+    fast, slow = _both_readers(monkeypatch, tmp_path, start, end, "UTC")
+    assert fast.table.equals(slow.table) and fast.non_numeric == slow.non_numeric == {"GPUs_GlobalMemoryMb": 2}
+    assert fast.table.column("GPUs_GlobalMemoryMb").to_pylist() == [81920.0, None, None, 81920.0]
+    assert clean_slot_rows(fast.table).rows_out == 4
+
+
 def test_plain_columnar_read_then_masked_then_row_by_row(tmp_path, monkeypatch):
     """The plain columnar query reads what it can exactly (integers and reals mixed in a numeric
     column, a blob of UTF-8 text in a text column, a column NULL throughout, text in a column
