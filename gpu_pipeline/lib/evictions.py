@@ -33,8 +33,10 @@ runs lost nothing, else an upper bound; ``'committed_time_bound'``). Without Com
 whole run is lost (``'whole_run'``). ``lost_gpu_hours = badput_s x n_gpus / 3600``.
 
 **(b) Snapshots alone** (``metrics/gpu_states``). Per GPU, over the buckets where the GPU was
-observed (buckets with no snapshot or in which the GPU was absent are skipped, so a dropout does not
-hide an eviction): an observation ``busy_backfill`` with job J followed by ``busy_prioritized`` /
+observed (buckets with no snapshot, in which the GPU was absent, or in which a claim was being
+handed over -- a slot Matched or Preempting -- are skipped, so a dropout or a hand-over seen by a
+snapshot does not hide an eviction): an observation ``busy_backfill`` with job J followed by
+``busy_prioritized`` /
 ``busy_shared`` (a primary slot claimed the GPU; the states show only the winning slot row, so J's
 absence is inferred from the primary claim winning -- pass the clean slot snapshots to check that
 no row of that snapshot still names J on the GPU).
@@ -234,7 +236,10 @@ bucket_first AS (
 obs AS (
     SELECT st.gpu_id, st.bucket_start_utc, st.state, st.global_job_id,
            coalesce(st.snapshot_utc, bf.first_snap, st.bucket_start_utc) AS obs_utc,
-           st.state = 'na' AND coalesce(st.na_reason, 'dropout') IN ('dropout', 'no_snapshot') AS unseen,
+           -- not seen, or seen in a claim's hand-over (a primary slot Matched, a slot Preempting):
+           -- no information on the backfill run either way
+           st.state = 'na' AND coalesce(st.na_reason, 'dropout') IN ('dropout', 'no_snapshot', 'Matched', 'Preempting')
+               AS unseen,
            CASE WHEN st.state = 'busy_backfill' THEN st.global_job_id END AS bf_job
     FROM _ev_states st
     LEFT JOIN bucket_first bf USING (bucket_start_utc)

@@ -219,6 +219,22 @@ def test_snapshot_detector():
     assert rows["J4"]["runtime_is_lower_bound"] is True and rows["J4"]["evicted_by_job_id"] == "Q4"
 
 
+@pytest.mark.parametrize("handover", ["Matched", "Preempting"])
+def test_a_claims_hand_over_seen_between_the_backfill_run_and_the_primary_claim_is_skipped(handover):
+    """A snapshot that catches the primary slot Matched (or a slot Preempting) between J's run and
+    the primary claim hides nothing: J's eviction is the claim's snapshot. A Drained GPU in between
+    stays a different story (the drain may have let J finish)."""
+    codes = ["P", "B:J", "B:J", "R", "P:Q"]
+    rows = day_of({"GPU-h": codes, "GPU-d": codes})
+    for r in rows:
+        if r["gpu_id"] == "GPU-h" and r["na_reason"] == "Drained":
+            r["na_reason"] = handover
+    got = evictions(states_t=states(rows))
+    assert [(r["global_job_id"], r["gpu_id"], r["evicted_utc"], r["evicted_by_job_id"]) for r in got] == [
+        ("J", "GPU-h", snap(DAY0, 4), "Q")]
+    assert got[0]["resolution_s"] == (snap(DAY0, 4) - snap(DAY0, 2)).total_seconds()
+
+
 def test_a_multi_gpu_run_reclaimed_in_one_snapshot_is_one_eviction():
     """J on two GPUs of a host, both claimed by primary jobs in the same snapshot: one row (the least
     GPU id named, n_gpus 2, each GPU's observed run lost), as its job record gives one row. A GPU
