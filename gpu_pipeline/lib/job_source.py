@@ -33,7 +33,7 @@ from gpu_pipeline.lib.jobs import (
     quarantine_table,
     text_fingerprint,
 )
-from gpu_pipeline.lib.jobs_fast import FastRows, fast_rows, outside_window
+from gpu_pipeline.lib.jobs_fast import FastRows, fast_rows, outside_window_ids
 from gpu_pipeline.lib.schemas import JOBS, QUARANTINE_JOBS, RAW_JOB_DOCUMENTS, conform
 
 _DATE_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
@@ -160,16 +160,26 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
     (``jobs._outside_window``). The others are normalized over columns where they take the plain way
     through the row rules (``jobs_fast.fast_rows``), else one by one; the rows are the same."""
     window_s = (math.floor(start_utc.timestamp()), math.ceil(end_utc.timestamp()))
-    outside = outside_window(_readable(raw), window_s)
+    outside, job_ids = outside_window_ids(_readable(raw), window_s)
     skipped_early = int(outside.sum())
+    early = raw.slice(0, 0).append_column("_job_id", pa.array([], pa.string()))
     if skipped_early:
+        # Those of a job that also has a document in the window are kept aside, unparsed: one may be a
+        # later record of a row the day keeps (the normalizer reads them only for a job it keeps).
+        ids = job_ids
+        inside_ids = ids.filter(pa.array(~outside))
+        aside = raw.filter(pa.array(outside)).append_column("_job_id", ids.filter(pa.array(outside)))
+        if not inside_ids.null_count:  # else an id was not read: every one is kept aside
+            aside = aside.filter(pc.or_(pc.is_in(aside.column("_job_id"), value_set=inside_ids),
+                                        pc.is_null(aside.column("_job_id"))))
+        early = aside
         raw = raw.filter(pa.array(~outside))
     # The raw text is the document's ``canonical_json`` (what the raw asset writes), so the duplicate
     # check fingerprints the text instead of serializing each parsed document again, and the documents
     # that take the plain way through the row rules are normalized over columns (``jobs_fast``).
     by_source: dict[str, tuple[list[tuple], FastRows]] = {}
     sources = raw.column("source")
-    names = sorted(set(sources.unique().to_pylist()))
+    names = sorted(set(sources.unique().to_pylist()) | set(early.column("source").unique().to_pylist()))
     for source in names:
         part = raw.filter(pc.equal(sources, source)) if len(names) > 1 else raw
         fast = fast_rows(_readable(part), source, window_s)
@@ -185,10 +195,14 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
                 except json.JSONDecodeError as exc:
                     error = f"invalid_json: {exc.msg} (column {exc.colno})"
             items.append((r["origin"], r["position"], doc, error, fingerprint, j))
+        aside = early.filter(pc.equal(early.column("source"), source))
+        for r in aside.select(["origin", "position", "doc_json", "_job_id"]).to_pylist():
+            items.append((r["origin"], r["position"], r["doc_json"], None, None, -1, True, r["_job_id"]))
         by_source[source] = (items, fast)
 
     tables, quarantined, reasons = [], [], Counter()
-    docs_in, duplicates, skipped = skipped_early, 0, skipped_early
+    docs_in = skipped = skipped_early - early.num_rows  # outside the window, of no job the window has
+    duplicates = 0
     for source in sorted(by_source):
         items, fast = by_source[source]
         result = normalize_items(items, source, window_s, fast)

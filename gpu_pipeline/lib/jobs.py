@@ -570,6 +570,10 @@ class _Item(NamedTuple):
     #: the document's row in the normalizer's ``fast`` rows (:mod:`gpu_pipeline.lib.jobs_fast`), -1 for
     #: none; ``doc`` is then its JSON text, parsed only if the document is quarantined
     fast_index: int = -1
+    #: judged outside the window by the caller (``doc`` is its JSON text, unparsed), with its
+    #: ``GlobalJobId`` as the caller read it (None: not read)
+    outside: bool = False
+    job_id: str | None = None
 
 
 def _raw_doc(item: _Item) -> Any:
@@ -598,8 +602,12 @@ def _outside_window(doc: Any, start_s: int, end_s: int) -> bool:
 def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | None = None,
                fast: Any = None) -> NormalizeResult:
     """``window_s`` (epoch seconds): skip documents :func:`_outside_window` of it (counted, not
-    normalized, not checked for duplicates). ``fast``: a :class:`jobs_fast.FastRows` holding the
-    rows of the items whose ``fast_index`` points into it (each as :func:`_row` gives it)."""
+    normalized), and the items the caller judged outside (``_Item.outside``) -- unless a skipped
+    document is a later record of a job whose row is kept: then it supersedes that row as it would
+    without the window (a running snapshot of a job must not outlive the job's final record because
+    that record lies outside the day); an earlier one is left skipped. ``fast``: a
+    :class:`jobs_fast.FastRows` holding the rows of the items whose ``fast_index`` points into it
+    (each as :func:`_row` gives it)."""
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; expected one of {SOURCES}")
     quarantine: list[QuarantinedDoc] = []
@@ -608,20 +616,21 @@ def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | 
     n_in = 0
     best: dict[tuple, tuple[tuple, dict | int, _Item]] = {}
     order = 0
-    for item in items:
-        n_in += 1
-        if item.error is not None:
-            quarantine.append(QuarantinedDoc(item.origin, item.position, item.error, item.doc))
-            continue
+    held: list[_Item] = []  # skipped as outside the window
+
+    def take(item: _Item, outside: bool) -> None:
+        nonlocal duplicates, order, skipped
         i = item.fast_index
-        if window_s is not None and (fast.outside[i] if i >= 0 else _outside_window(item.doc, *window_s)):
-            skipped += 1
-            continue
+        if outside and i < 0 and isinstance(item.doc, str):
+            try:
+                item = item._replace(doc=json.loads(item.doc), fingerprint=item.fingerprint or text_fingerprint(item.doc))
+            except ValueError:
+                return
         fp = item.fingerprint if item.fingerprint is not None else _fingerprint(item.doc)
         if fp in seen:
-            duplicates += 1
-            continue
-        seen.add(fp)
+            if not outside:
+                duplicates += 1
+            return
         row: dict | int
         if i >= 0:
             row, key, record = i, fast.keys[i], fast.record_us[i]
@@ -629,18 +638,27 @@ def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | 
             try:
                 row = _row(item.doc, source)
             except _NotJobAd as exc:
-                quarantine.append(QuarantinedDoc(item.origin, item.position, str(exc), item.doc))
-                continue
+                if not outside:
+                    seen.add(fp)
+                    quarantine.append(QuarantinedDoc(item.origin, item.position, str(exc), item.doc))
+                return
             except _BadValue as exc:
-                quarantine.append(QuarantinedDoc(item.origin, item.position, f"bad_value: {exc}", item.doc))
-                continue
+                if not outside:
+                    seen.add(fp)
+                    quarantine.append(QuarantinedDoc(item.origin, item.position, f"bad_value: {exc}", item.doc))
+                return
             key, record = (row["global_job_id"], row["run_index"], row["doc_kind"]), row["record_utc"]
         order += 1
         rank = (record if record is not None else -(2**63), order)
         prev = best.get(key)
+        if outside and (prev is None or rank <= prev[0]):
+            return  # supersedes nothing this window keeps: left skipped
+        seen.add(fp)
+        if outside:
+            skipped -= 1  # its row is kept (and the caller's window filter counts it)
         if prev is None:
             best[key] = (rank, row, item)
-            continue
+            return
         keep, drop = ((rank, row, item), prev) if rank > prev[0] else (prev, (rank, row, item))
         best[key] = keep
         quarantine.append(
@@ -652,9 +670,46 @@ def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | 
                 _raw_doc(drop[2]),
             )
         )
+
+    for item in items:
+        n_in += 1
+        if item.error is not None:
+            quarantine.append(QuarantinedDoc(item.origin, item.position, item.error, item.doc))
+            continue
+        i = item.fast_index
+        if item.outside or (window_s is not None
+                            and (fast.outside[i] if i >= 0 else _outside_window(item.doc, *window_s))):
+            skipped += 1
+            held.append(item)
+            continue
+        take(item, outside=False)
+    if held and best:
+        kept = {key[0] for key in best}
+        for item in held:
+            if _held_job_id(item, fast) in kept:
+                take(item, outside=True)
     rows = [best[k][1] for k in sorted(best)]
     return NormalizeResult(table=_rows_table(rows, fast), quarantine=quarantine, duplicates=duplicates,
                            docs_in=n_in, skipped_outside_window=skipped)
+
+
+def _held_job_id(item: _Item, fast: Any) -> str | None:
+    """The GlobalJobId of a document skipped as outside the window, as cheaply as it is known: its
+    column row's key, the caller's read of it, else from the document (parsed if it is text)."""
+    if item.fast_index >= 0:
+        return fast.keys[item.fast_index][0]
+    if item.job_id is not None:
+        return item.job_id.strip()
+    doc = item.doc
+    if isinstance(doc, str):
+        try:
+            doc = json.loads(doc)
+        except ValueError:
+            return None
+    if not isinstance(doc, dict):
+        return None
+    ids = [v for v in _Doc(doc).candidates("GlobalJobId") if not _is_unset(v)]  # as _row reads it
+    return ids[0].strip() if ids and isinstance(ids[0], str) else None
 
 
 def _rows_table(rows: list[dict | int], fast: Any) -> pa.Table:

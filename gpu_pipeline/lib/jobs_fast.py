@@ -302,7 +302,7 @@ def fast_rows(texts: pa.Array | pa.ChunkedArray, source: str,
 
 
 _WINDOW_KEYS = pa.schema([("CompletionDate", pa.int64()), ("JobCurrentStartDate", pa.int64()),
-                          ("QDate", pa.int64())])
+                          ("QDate", pa.int64()), ("GlobalJobId", pa.string())])
 
 
 def _outside_ints(window_s: tuple[int, int], started: tuple[np.ndarray, np.ndarray],
@@ -349,36 +349,50 @@ def _lines(texts: pa.Array) -> np.ndarray:
 
 
 def outside_window(texts: pa.Array | pa.ChunkedArray, window_s: tuple[int, int]) -> np.ndarray:
-    """``jobs._outside_window`` of each JSON text, without parsing whole documents: Arrow's reader
-    takes only the three top-level keys the rule reads, as integers, a batch of texts at a time. It
-    refuses a batch in which one of them holds anything else (a float, a string, twice in one
-    document ...), for which the rule may answer otherwise: then no text is decided here (all False),
-    and the normalizer decides each one."""
-    parts = []
+    """``jobs._outside_window`` of each JSON text (see :func:`outside_window_ids`)."""
+    return outside_window_ids(texts, window_s)[0]
+
+
+def outside_window_ids(texts: pa.Array | pa.ChunkedArray, window_s: tuple[int, int]
+                       ) -> tuple[np.ndarray, pa.Array]:
+    """``jobs._outside_window`` of each JSON text, without parsing whole documents, and each text's
+    top-level ``GlobalJobId`` (None where absent or not read): Arrow's reader takes only the three
+    integer keys the rule reads and the id, a batch of texts at a time. It refuses a batch in which
+    one of them holds anything else (a float, a number for the id, twice in one document ...), for
+    which the rule may answer otherwise: then no text is decided here (all False), and the
+    normalizer decides each one."""
+    parts, ids = [], []
     for chunk in texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]:
         for i in range(0, len(chunk), _WINDOW_BATCH):
             part = _outside_batch(chunk.slice(i, _WINDOW_BATCH), window_s)
             if part is None:
-                return np.zeros(len(texts), bool)
-            parts.append(part)
-    return np.concatenate(parts) if parts else np.zeros(0, bool)
+                return np.zeros(len(texts), bool), pa.nulls(len(texts), pa.string())
+            parts.append(part[0])
+            ids.append(part[1])
+    if not parts:
+        return np.zeros(0, bool), pa.array([], pa.string())
+    return np.concatenate(parts), pa.concat_arrays(ids)
 
 
 _WINDOW_BATCH = 8192  # texts read at once (a day's look-ahead files hold tens of thousands)
 
 
-def _outside_batch(texts: pa.Array, window_s: tuple[int, int]) -> np.ndarray | None:
+def _outside_batch(texts: pa.Array, window_s: tuple[int, int]) -> tuple[np.ndarray, pa.Array] | None:
     out = np.zeros(len(texts), bool)
     use = _lines(texts)
     if not use.any():
-        return out
+        return out, pa.nulls(len(texts), pa.string())
     read = _read(texts, use, pajson.ParseOptions(explicit_schema=_WINDOW_KEYS, unexpected_field_behavior="ignore"))
     if read is None:
         return None
     keys = read[1]
-    cols = {k: _np_int(keys.column(k).combine_chunks()) for k in _WINDOW_KEYS.names}
+    cols = {k: _np_int(keys.column(k).combine_chunks()) for k in ("JobCurrentStartDate", "QDate", "CompletionDate")}
     out[use] = _outside_ints(window_s, cols["JobCurrentStartDate"], cols["QDate"], cols["CompletionDate"])
-    return out
+    read_ids = keys.column("GlobalJobId").combine_chunks()
+    if use.all():
+        return out, read_ids
+    at = pa.array(np.cumsum(use) - 1, mask=~use)  # each text's row in the read ones, null for the others
+    return out, read_ids.take(at)
 
 
 def _outside(docs: pa.Table, window_s: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray]:
@@ -400,4 +414,4 @@ def _outside(docs: pa.Table, window_s: tuple[int, int] | None) -> tuple[np.ndarr
     return _outside_ints(window_s, ints("JobCurrentStartDate"), ints("QDate"), ints("CompletionDate")), undecided
 
 
-__all__ = ["FastRows", "fast_rows", "outside_window"]
+__all__ = ["FastRows", "fast_rows", "outside_window", "outside_window_ids"]

@@ -377,7 +377,8 @@ def test_documents_outside_the_day_are_skipped_without_changing_the_day(tmp_path
     by_dates = outside_window(raw.column("doc_json"), (int(s.timestamp()), int(e.timestamp())))
     fast = clean_job_documents(raw, s, e)
     # The same documents decided after parsing only ...
-    monkeypatch.setattr(job_source, "outside_window", lambda texts, w: np.zeros(len(texts), bool))
+    monkeypatch.setattr(job_source, "outside_window_ids",
+                        lambda texts, w: (np.zeros(len(texts), bool), pa.nulls(len(texts), pa.string())))
     parsed = clean_job_documents(raw, s, e)
     # ... and nothing skipped at all.
     monkeypatch.setattr(jobs_mod, "_outside_window", lambda doc, *w: False)
@@ -389,6 +390,50 @@ def test_documents_outside_the_day_are_skipped_without_changing_the_day(tmp_path
         assert result.table.equals(full.table) and result.quarantine.equals(full.quarantine)
         assert (result.outside_window, result.docs_in, result.duplicates) == (
             full.outside_window, full.docs_in, full.duplicates)
+
+
+@pytest.mark.parametrize("mode", ["by_dates", "parsed", "full"])
+def test_a_later_record_outside_the_day_still_supersedes_a_stale_one(tmp_path, monkeypatch, mode):
+    """A job's running snapshot (recorded Aug 3 11:00, no end: it would overlap Aug 4) and its final
+    record (completed Aug 3 12:00: outside Aug 4) in one file, as periodic ``condor_q -json`` dumps
+    and the history give them: the final record wins, as without the window, so the job has no row
+    on Aug 4 and the snapshot is quarantined as superseded -- whether the final record is skipped
+    from its dates alone, after parsing, or not at all. An earlier record outside the day of a job
+    the day keeps (J2's) stays skipped, not quarantined."""
+    import datetime as dt
+
+    import numpy as np
+
+    from gpu_pipeline.lib import job_source
+    from gpu_pipeline.lib import jobs as jobs_mod
+    from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
+    from gpu_pipeline.lib.jobs_fast import FastRows
+
+    s0 = int(dt.datetime(2025, 8, 3, 10, tzinfo=dt.UTC).timestamp())
+    common = {"GlobalJobId": "ap1#7.0#1754200000", "ClusterId": 7, "ProcId": 0, "QDate": s0 - 600,
+              "JobCurrentStartDate": s0, "NumJobStarts": 1, "Owner": "alice", "StartdName": "gpu01"}
+    running = {**common, "JobStatus": 2, "RecordTime": s0 + 3600}
+    final = {**common, "JobStatus": 4, "CompletionDate": s0 + 7200, "RecordTime": s0 + 7200}
+    j2 = {"GlobalJobId": "ap1#8.0#1754200000", "ClusterId": 8, "ProcId": 0, "QDate": s0 - 600,
+          "JobCurrentStartDate": s0, "NumJobStarts": 1, "Owner": "bob", "StartdName": "gpu02"}
+    j2_old = {**j2, "JobStatus": 4, "CompletionDate": s0 + 60, "RecordTime": s0 + 60}  # outside, older
+    j2_now = {**j2, "JobStatus": 2, "RecordTime": s0 + 90000}  # still running on Aug 4: kept
+    (tmp_path / "jobs_2025-08-03.ndjson").write_text(
+        "".join(json.dumps(d) + "\n" for d in (running, final, j2_old, j2_now)))
+    start, end = dt.datetime(2025, 8, 4, tzinfo=dt.UTC), dt.datetime(2025, 8, 5, tzinfo=dt.UTC)
+    raw = raw_docs_from_files(tmp_path, start, end).table
+    if mode != "by_dates":
+        monkeypatch.setattr(job_source, "outside_window_ids",
+                            lambda texts, w: (np.zeros(len(texts), bool), pa.nulls(len(texts), pa.string())))
+    if mode == "full":
+        monkeypatch.setattr(jobs_mod, "_outside_window", lambda doc, *w: False)
+        monkeypatch.setattr(job_source, "fast_rows", lambda texts, source, w=None: FastRows.none(len(texts)))
+    got = clean_job_documents(raw, start, end)
+    assert got.table.column("global_job_id").to_pylist() == ["ap1#8.0#1754200000"]
+    assert got.quarantined_by_reason == {"duplicate_key": 2 if mode == "full" else 1}
+    stale = got.quarantine.filter(pa.compute.starts_with(got.quarantine.column("reason"), "duplicate_key"))
+    assert '"JobStatus":2' in stale.column("row_json").to_pylist()[0].replace(" ", "")
+    assert (got.docs_in, got.outside_window) == (4, 1 if mode == "full" else 2)
 
 
 def test_only_documents_that_cannot_overlap_are_skipped():

@@ -208,7 +208,8 @@ def test_clean_job_documents_is_the_same_with_and_without_columns(seed, monkeypa
     end = start + dt.timedelta(days=1)
     fast = job_source.clean_job_documents(raw, start, end)
     monkeypatch.setattr(job_source, "fast_rows", lambda texts, source, w=None: FastRows.none(len(texts)))
-    monkeypatch.setattr(job_source, "outside_window", lambda texts, w: np.zeros(len(texts), bool))
+    monkeypatch.setattr(job_source, "outside_window_ids",
+                        lambda texts, w: (np.zeros(len(texts), bool), pa.nulls(len(texts), pa.string())))
     rules = job_source.clean_job_documents(raw, start, end)
     assert (fast_rows(pa.array(texts), "ndjson").index >= 0).sum() > 30  # columns were used
     assert fast.table.num_rows > 50
