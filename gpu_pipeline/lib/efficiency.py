@@ -215,9 +215,11 @@ HELD_IDLE_INTERVALS = TableSpec(
             _f("start_utc", TS, "Start (clipped to the day)", nullable=False),
             _f("end_utc", TS, "End (clipped to the day)", nullable=False),
             _f("duration_s", pa.float64(), "end - start (s)", nullable=False),
-            _f("run_duration_s", pa.float64(), "Length of the whole run before clipping (s)", nullable=False),
+            _f("run_duration_s", pa.float64(), "Length of the run before clipping to the day (s), as far as the "
+               "samples read go: from one hour before the day (a run held longer before midnight reads shorter)",
+               nullable=False),
             _f("mean_power_w", pa.float64(), "Mean power of its samples in the day (W)"),
-            _f("samples", pa.int64(), "Samples in the run", nullable=False),
+            _f("samples", pa.int64(), "Samples in the run, from one hour before the day on", nullable=False),
             _f("clipped_start", pa.bool_(), "The run started before the day", nullable=False),
             _f("clipped_end", pa.bool_(), "The run continued after the day (or the data ended)", nullable=False),
         ]
@@ -791,8 +793,12 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
             FROM _eff_samples WHERE t >= {s_us} AND t < {e_us} GROUP BY ALL
         ){busy}, base AS (
             SELECT gid, h, coalesce(smp_h.samples, 0) AS samples, coalesce(seg_h.coverage_s, 0.0) AS coverage_s,
-                   coalesce(util_tw, util_m) AS util, coalesce(power_tw, power_m) AS power,
-                   coalesce(plimit_tw, plimit_m) AS plimit, energy_j, n_counter, n_power
+                   -- the plain means only for an hour without covered time (all its samples isolated):
+                   -- an hour whose segments have no power reading has no power, whatever a lone sample says
+                   CASE WHEN coalesce(seg_h.coverage_s, 0.0) > 0 THEN util_tw ELSE util_m END AS util,
+                   CASE WHEN coalesce(seg_h.coverage_s, 0.0) > 0 THEN power_tw ELSE power_m END AS power,
+                   CASE WHEN coalesce(seg_h.coverage_s, 0.0) > 0 THEN plimit_tw ELSE plimit_m END AS plimit,
+                   energy_j, n_counter, n_power
             FROM smp_h FULL OUTER JOIN seg_h USING (gid, h)
         ), m AS (
             SELECT b.*, g.gpu_id, g.host, g.device_name, g.tdp_w, g.achievable_tflops, g.spec_known,

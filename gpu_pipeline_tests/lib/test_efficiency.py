@@ -315,6 +315,27 @@ def test_time_weighted_trapezoid_mean_and_energy():
     assert r["state_busy_share"] is None and r["held_but_idle"] is None  # no gpu_states given
 
 
+def test_an_hour_with_covered_time_never_takes_a_lone_samples_value():
+    """10:00-10:20 every minute with utilization but power unreadable ([N/A]: 1,200 s of segments
+    without power), and one isolated sample at 10:45 reading 300 W: the hour's power is unknown
+    (the plain mean is only for an hour whose samples are all isolated), so PIF, RFU, class and
+    energy are null and the fleet RFU has no hour to weigh; the utilization is the segments'."""
+    g = "GPU-aaaaaaaa"
+    rows = (series(g, at(10), 21, util_pct=90.0, power_w=None, power_limit_w=400.0)
+            + series(g, at(10, 45), 1, util_pct=20.0, power_w=300.0, power_limit_w=400.0)
+            + series(g, at(11, 30), 1, util_pct=90.0, power_w=None, power_limit_w=400.0))
+    res = run(samples_table(rows))
+    r = hour_row(res, g, 10)
+    assert (r["coverage_s"], r["samples"], r["util_pct"]) == (1200.0, 22, 90.0)
+    assert (r["power_w"], r["pif"], r["rfu_pct"], r["efficiency_class"], r["energy_kwh"]) == (None,) * 5
+    assert [d["rfu_pct_fleet"] for d in res.daily.to_pylist() if d["device_name"] == "ALL"] == [None]
+    # an hour of isolated samples only still takes their plain mean
+    lone = run(samples_table(series(g, at(9), 31, util_pct=50.0, power_w=100.0, power_limit_w=400.0)  # cadence 60 s
+                             + series(g, at(10, 10), 2, step_s=1800, util_pct=50.0, power_w=lambda i: 200.0 + 100 * i,
+                                      power_limit_w=400.0)))
+    assert (hour_row(lone, g, 10)["coverage_s"], hour_row(lone, g, 10)["power_w"]) == (0.0, 250.0)
+
+
 def test_segments_split_at_hour_boundaries():
     # samples every 60 s at :30 -> the segment 10:59:30 -> 11:00:30 is split 30 s / 30 s
     rows = series("GPU-aaaaaaaa", at(9, 59, 30), 63, power_w=lambda i: 100.0 if i < 62 else 300.0,
