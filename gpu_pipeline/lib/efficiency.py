@@ -42,8 +42,9 @@ Held but idle
     samples with no power reading neither extend nor break a run). Each sample stands for one cadence
     (up to the next sample), so the run ``[first, last + cadence)`` must last >= 1800 s. Utilization is
     deliberately not used: a held GPU may show a little utilization from a process that only holds
-    memory. Samples up to one hour before the window are read (when the caller passes them) so a run
-    crossing midnight is judged on its full length and then clipped to the day (``clipped_*`` flags).
+    memory. Samples up to one hour before and after the window are read (when the caller passes them:
+    the asset passes the day before and the day after where they exist) so a run crossing midnight
+    is judged on its full length and then clipped to the day (``clipped_*`` flags).
 
 Jobs
     One row per job run overlapping the window, from ``clean/jobs``: the ``epoch`` row of
@@ -391,7 +392,7 @@ def compute_efficiency(
 
     ``samples_sql`` / ``states_sql`` / ``jobs_sql`` are DuckDB FROM-clauses with their parameters
     (``Store.relation_sql``) over ``clean/gpu_samples``, ``metrics/gpu_states`` and ``clean/jobs``.
-    Pass the previous day's partitions too (as ``compute_gpu_states`` does) so that segments and
+    Pass the previous and the next day's partitions too, where they exist, so that segments and
     held-idle runs crossing midnight are judged on their full length; only data within one hour of
     the window is read. Without ``states_sql`` there is no held-idle detection (null columns);
     without ``jobs_sql`` the job table is empty. Uses temporary tables ``_eff_*`` on ``con``.

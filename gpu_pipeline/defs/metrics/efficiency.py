@@ -45,7 +45,11 @@ def efficiency(context: dg.AssetExecutionContext, data_store: DataStoreResource)
 
     def one_day(day: str):
         start, end = window(day)
-        days = [(dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat(), day]
+        # the hour before the day and the hour after it, where they exist: a segment or a held-idle run
+        # crossing midnight is judged on its whole length (the late-records re-run recomputes the day
+        # once the next day is there)
+        d = dt.date.fromisoformat(day)
+        days = [(d - dt.timedelta(days=1)).isoformat(), day, (d + dt.timedelta(days=1)).isoformat()]
         con = connect()
         try:
             s_sql, s_params = store.relation_sql(GPU_SAMPLES, days)

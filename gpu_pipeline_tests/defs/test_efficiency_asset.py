@@ -1,0 +1,59 @@
+"""The efficiency asset through Dagster: what it reads around the day."""
+
+import datetime as dt
+
+import dagster as dg
+import pyarrow as pa
+
+from gpu_pipeline.defs.metrics.efficiency import efficiency
+from gpu_pipeline.defs.resources import DataStoreResource
+from gpu_pipeline.lib.efficiency import HELD_IDLE_INTERVALS
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_SAMPLES, GPU_STATES, JOBS, conform
+from gpu_pipeline.lib.store import Store
+
+UTC = dt.UTC
+GPU = "GPU-aaaaaaaa"
+
+
+def _day_rows(day: dt.date, every: dt.timedelta, make) -> list[dict]:
+    t = dt.datetime.combine(day, dt.time(), UTC)
+    out = []
+    while t.date() == day:
+        out.append(make(t))
+        t += every
+    return out
+
+
+def test_a_held_idle_run_across_midnight_is_in_both_days(tmp_path):
+    """The GPU is claimed all along and sits at idle power from 23:40 to 00:25 (45 minutes, a
+    held-idle run): the day before midnight gets its 20 minutes, 23:40 to midnight, because the
+    asset reads the hour after the day where it exists (it read only the day and the one before:
+    those 20 minutes were in no partition); the next day gets the rest."""
+    store = Store(tmp_path / "data")
+    days = [dt.date(2025, 8, 5), dt.date(2025, 8, 6)]
+    idle_from, idle_to = dt.datetime(2025, 8, 5, 23, 40, tzinfo=UTC), dt.datetime(2025, 8, 6, 0, 25, tzinfo=UTC)
+    for day in days:
+        key = day.isoformat()
+        samples = _day_rows(day, dt.timedelta(minutes=1), lambda t: {
+            "sample_utc": t, "source": "nvidia-smi", "host": "h1", "gpu_id": GPU,
+            "device_name": "NVIDIA A100-SXM4-40GB", "util_pct": 0.0 if idle_from <= t <= idle_to else 90.0,
+            "power_w": 55.0 if idle_from <= t <= idle_to else 350.0, "power_limit_w": 400.0})
+        store.write_partition(GPU_SAMPLES, key, conform(pa.Table.from_pylist(samples), GPU_SAMPLES))
+        states = _day_rows(day, dt.timedelta(minutes=5), lambda t: {
+            "bucket_start_utc": t, "gpu_id": GPU, "host": "h1", "state": "busy_shared",
+            "global_job_id": "s#1.0#1", "n_slot_rows": 1})
+        store.write_partition(GPU_STATES, key, conform(pa.Table.from_pylist(states), GPU_STATES))
+        slots = [{"snapshot_utc": r["bucket_start_utc"], "host": "h1", "slot_name": "slot1@h1", "gpu_id": GPU,
+                  "tier": "shared", "is_backfill_slot": False, "slot_state": "Claimed"} for r in states]
+        store.write_partition(CLEAN_SLOT_SNAPSHOTS, key, conform(pa.Table.from_pylist(slots), CLEAN_SLOT_SNAPSHOTS))
+        store.write_partition(JOBS, key, JOBS.empty())
+    with dg.instance_for_test() as instance:
+        for day in days:  # one day at a time, the next day's samples already there
+            result = dg.materialize([efficiency], resources={"data_store": DataStoreResource(data_root=str(store.root))},
+                                    partition_key=day.isoformat(), instance=instance)
+            assert result.success
+    held = {d.isoformat(): [(r["start_utc"], r["end_utc"], r["clipped_start"], r["clipped_end"])
+                            for r in store.read_table(HELD_IDLE_INTERVALS, d.isoformat()).to_pylist()] for d in days}
+    midnight = dt.datetime(2025, 8, 6, tzinfo=UTC)
+    assert held["2025-08-05"] == [(idle_from, midnight, False, True)]
+    assert held["2025-08-06"] == [(midnight, idle_to + dt.timedelta(minutes=1), True, False)]
