@@ -75,9 +75,11 @@ with it; the seed's min-max normalization over the frame made days incomparable)
 Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
     From ``clean/kueue_demand`` rows of the window, per scrape summed over ClusterQueues (and
     clusters): demand = ``resource_pending`` of ``nvidia.com/gpu`` (else pending workloads x
-    ``kueue_gpus_per_workload`` when the caller knows it), pending_jobs = pending workloads
-    (active + inadmissible), capacity per queue and flavor: total = nominal quota, busy = usage,
-    idle = max(quota - usage, 0). Hour values are the mean over the scrapes in the hour (the
+    ``kueue_gpus_per_workload`` when the caller knows it; 0 with no pending workload, else unknown:
+    null, and DCR 0), pending_jobs = pending workloads (active + inadmissible), capacity per flavor:
+    total = nominal quota, busy = usage, idle = max(quota - usage, 0) per pool a quota can be lent
+    in (the ClusterQueues of a cohort together, a queue without a cohort alone), so that a queue
+    borrowing another's unused quota uses it up. Hour values are the mean over the scrapes in the hour (the
     time-weighted mean for a regular scrape interval); ``mean_wait_s`` = admission wait of the
     workloads admitted in the hour (count-weighted interval means).
 
@@ -147,7 +149,7 @@ DEMAND_CAPACITY = TableSpec(
                nullable=False),
             _f("allocation_pct", pa.float64(), "100 * busy_gpus / total_gpus (null when total is 0)"),
             _f("dcr", pa.float64(), "Demand-capacity ratio demand_gpus / max(idle_gpus, 1e-6), capped "
-               "at 1e6", nullable=False),
+               "at 1e6; 0 when demand_gpus is unknown (null)", nullable=False),
             _f("dcr_capped", pa.bool_(), "The uncapped DCR exceeded 1e6 (demand with zero idle GPUs)",
                nullable=False),
             _f("zero_idle", pa.bool_(), "No idle GPU during the hour", nullable=False),
@@ -388,11 +390,17 @@ _KUEUE_SUMS = {
     "pending_wl": exact_sum("pending_workloads", "kind = 'queue'"),
     "usage": exact_sum("resource_usage", f"{_GPU_ROWS} AND flavor IS NOT NULL"),
     "quota": exact_sum("nominal_quota", f"{_GPU_ROWS} AND flavor IS NOT NULL"),
-    "idle": exact_sum("greatest(coalesce(nominal_quota, 0) - coalesce(resource_usage, 0), 0)",
-                      f"{_GPU_ROWS} AND flavor IS NOT NULL"),
+    # idle per pool a quota can be lent in (the ClusterQueue's cohort, else the queue alone) and
+    # flavor: a queue borrowing another's unused quota uses it up (summing max(quota - usage, 0) per
+    # queue counted it idle and busy at once)
+    "pool_quota": exact_sum("coalesce(nominal_quota, 0)"),
+    "pool_usage": exact_sum("coalesce(resource_usage, 0)"),
+    "idle": exact_sum("greatest(quota - usage, 0)"),
     "wait_sum": exact_sum("wait_mean_s * wait_count_interval", "kind = 'admission_wait'"),
     "wait_n": exact_sum("wait_count_interval", "kind = 'admission_wait' AND wait_mean_s IS NOT NULL"),
-    "avg_demand": exact_avg("coalesce(pending_gpus, pending_wl * (SELECT gpw FROM params))"),
+    # pending GPUs, else pending workloads x GPUs a workload; no pending workload is no demand
+    "avg_demand": exact_avg("coalesce(pending_gpus, pending_wl * (SELECT gpw FROM params), "
+                            "CASE WHEN pending_wl = 0 THEN 0.0 END)"),
     "avg_pending_wl": exact_avg("pending_wl"),
     "sum_wait_sum": exact_sum("wait_sum"),
     "sum_wait_n": exact_sum("wait_n"),
@@ -413,16 +421,26 @@ k AS (
     WHERE scope = 'cluster_queue'
       AND epoch_us(sample_utc) >= p.s_us AND epoch_us(sample_utc) < p.e_us
 ),
+pools AS (
+    SELECT h_start, sample_utc, {pool_quota} AS quota, {pool_usage} AS usage
+    FROM k
+    WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL
+    GROUP BY h_start, sample_utc, coalesce('cohort:' || cohort, 'queue:' || cluster_queue), flavor
+),
+pool_idle AS (
+    SELECT h_start, sample_utc, {idle} AS idle FROM pools GROUP BY h_start, sample_utc
+),
 per_scrape AS (
     SELECT h_start, sample_utc,
         {pending_gpus} AS pending_gpus,
         {pending_wl} AS pending_wl,
         {usage} AS usage,
         {quota} AS quota,
-        {idle} AS idle,
+        any_value(pi.idle) AS idle,
         {wait_sum} AS wait_sum,
         {wait_n} AS wait_n
     FROM k
+    LEFT JOIN pool_idle pi USING (h_start, sample_utc)
     GROUP BY h_start, sample_utc
 )
 SELECT
@@ -450,7 +468,8 @@ base AS (
 ),
 scored AS (
     SELECT *,
-        least(dcr_raw, {DCR_MAX}) AS dcr,
+        -- least() skips a NULL: unknown demand must stay unknown, not become the cap
+        CASE WHEN dcr_raw IS NOT NULL THEN least(dcr_raw, {DCR_MAX}) END AS dcr,
         0.6 * CASE WHEN total_gpus > 0 THEN least(coalesce(demand_gpus, 0) / total_gpus, 1.0)
                    WHEN coalesce(demand_gpus, 0) > 0 THEN 1.0 ELSE 0.0 END
           + 0.4 * least(coalesce(mean_wait_s, 0) / {WAIT_SCALE_S}, 1.0) AS qps
@@ -659,7 +678,7 @@ def compute_demand_capacity(
             kp = {"start": start_utc, "end": end_utc, "hour_us": hour_us}
             parts.append(
                 con.sql(
-                    _KUEUE_SQL.format(all=ALL_DEVICES, **_KUEUE_SUMS),
+                    _KUEUE_SQL.format(all=ALL_DEVICES, gpu=KUEUE_GPU_RESOURCE, **_KUEUE_SUMS),
                     params={**kp, "gpus_per_workload": kueue_gpus_per_workload},
                 ).to_arrow_table()
             )

@@ -258,6 +258,48 @@ def test_kueue_rows():
         "kueue", "cluster_queue", "cq1", 3.0, 1)
 
 
+def _kueue_hour(rows: list[dict]) -> dict:
+    r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
+                           kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema))
+    (row,) = r.capacity.to_pylist()
+    return row
+
+
+def test_kueue_borrowing_within_a_cohort_uses_the_lent_quota_up():
+    """cq-a owns 8 GPUs and uses none; cq-b, in its cohort, owns none and borrows all 8: no GPU is
+    idle (summing max(quota - usage, 0) per queue counted 8 idle and 8 busy of 8). A queue outside
+    the cohort keeps its own idle quota."""
+    t = at(10)
+    rows = []
+    for cq, cohort, quota, usage, pending in (("cq-a", "team", 8.0, 0.0, 0.0), ("cq-b", "team", 0.0, 8.0, 4.0),
+                                              ("cq-c", None, 2.0, 0.0, 0.0)):
+        base = dict(sample_utc=t, cluster="k8s", scope="cluster_queue", cluster_queue=cq, cohort=cohort)
+        rows += [dict(base, kind="resource", resource="nvidia.com/gpu", resource_pending=pending),
+                 dict(base, kind="resource", resource="nvidia.com/gpu", flavor="a100", resource_usage=usage,
+                      nominal_quota=quota)]
+    row = _kueue_hour(rows)
+    assert (row["idle_gpus"], row["busy_gpus"], row["total_gpus"], row["demand_gpus"]) == (2.0, 8.0, 10.0, 4.0)
+    assert row["dcr"] == 2.0 and row["severity"] == "Warning"
+
+
+@pytest.mark.parametrize("pending", [0, 3])
+def test_kueue_demand_without_the_pending_resources_metric(pending):
+    """An older Kueue has no pending-resources series: with no pending workload the demand is 0;
+    with pending workloads and no GPUs-per-workload it is unknown (null), and an unknown demand
+    is DCR 0, never the cap (least() skipped the null: 1e6 and Critical)."""
+    rows = []
+    for m in range(0, 60, 5):
+        base = dict(sample_utc=at(10, m), cluster="k8s", scope="cluster_queue", cluster_queue="cq")
+        rows += [dict(base, kind="queue", status="active", pending_workloads=pending),
+                 dict(base, kind="queue", status="inadmissible", pending_workloads=0),
+                 dict(base, kind="resource", resource="nvidia.com/gpu", flavor="a100", resource_usage=0.0,
+                      nominal_quota=8.0)]
+    row = _kueue_hour(rows)
+    assert row["demand_gpus"] == (0.0 if pending == 0 else None) and row["pending_jobs"] == pending
+    assert (row["dcr"], row["dcr_capped"], row["idle_gpus"]) == (0.0, False, 8.0)
+    assert row["severity"] == "Healthy"
+
+
 # -- simulated pool ----------------------------------------------------------------------------
 
 
