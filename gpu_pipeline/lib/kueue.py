@@ -271,7 +271,21 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None
     return lower + (upper - lower) * (rank - prev) / in_bucket
 
 
+class ScrapeText(str):
+    """A scrape's text, read already (a plain ``str`` without a newline is taken for a path: an empty
+    or one-line scrape is text only as this), with the file it was read from."""
+
+    source_file: str | None
+
+    def __new__(cls, text: str, source_file: str | None = None) -> ScrapeText:
+        made = super().__new__(cls, text)
+        made.source_file = source_file
+        return made
+
+
 def _text(path_or_text: str | Path) -> tuple[str, str | None]:
+    if isinstance(path_or_text, ScrapeText):
+        return str(path_or_text), path_or_text.source_file
     if isinstance(path_or_text, Path):
         return path_or_text.read_text(encoding="utf-8", errors="replace"), str(path_or_text)
     if not isinstance(path_or_text, str):
@@ -474,8 +488,9 @@ def _count(value: float | None, counters: Counter[str]) -> int | None:
 
 def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
     """The ``kueue_demand`` table of parsed scrapes (any order; deltas follow time per cluster).
-    Two scrapes of one cluster at one time: the second is skipped (``duplicate_scrapes``)."""
-    ordered = sorted(scrapes, key=lambda s: (s.cluster or "", s.sample_utc))
+    Two scrapes of one cluster at one time (e.g. the leader and a follower replica scraped in the
+    same second): the one with the most series is read, the other skipped (``duplicate_scrapes``)."""
+    ordered = sorted(scrapes, key=lambda s: (s.cluster or "", s.sample_utc, -(len(s.values) + len(s.hists))))
     counters: Counter[str] = Counter()
     files: list[str] = []
     cols: dict[str, list] = {f.name: [] for f in KUEUE_DEMAND.schema}
@@ -570,6 +585,7 @@ __all__ = [
     "KueueMetric",
     "KueueResult",
     "KueueScrape",
+    "ScrapeText",
     "histogram_quantile",
     "kueue_demand",
     "parse_kueue_scrape",

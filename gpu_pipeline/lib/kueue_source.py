@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpu_pipeline.lib.kueue import KUEUE_DEMAND, parse_kueue_scrapes
+from gpu_pipeline.lib.kueue import KUEUE_DEMAND, ScrapeText, parse_kueue_scrapes
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
 RAW_KUEUE_SCRAPES = TableSpec(
@@ -71,20 +71,13 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
     if raw.num_rows == 0:
         return KUEUE_DEMAND.empty(), {}
     rows = raw.sort_by("scrape_utc").to_pylist()
-    result = parse_kueue_scrapes([(r["scrape_utc"], r["text"]) for r in rows], cluster=cluster)
+    # the text as text (one without a newline is no path) and the file each row was read from
+    result = parse_kueue_scrapes([(r["scrape_utc"], ScrapeText(r["text"] or "", r["source_file"])) for r in rows],
+                                 cluster=cluster)
     first = min(r["scrape_utc"] for r in rows if r["in_window"]) if any(r["in_window"] for r in rows) else None
     table = result.table
     if first is None:
         table = table.slice(0, 0)
     else:
         table = table.filter(pc.greater_equal(table["sample_utc"], pa.scalar(first, table["sample_utc"].type)))
-    # each row's scrape file, looked up in Arrow (the last scrape of a time wins, as in a dict); a
-    # Python datetime per row cost a fifth of the step
-    times = pa.array([r["scrape_utc"] for r in reversed(rows)], type=table["sample_utc"].type)
-    files = pa.array([r["source_file"] for r in reversed(rows)], type=pa.string())
-    table = table.set_column(
-        table.schema.get_field_index("source_file"),
-        "source_file",
-        files.take(pc.index_in(table["sample_utc"], value_set=times)),
-    )
     return conform(table, KUEUE_DEMAND), dict(result.counters)

@@ -63,3 +63,36 @@ def test_scrape_time_from_name_else_mtime(tmp_path):
 def test_missing_directory_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="Kueue scrape directory"):
         raw_scrapes(tmp_path / "nope", dt.datetime(2025, 8, 5, tzinfo=UTC), dt.datetime(2025, 8, 6, tzinfo=UTC))
+
+
+def _scrape(role: str, pending: int) -> str:
+    return (f'# TYPE kueue_pending_workloads gauge\n'
+            f'kueue_pending_workloads{{cluster_queue="cq",status="active",replica_role="{role}"}} {pending}\n')
+
+
+def test_an_empty_or_one_line_scrape_is_text_not_a_path(tmp_path):
+    """A 0-byte scrape (a failed ``curl -s ... > file``) reads as a scrape without series, and a
+    one-line scrape without its last newline as that line (a text without a newline was taken for a
+    file path: IsADirectoryError / FileNotFoundError naming the metric line)."""
+    day = dt.datetime(2025, 8, 6, tzinfo=dt.UTC)
+    (tmp_path / "kueue-20250806T095900Z.prom").write_text(_scrape("leader", 1))
+    (tmp_path / "kueue-20250806T100000Z.prom").write_text("")
+    (tmp_path / "kueue-20250806T100100Z.prom").write_text(
+        'kueue_pending_workloads{cluster_queue="cq",status="active"} 3')
+    table, counters = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
+    assert counters["scrapes"] == 3
+    assert [(r["sample_utc"].minute, r["pending_workloads"], r["source_file"].rsplit("/", 1)[1])
+            for r in table.to_pylist()] == [(59, 1, "kueue-20250806T095900Z.prom"), (1, 3, "kueue-20250806T100100Z.prom")]
+
+
+def test_the_leader_and_a_follower_scraped_in_the_same_second(tmp_path):
+    """Every replica scraped into its own file, two of them in the same second: the leader's series
+    are read (the follower's scrape, whose samples are all dropped, came first and the leader's was
+    skipped as the time's duplicate), and each row names the file it came from."""
+    day = dt.datetime(2025, 8, 6, tzinfo=dt.UTC)
+    (tmp_path / "kueue-a-follower-20250806T100000Z.prom").write_text(_scrape("follower", 4))
+    (tmp_path / "kueue-b-leader-20250806T100000Z.prom").write_text(_scrape("leader", 5))
+    table, counters = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
+    assert [(r["pending_workloads"], r["source_file"].rsplit("/", 1)[1]) for r in table.to_pylist()] == [
+        (5, "kueue-b-leader-20250806T100000Z.prom")]
+    assert counters["duplicate_scrapes"] == 1
