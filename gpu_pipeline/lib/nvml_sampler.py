@@ -71,7 +71,6 @@ import re
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -85,6 +84,7 @@ import pyarrow.parquet as pq
 import pynvml
 
 from gpu_pipeline.lib.schemas import GPU_SAMPLES, conform
+from gpu_pipeline.lib.store import atomic_file
 from gpu_pipeline.lib.telemetry import short_gpu_id
 from gpu_pipeline.lib.timeutil import epoch_us
 
@@ -397,29 +397,12 @@ def sample_once(host: str | None = None, *, clock: Callable[[], dt.datetime] = _
 # ----------------------------------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_parquet_atomic(table: pa.Table, target: Path) -> None:
     """Write ``table`` to ``target`` via a temporary file in the same folder, fsync, ``os.replace``
-    and a folder fsync: readers (and a crash at any point) see the old file or the new one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(target.parent)
+    and a folder fsync (:func:`~gpu_pipeline.lib.store.atomic_file`): readers (and a crash at any
+    point) see the old file or the new one."""
+    with atomic_file(target) as fh:
+        pq.write_table(table, fh, compression="zstd")
 
 
 def day_file(out_dir: Path, host: str, day: dt.date) -> Path:

@@ -95,14 +95,34 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _process_umask() -> int:
+    """The process's umask, read without changing it (``/proc``), else by setting and restoring it
+    (at import, before any thread of ours writes a file)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: the mode a file made by open() gets here: a temp file's 0600 would keep analysts out of the store
+_FILE_MODE = 0o666 & ~_process_umask()
+
+
 @contextlib.contextmanager
-def _atomic_file(target: Path) -> Iterator[io.BufferedWriter]:
+def atomic_file(target: Path) -> Iterator[io.BufferedWriter]:
     """A temp file in ``target``'s directory to write into; when the block ends without error it is
     flushed, fsynced and renamed over ``target`` (and the directory fsynced), otherwise removed,
-    leaving ``target`` as it was."""
+    leaving ``target`` as it was. The file gets the mode the umask gives a new file (``mkstemp``
+    makes it 0600)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
@@ -117,7 +137,7 @@ def _atomic_file(target: Path) -> Iterator[io.BufferedWriter]:
 
 def atomic_write_bytes(target: Path, data: bytes) -> None:
     """Write ``data`` to ``target`` via temp file + fsync + rename in the same directory."""
-    with _atomic_file(target) as fh:
+    with atomic_file(target) as fh:
         fh.write(data)
 
 
@@ -195,7 +215,7 @@ def atomic_write_parquet(target: Path, batches: Iterable[pa.RecordBatch], schema
     from the bytes as they are written). Holds one row group at a time."""
     rows = 0
     size = row_group_rows or ROW_GROUP_SIZE
-    with _atomic_file(target) as fh:
+    with atomic_file(target) as fh:
         sink = _Digesting(fh) if digest else fh
         with pq.ParquetWriter(sink, schema, **_parquet_options(schema)) as writer:
             for group in _row_groups(batches, schema, size):
@@ -271,7 +291,7 @@ class Store:
         rows = pq.ParquetFile(source).metadata.num_rows
         source.seek(0)
         digest = hashlib.sha256() if sha256 is not None else None
-        with self._partition_lock(target.parent), _atomic_file(target) as out:
+        with self._partition_lock(target.parent), atomic_file(target) as out:
             while chunk := source.read(16 << 20):
                 if digest is not None:
                     digest.update(chunk)

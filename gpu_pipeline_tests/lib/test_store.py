@@ -276,3 +276,31 @@ def test_a_partitions_note_is_kept_beside_its_file_and_read_back(data_root):
     assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") is None
     path.write_text("[1, 2]")
     assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") is None
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_partition_files_and_plots_get_the_mode_the_umask_gives(tmp_path, umask):
+    """Analysts read the store as other users: a partition file, a plot and an NVML sampler file get
+    the mode a new file gets under the process's umask (the temp file behind the atomic write was
+    0600 whatever the umask)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import os, stat, sys
+os.umask({umask})
+from pathlib import Path
+import pyarrow as pa
+from gpu_pipeline.lib.nvml_sampler import write_parquet_atomic
+from gpu_pipeline.lib.schemas import GPU_SAMPLES
+from gpu_pipeline.lib.store import Store
+store = Store(sys.argv[1])
+store.write_partition(GPU_SAMPLES, "2025-08-05", GPU_SAMPLES.empty())
+store.write_plot("heat", "2025-08-05", b"png")
+write_parquet_atomic(GPU_SAMPLES.empty(), Path(sys.argv[1]) / "nvml.parquet")
+for path in (store.partition_file(GPU_SAMPLES, "2025-08-05"), store.plot_file("heat", "2025-08-05"),
+             Path(sys.argv[1]) / "nvml.parquet"):
+    print(oct(stat.S_IMODE(path.stat().st_mode)))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [oct(0o666 & ~umask)] * 3
