@@ -87,6 +87,14 @@ def run_days_multi(
         close_databases()  # the step's DuckDB block pages go back before the next step
         give_back()  # and what Arrow's pool and the C heap hold freed
     if failed:
+        # The step fails, so Dagster records no materialization of the run's asset; the days that
+        # were written are recorded one by one, so that the UI shows them materialized and a
+        # re-run of the failed (or missing) partitions takes only the failed days.
+        for key, days in outcomes.items():
+            if key in selected:
+                for o in days:
+                    context.log_event(dg.AssetMaterialization(asset_key=key, partition=o.day,
+                                                              metadata=_day_metadata(o)))
         lines = "; ".join(f"{d}: {e}" for d, e in failed)
         raise dg.Failure(
             description=f"{len(failed)} of {len(context.partition_keys)} day(s) failed: {lines}",
@@ -212,6 +220,22 @@ class SelectedStore:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
+
+
+def gate_check(spec: dg.AssetCheckSpec, bad_days: list[str] | dict[str, Any], outcomes: list[DayOutcome],
+               enabled: bool = True, **metadata: Any) -> dg.AssetCheckResult:
+    """A blocking check over the run's days (``spec`` is declared ``blocking``): it fails when a day
+    fails it (``bad_days``, a list or a dict by day, in the metadata), with severity ERROR -- which
+    stops downstream -- when every day of the run does, and WARN when only some do. One result
+    stands for the whole range, so an ERROR for one bad day would stop every good day of a backfill
+    downstream; a warned day goes on (an empty day gives empty tables and a "No data" figure)."""
+    failed = enabled and bool(bad_days)
+    every_day = failed and len(bad_days) >= len({o.day for o in outcomes})
+    md = {k: dg.MetadataValue.json(v) if isinstance(v, list | dict) else v for k, v in metadata.items()}
+    md["stops_downstream"] = bool(every_day)
+    return dg.AssetCheckResult(check_name=spec.name, asset_key=spec.asset_key, passed=not failed,
+                               severity=dg.AssetCheckSeverity.ERROR if every_day else dg.AssetCheckSeverity.WARN,
+                               metadata=md)
 
 
 def violations_check(spec: dg.AssetCheckSpec, asset_key: dg.AssetKey, by_day: dict[str, Any],

@@ -132,11 +132,48 @@ def test_a_failing_day_fails_the_run_naming_it_and_the_other_days_are_written(de
             tags={"dagster/asset_partition_range_start": "2025-08-05",
                   "dagster/asset_partition_range_end": "2025-09-01"},
         )
+        # The days that were written are recorded as materialized, each with its own figures, so
+        # the UI's "failed and missing" re-run takes only the failed day.
+        mats = instance.fetch_materializations(dg.AssetKey(["raw", "condor_slot_snapshots"]), limit=100).records
+        recorded = {m.partition_key: m.asset_materialization.metadata for m in mats}
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     message = str(failure.event_specific_data.error)
     assert "2025-09-01" in message and "gpu_state_2025-09.db" in message
     assert Store(tmp_path / "data").has_partition(RAW_CONDOR_SLOT_SNAPSHOTS, "2025-08-05")
+    assert len(recorded) == 26 and not {"2025-08-31", "2025-09-01"} & set(recorded)  # the margin reads September
+    assert recorded["2025-08-05"]["dagster/row_count"].value == 3 * 288
+    assert recorded["2025-08-06"]["dagster/row_count"].value == 0
+
+
+def test_an_empty_day_in_a_range_warns_and_the_good_days_go_downstream(defs, tmp_path, monkeypatch):
+    """A collector outage on one day of a three-day backfill: has_snapshots fails as a warning naming
+    that day and the run goes on downstream for every day (one result stands for the range: as an
+    error it stopped the two good days too); the empty day has empty states. A run whose every day
+    is empty still stops downstream (test_source_checks)."""
+    days = ["2025-08-05", "2025-08-06", "2025-08-07"]
+    _hand_archive(tmp_path / "archive", [days[0], days[2]])
+    monkeypatch.setenv("GPU_PIPELINE_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.setenv("GPU_PIPELINE_CONDOR_ARCHIVE", str(tmp_path / "archive"))
+    monkeypatch.setenv("GPU_PIPELINE_SOURCE_TZ", "UTC")
+    monkeypatch.setenv("GPU_PIPELINE_EXCLUDED_HOSTS", "")
+    asset_job = dg.define_asset_job("slots", selection=["raw/condor_slot_snapshots", "clean/slot_snapshots",
+                                                        "metrics/gpu_states"]).resolve(
+        asset_graph=defs.resolve_asset_graph())
+    with dg.instance_for_test() as instance:
+        result = asset_job.execute_in_process(
+            instance=instance, raise_on_error=False, resources=defs.resources,
+            tags={"dagster/asset_partition_range_start": days[0], "dagster/asset_partition_range_end": days[-1]})
+        states = sorted(m.partition_key for m in
+                        instance.fetch_materializations(dg.AssetKey(["metrics", "gpu_states"]), limit=10).records)
+    assert result.success
+    (check,) = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"
+                and e.event_specific_data.check_name == "has_snapshots"]
+    assert check.passed is False and check.severity == dg.AssetCheckSeverity.WARN
+    assert check.metadata["days_without_snapshots"].value == [days[1]]
+    assert states == days
+    store = Store(tmp_path / "data")
+    assert [store.row_count(GPU_STATES, d) for d in days] == [2 * 288, 0, 2 * 288]
 
 
 def test_rematerializing_on_unchanged_inputs_gives_identical_files(defs, tmp_path, monkeypatch):

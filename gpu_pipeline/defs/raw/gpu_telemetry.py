@@ -3,7 +3,14 @@
 
 import dagster as dg
 
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
+from gpu_pipeline.defs.common import (
+    DayOutcome,
+    gate_check,
+    materialize_result,
+    run_days,
+    table_asset_metadata,
+    window,
+)
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
 from gpu_pipeline.lib.coverage import partition_coverage
@@ -68,10 +75,7 @@ def gpu_telemetry(
     empty = [o.day for o in outcomes if not o.metrics.get("samples")]
     low = {d: round(c, 4) for d, c in covs.items() if c < MIN_COVERAGE}
     checks = [
-        dg.AssetCheckResult(check_name=HAS_SAMPLES.name, passed=not telemetry.enabled or not empty,
-                            metadata={"days_without_samples": dg.MetadataValue.json(empty)}),
-        dg.AssetCheckResult(check_name=COVERAGE.name, passed=not telemetry.enabled or not low,
-                            metadata={"coverage_by_day": dg.MetadataValue.json(covs),
-                                      "below_threshold": dg.MetadataValue.json(low)}),
+        gate_check(HAS_SAMPLES, empty, outcomes, telemetry.enabled, days_without_samples=empty),
+        gate_check(COVERAGE, low, outcomes, telemetry.enabled, coverage_by_day=covs, below_threshold=low),
     ]
     return materialize_result(SPEC, outcomes, check_results=checks)

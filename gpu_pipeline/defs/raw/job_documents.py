@@ -2,7 +2,14 @@
 
 import dagster as dg
 
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
+from gpu_pipeline.defs.common import (
+    DayOutcome,
+    gate_check,
+    materialize_result,
+    run_days,
+    table_asset_metadata,
+    window,
+)
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, JobRecordsResource
 from gpu_pipeline.lib.job_source import FileDocsCache, RawDocs, raw_docs_from_es, raw_docs_from_files
@@ -56,9 +63,5 @@ def job_documents(
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("documents")]
-    check = dg.AssetCheckResult(
-        check_name=HAS_DOCUMENTS.name,
-        passed=mode == "off" or not empty,
-        metadata={"mode": mode, "days_without_documents": dg.MetadataValue.json(empty)},
-    )
+    check = gate_check(HAS_DOCUMENTS, empty, outcomes, mode != "off", mode=mode, days_without_documents=empty)
     return materialize_result(SPEC, outcomes, check_results=[check])

@@ -2,7 +2,14 @@
 
 import dagster as dg
 
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
+from gpu_pipeline.defs.common import (
+    DayOutcome,
+    gate_check,
+    materialize_result,
+    run_days,
+    table_asset_metadata,
+    window,
+)
 from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, KueueResource
 from gpu_pipeline.lib.kueue_source import RAW_KUEUE_SCRAPES as SPEC
@@ -40,8 +47,6 @@ def kueue_scrapes(
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("scrapes")]
-    check = dg.AssetCheckResult(
-        check_name=HAS_SCRAPES.name, passed=not kueue.enabled or not empty,
-        metadata={"enabled": kueue.enabled, "days_without_scrapes": dg.MetadataValue.json(empty)},
-    )
+    check = gate_check(HAS_SCRAPES, empty, outcomes, kueue.enabled, kueue_enabled=kueue.enabled,
+                       days_without_scrapes=empty)
     return materialize_result(SPEC, outcomes, check_results=[check])
