@@ -328,6 +328,22 @@ class Store:
             atomic_write_bytes(target, png)
         return WriteResult(path=str(target), rows=0, bytes=len(png))
 
+    def drop_other_plot_variants(self, name: str, day: dt.date | str, variants: Iterable[str]) -> list[str]:
+        """Remove the day's ``<name>__<variant>.png`` images other than ``variants`` (those a re-run
+        wrote): a device class gone from the day must not leave its image of an earlier run behind.
+        Returns the removed files' names."""
+        keep = {self.plot_file(name, day, v).name for v in variants}
+        folder = self.plot_file(name, day).parent
+        prefix = f"{safe_name(name)}__"
+        removed = []
+        if folder.is_dir():
+            with self._partition_lock(folder):
+                for path in sorted(folder.glob(f"{prefix}*.png")):
+                    if path.name not in keep:
+                        path.unlink(missing_ok=True)
+                        removed.append(path.name)
+        return removed
+
     # -- reading -------------------------------------------------------------------------------
     def has_partition(self, spec: TableSpec, day: dt.date | str) -> bool:
         return self.partition_file(spec, day).is_file()

@@ -42,6 +42,7 @@ def gpu_timeline_heatmap(context: dg.AssetExecutionContext, data_store: DataStor
         result = store.write_plot(NAME, day, rendered.png)
         for device, image in per_device.items():
             store.write_plot(NAME, day, image.png, variant=device)
+        store.drop_other_plot_variants(NAME, day, per_device)  # a re-run replaces, never appends
         return DayOutcome(
             day=day,
             result=result,
