@@ -189,18 +189,45 @@ def _load_env(dir_: str | None) -> None:
     _apply_env_defaults()
 
 
+def _default_dagster_home() -> None:
+    """``DAGSTER_HOME``, prepared from the template; unset, ``./.dagster_home`` (git-ignored): the
+    runs, schedules and backfills are kept there instead of in an instance that ends with the command."""
+    if not os.environ.get("DAGSTER_HOME"):
+        os.environ["DAGSTER_HOME"] = str(Path.cwd() / ".dagster_home")
+        print(f"DAGSTER_HOME not set: using {os.environ['DAGSTER_HOME']}", file=sys.stderr)
+    prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
+
+
+def _partition_range_error(start_day: dt.date, end_day: dt.date) -> str | None:
+    """Why ``start .. end`` is not a range of the daily partitions (from GPU_PIPELINE_START_DATE to
+    the last complete day in the partition time zone), or None."""
+    from gpu_pipeline.defs.partitions import daily_partitions
+
+    start, end = start_day.isoformat(), end_day.isoformat()
+    keys = daily_partitions.get_partition_keys()
+    if not keys:
+        return "no complete day in the partitions yet (GPU_PIPELINE_START_DATE is today or later)"
+    if end < start:
+        return "--end is before --start"
+    if start < keys[0] or end > keys[-1]:
+        return (f"{start} .. {end} is outside the daily partitions {keys[0]} .. {keys[-1]} "
+                "(GPU_PIPELINE_START_DATE to the last complete day in GPU_PIPELINE_TIMEZONE)")
+    return None
+
+
 def cmd_materialize(args: argparse.Namespace) -> int:
     _load_env(args.dir)
     missing = [k for k in ("GPU_PIPELINE_DATA_ROOT", "GPU_PIPELINE_CONDOR_ARCHIVE") if not os.environ.get(k)]
     if missing:
-        print(f"error: set {', '.join(missing)} (environment or .env); see README 'Configuration'", file=sys.stderr)
+        print(f"error: set {', '.join(missing)} (environment or .env); see README 'Pointing it at real data'",
+              file=sys.stderr)
         return 2
-    if os.environ.get("DAGSTER_HOME"):
-        prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
     end = args.end or args.start
-    if end < args.start:
-        print("error: --end is before --start", file=sys.stderr)
+    error = _partition_range_error(args.start, end)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
+    _default_dagster_home()
     ok = run_pipeline(args.start, end)
     print(f"daily_pipeline {args.start} .. {end}: {'SUCCESS' if ok else 'FAILURE'}")
     return 0 if ok else 1
@@ -208,16 +235,19 @@ def cmd_materialize(args: argparse.Namespace) -> int:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     _load_env(args.dir)
+    import duckdb
+
     from gpu_pipeline.lib.store import Store, connect, create_catalog
 
     root = args.data_root or os.environ.get("GPU_PIPELINE_DATA_ROOT")
     if not root:
         print("error: give --data-root or set GPU_PIPELINE_DATA_ROOT", file=sys.stderr)
         return 2
+    if not Path(str(root).removeprefix("file://")).expanduser().is_dir():
+        print(f"error: {root}: no such data root", file=sys.stderr)
+        return 2
     store = Store(root)
     if args.catalog:
-        import duckdb
-
         con = duckdb.connect(args.catalog)
         views = create_catalog(con, store)
         con.close()
@@ -229,7 +259,11 @@ def cmd_sql(args: argparse.Namespace) -> int:
     if not query.strip():
         print("views: " + ", ".join(views))
         return 0
-    rel = con.sql(query)
+    try:
+        rel = con.sql(query)
+    except duckdb.Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if rel is None:
         return 0
     df = rel.df()
@@ -242,8 +276,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     _load_env(args.dir)
-    if os.environ.get("DAGSTER_HOME"):
-        prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
+    _default_dagster_home()
     dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
     workspace = INSTANCE_TEMPLATE.with_name("workspace.yaml")
     argv = [dagster, "dev", "-w", str(workspace), "-h", args.host, "-p", str(args.port)]
