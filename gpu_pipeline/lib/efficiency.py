@@ -131,7 +131,8 @@ GPU_HOURLY_EFFICIENCY = TableSpec(
             _f("gpu_id", pa.string(), "HTCondor short GPU id", nullable=False),
             _f("host", pa.string(), "Host of the GPU (most frequent in its samples)"),
             _f("device_name", pa.string(), "GPU model name as reported"),
-            _f("hour_start_utc", TS, "Start of the UTC hour bucket", nullable=False),
+            _f("hour_start_utc", TS, "Start of the hour: hours counted from the day's start, UTC hours "
+               "unless the partition zone's offset is not whole hours", nullable=False),
             _f("samples", pa.int64(), "Samples of the GPU in the hour (one source)", nullable=False),
             _f("coverage_s", pa.float64(), "Time covered by sample segments (gaps <= 3x cadence) (s)",
                nullable=False),
@@ -737,20 +738,25 @@ def _held_table(con) -> pa.Table:
 
 
 def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
+    def hour(expr: str) -> str:
+        """The start of the hour of the day that ``expr`` (epoch us, within the day) falls in: hours
+        counted from the day's start, which are UTC hours unless the partition zone's offset is
+        not a whole number of hours (India, Adelaide): then a UTC hour would straddle two days."""
+        return f"({s_us} + (({expr}) - {s_us}) // {_HOUR_US} * {_HOUR_US})"
+
     have_states = states_sql is not None
     busy = held = ""
     params: list = []
     if have_states:
         busy = f"""
         , st_h AS (
-            SELECT gpu_id, (epoch_us(bucket_start_utc) // {_HOUR_US}) * {_HOUR_US} AS h,
+            SELECT gpu_id, {hour('epoch_us(bucket_start_utc)')} AS h,
                    count(*) FILTER (WHERE state LIKE 'busy%') / count(*) AS state_busy_share
             FROM {states_sql}
             WHERE epoch_us(bucket_start_utc) >= {s_us} AND epoch_us(bucket_start_utc) < {e_us}
             GROUP BY ALL
         ), held_p AS (
-            SELECT gpu_id, a, b, unnest(generate_series((a // {_HOUR_US}) * {_HOUR_US},
-                                                        ((b - 1) // {_HOUR_US}) * {_HOUR_US}, {_HOUR_US})) AS h
+            SELECT gpu_id, a, b, unnest(generate_series({hour('a')}, {hour('b - 1')}, {_HOUR_US})) AS h
             FROM _eff_held
         ), held_h AS (
             SELECT gpu_id, h, sum(least(b, h + {_HOUR_US}) - greatest(a, h)) / {_US}.0 AS held_idle_s
@@ -772,8 +778,7 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
             WHERE b > {s_us} AND a < {e_us}
         ), hours AS (  -- a segment once per hour it overlaps (one branch: two over the same segments
                        -- made DuckDB hold all of them in memory to read them twice)
-            SELECT *, unnest(generate_series((a1 // {_HOUR_US}) * {_HOUR_US}, ((b1 - 1) // {_HOUR_US}) * {_HOUR_US},
-                                             {_HOUR_US})) AS h
+            SELECT *, unnest(generate_series({hour('a1')}, {hour('b1 - 1')}, {_HOUR_US})) AS h
             FROM inwin
         ), pieces AS (
             SELECT *, greatest(a1, h) AS ca, least(b1, h + {_HOUR_US}) AS cb FROM hours
@@ -788,7 +793,7 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
                    count(*) FILTER (WHERE energy_counter_j IS NULL AND energy_power_j IS NOT NULL) AS n_power
             FROM pw GROUP BY gid, h
         ), smp_h AS (
-            SELECT gid, (t // {_HOUR_US}) * {_HOUR_US} AS h, count(*) AS samples,
+            SELECT gid, {hour('t')} AS h, count(*) AS samples,
                    {exact_avg('util')} AS util_m, {exact_avg('power')} AS power_m,
                    {exact_avg('plimit')} AS plimit_m
             FROM _eff_samples WHERE t >= {s_us} AND t < {e_us} GROUP BY ALL

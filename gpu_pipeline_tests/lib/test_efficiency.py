@@ -336,6 +336,20 @@ def test_an_hour_with_covered_time_never_takes_a_lone_samples_value():
     assert (hour_row(lone, g, 10)["coverage_s"], hour_row(lone, g, 10)["power_w"]) == (0.0, 250.0)
 
 
+def test_hours_of_a_day_in_a_half_hour_zone_are_the_days_own():
+    """A partition day in Asia/Kolkata (UTC+05:30) starts at 18:30 UTC: its hours are 18:30, 19:30 ...
+    -- the hours demand_capacity has, so the efficiency gap joins -- not UTC hours, whose first one
+    (18:00) straddled two days' partitions with the same key in both."""
+    g = "GPU-aaaaaaaa"
+    start, end = day_window("2025-08-05", "Asia/Kolkata")
+    rows = series(g, start - dt.timedelta(hours=1), 26 * 60 + 1, util_pct=80.0, power_w=200.0, power_limit_w=400.0)
+    con = connect()
+    con.register("s_in", samples_table(rows))
+    hourly = compute_efficiency(con, "s_in", [], start, end).hourly.to_pylist()
+    assert [r["hour_start_utc"] for r in hourly] == [start + dt.timedelta(hours=k) for k in range(24)]
+    assert all(r["coverage_s"] == pytest.approx(3600.0) for r in hourly)
+
+
 def test_segments_split_at_hour_boundaries():
     # samples every 60 s at :30 -> the segment 10:59:30 -> 11:00:30 is split 30 s / 30 s
     rows = series("GPU-aaaaaaaa", at(9, 59, 30), 63, power_w=lambda i: 100.0 if i < 62 else 300.0,
