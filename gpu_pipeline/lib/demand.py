@@ -73,8 +73,9 @@ with it; the seed's min-max normalization over the frame made days incomparable)
       Moderate; else Healthy.
 
 Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
-    From ``clean/kueue_demand`` rows of the window, per scrape summed over ClusterQueues (and
-    clusters): demand = ``resource_pending`` of ``nvidia.com/gpu`` (else pending workloads x
+    From ``clean/kueue_demand`` rows of the window, per scrape summed over ClusterQueues, per hour
+    the mean over a cluster's scrapes, summed over clusters: demand = ``resource_pending`` of
+    ``nvidia.com/gpu`` (else pending workloads x
     ``kueue_gpus_per_workload`` when the caller knows it; 0 with no pending workload, else unknown:
     null, and DCR 0), pending_jobs = pending workloads (active + inadmissible), capacity per flavor:
     total = nominal quota, busy = usage, idle = max(quota - usage, 0) per pool a quota can be lent
@@ -407,6 +408,14 @@ _KUEUE_SUMS = {
     "avg_idle": exact_avg("idle"),
     "avg_usage": exact_avg("usage"),
     "avg_quota": exact_avg("quota"),
+    # the clusters' hourly figures added up (a cluster whose demand is unknown makes it unknown)
+    "all_demand": f"CASE WHEN count(demand) = count(*) THEN {exact_sum('demand')} END",
+    "all_pending": exact_sum("pending"),
+    "all_wait_sum": exact_sum("wait_sum"),
+    "all_wait_n": exact_sum("wait_n"),
+    "all_idle": exact_sum("idle"),
+    "all_usage": exact_sum("usage"),
+    "all_quota": exact_sum("quota"),
 }
 
 _KUEUE_SQL = """
@@ -422,16 +431,16 @@ k AS (
       AND epoch_us(sample_utc) >= p.s_us AND epoch_us(sample_utc) < p.e_us
 ),
 pools AS (
-    SELECT h_start, sample_utc, {pool_quota} AS quota, {pool_usage} AS usage
+    SELECT h_start, cluster, sample_utc, {pool_quota} AS quota, {pool_usage} AS usage
     FROM k
     WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL
-    GROUP BY h_start, sample_utc, coalesce('cohort:' || cohort, 'queue:' || cluster_queue), flavor
+    GROUP BY h_start, cluster, sample_utc, coalesce('cohort:' || cohort, 'queue:' || cluster_queue), flavor
 ),
 pool_idle AS (
-    SELECT h_start, sample_utc, {idle} AS idle FROM pools GROUP BY h_start, sample_utc
+    SELECT h_start, cluster, sample_utc, {idle} AS idle FROM pools GROUP BY h_start, cluster, sample_utc
 ),
 per_scrape AS (
-    SELECT h_start, sample_utc,
+    SELECT h_start, cluster, sample_utc,
         {pending_gpus} AS pending_gpus,
         {pending_wl} AS pending_wl,
         {usage} AS usage,
@@ -440,21 +449,34 @@ per_scrape AS (
         {wait_sum} AS wait_sum,
         {wait_n} AS wait_n
     FROM k
-    LEFT JOIN pool_idle pi USING (h_start, sample_utc)
-    GROUP BY h_start, sample_utc
+    LEFT JOIN pool_idle pi USING (h_start, cluster, sample_utc)
+    GROUP BY h_start, cluster, sample_utc
+),
+-- each cluster's hour: the mean over its scrapes (clusters are scraped at their own instants)
+per_cluster AS (
+    SELECT h_start, cluster,
+        {avg_demand} AS demand,
+        {avg_pending_wl} AS pending,
+        {sum_wait_sum} AS wait_sum,
+        {sum_wait_n} AS wait_n,
+        {avg_idle} AS idle,
+        {avg_usage} AS usage,
+        {avg_quota} AS quota
+    FROM per_scrape
+    GROUP BY h_start, cluster
 )
 SELECT
     make_timestamptz(h_start) AS hour_start_utc,
     'kueue' AS source,
     '{all}' AS device_class,
-    {avg_demand} AS demand_gpus,
-    {avg_pending_wl} AS pending_jobs,
-    {sum_wait_sum} / nullif({sum_wait_n}, 0) AS mean_wait_s,
-    coalesce({avg_idle}, 0) AS idle_gpus,
-    coalesce({avg_idle}, 0) AS idle_open_gpus,
-    coalesce({avg_usage}, 0) AS busy_gpus,
-    coalesce({avg_quota}, 0) AS total_gpus
-FROM per_scrape
+    {all_demand} AS demand_gpus,
+    {all_pending} AS pending_jobs,
+    {all_wait_sum} / nullif({all_wait_n}, 0) AS mean_wait_s,
+    coalesce({all_idle}, 0) AS idle_gpus,
+    coalesce({all_idle}, 0) AS idle_open_gpus,
+    coalesce({all_usage}, 0) AS busy_gpus,
+    coalesce({all_quota}, 0) AS total_gpus
+FROM per_cluster
 GROUP BY h_start
 """
 

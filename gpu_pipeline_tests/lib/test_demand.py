@@ -300,6 +300,20 @@ def test_kueue_demand_without_the_pending_resources_metric(pending):
     assert row["severity"] == "Healthy"
 
 
+def test_kueue_clusters_scraped_at_their_own_instants_are_added_up():
+    """Two clusters, each scraped once in the hour at its own instant: the hour is their sum (the
+    mean over the hour's scrapes averaged the clusters: half the demand and capacity)."""
+    rows = []
+    for cluster, minute, pending, usage, quota in (("east", 10, 6.0, 4.0, 8.0), ("west", 40, 4.0, 6.0, 8.0)):
+        base = dict(sample_utc=at(10, minute), cluster=cluster, scope="cluster_queue", cluster_queue="cq")
+        rows += [dict(base, kind="resource", resource="nvidia.com/gpu", resource_pending=pending),
+                 dict(base, kind="resource", resource="nvidia.com/gpu", flavor="a100", resource_usage=usage,
+                      nominal_quota=quota)]
+    row = _kueue_hour(rows)
+    assert (row["demand_gpus"], row["idle_gpus"], row["busy_gpus"], row["total_gpus"]) == (10.0, 6.0, 10.0, 16.0)
+    assert row["dcr"] == pytest.approx(10 / 6)
+
+
 # -- simulated pool ----------------------------------------------------------------------------
 
 
