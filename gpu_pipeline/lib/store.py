@@ -255,6 +255,10 @@ class Store:
         directory.mkdir(parents=True, exist_ok=True)
         with open(directory / ".lock", "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            # every write into the folder holds this lock: a temp file found here is a killed
+            # writer's, never to be renamed (atomic_file's ".<name>.<random>.tmp")
+            for orphan in directory.glob(".*.tmp"):
+                orphan.unlink(missing_ok=True)
             try:
                 yield
             finally:

@@ -62,8 +62,10 @@ def test_sigkill_mid_write_keeps_the_previous_partition(data_root, tmp_path):
     # the previous partition is byte-for-byte intact and readable
     assert path.read_bytes() == before
     assert store.read_table(QUARANTINE, "2025-08-06").column("source_table").to_pylist() == ["old"] * 3
-    # the re-run succeeds and replaces it (a stale temp file may remain; it is never read)
+    assert [p.name for p in path.parent.glob(".*.tmp")]  # the killed writer's temp file
+    # the re-run succeeds and replaces it, and removes the killed writer's temp file
     store.write_partition(QUARANTINE, "2025-08-06", pa.Table.from_pydict(
         {"source_table": ["new"], "reason": ["x"], "row_json": ["{}"]}))
     assert store.read_table(QUARANTINE, "2025-08-06").column("source_table").to_pylist() == ["new"]
     assert store.partition_days(QUARANTINE) == ["2025-08-06"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [".lock", "part-0.parquet"]
