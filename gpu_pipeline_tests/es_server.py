@@ -105,6 +105,7 @@ class Recorded:
     kind: str
     fault: str | None = None
     status: int | None = None
+    params: dict[str, str] = field(default_factory=dict)  #: the URL's query parameters
 
 
 @dataclass
@@ -523,7 +524,7 @@ class EsStandIn:
         split = urlsplit(h.path)
         path, params = unquote(split.path), {k: v[-1] for k, v in parse_qs(split.query).items()}
         kind = self._kind(method, path)
-        rec = Recorded(method, path, {k.lower(): v for k, v in h.headers.items()}, None, kind)
+        rec = Recorded(method, path, {k.lower(): v for k, v in h.headers.items()}, None, kind, params=params)
         try:
             raw = self._read_body(h)
             try:

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import elastic_transport
 from elasticsearch import ApiError, Elasticsearch, UnsupportedProductError
@@ -110,8 +110,12 @@ class EsConfig:
                 user, password = u, p
             clean.append(h2)
         object.__setattr__(self, "hosts", tuple(clean))
-        object.__setattr__(self, "username", user)
-        object.__setattr__(self, "password", password)
+        # a secret read from a file (a Kubernetes secret made --from-file) ends in a newline, which
+        # no HTTP header may hold: the client's error would print the header, key and all
+        object.__setattr__(self, "username", user.strip() if isinstance(user, str) else user)
+        object.__setattr__(self, "password", password.strip() if isinstance(password, str) else password)
+        if isinstance(self.api_key, str):
+            object.__setattr__(self, "api_key", self.api_key.strip() or None)
         if not isinstance(self.page_size, int) or not 1 <= self.page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"EsConfig.page_size must be an integer in 1..{MAX_PAGE_SIZE}, got {self.page_size!r}")
         if self.max_retries < 0:
@@ -172,18 +176,40 @@ class _PitExpired(Exception):
 
 
 def _strip_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """The host without its user info, and the user and password it held (percent-decoded, as the
+    client reads a URL's). A host without a scheme keeps none (the client then refuses it, as it
+    refuses one without credentials: never plain http made up for a password). One that still holds
+    an ``@`` after that (a password with an unencoded ``/``, ``?`` or ``#``) is refused, masked."""
+    has_scheme = "://" in url
     try:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
+        parts = urlsplit(url if has_scheme else f"http://{url}")
     except ValueError:
-        return url, None, None
-    if parts.username is None and parts.password is None:
+        parts = None
+    if parts is None or (parts.username is None and parts.password is None):
+        if "@" in url.split("://", 1)[-1]:  # user info that did not parse: a password would show
+            raise ValueError(f"EsConfig.hosts: cannot read the user info of {_masked_host(url)} "
+                             "(percent-encode '/', '?', '#' and '@' in the password, or give it separately)")
         return url, None, None
     netloc = parts.hostname or ""
     if ":" in netloc:  # IPv6
         netloc = f"[{netloc}]"
     if parts.port:
         netloc = f"{netloc}:{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), parts.username, parts.password
+    rest = urlunsplit(("", netloc, parts.path, parts.query, parts.fragment)).removeprefix("//")
+    host = f"{parts.scheme}://{rest}" if has_scheme else rest
+    if "@" in host:
+        raise ValueError(f"EsConfig.hosts: cannot read the user info of {_masked_host(url)} "
+                         "(percent-encode '/', '?', '#' and '@' in the password, or give it separately)")
+    user = unquote(parts.username) if parts.username is not None else None
+    password = unquote(parts.password) if parts.password is not None else None
+    return host, user, password
+
+
+def _masked_host(url: str) -> str:
+    """``url`` with everything before its last ``@`` (where user info would be) masked."""
+    scheme, sep, rest = url.rpartition("://")
+    after = rest.rsplit("@", 1)[-1]
+    return f"{scheme}{sep}{_MASK}@{after}" if "@" in rest else url
 
 
 def _redact(text: str, cfg: EsConfig) -> str:
@@ -375,6 +401,11 @@ class _Retrier:
                                      why if timeout else _cause(exc), f"gave up after {attempt} retries") from None
             except elastic_transport.SerializationError as exc:
                 raise self._fail(op, None, "serialization_error", f"unreadable response: {exc}") from None
+            except EsSourceError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - anything else the client raises, e.g. a header
+                # it refuses, whose message quotes the header: reported masked, never as is
+                raise self._fail(op, None, type(exc).__name__, str(exc)) from None
             delay = self.backoff(attempt)
             if retry_after is not None:
                 delay = max(delay, min(retry_after, cfg.retry_backoff_max_s))
@@ -422,7 +453,9 @@ def _extract(es: Elasticsearch, cfg: EsConfig, query: dict, r: _Retrier) -> tupl
             }
             if after is not None:
                 body["search_after"] = after
-            resp = r.call("search", lambda b=body: es.search(**b))
+            # a shard that fails (a rejected execution, a point in time lost on a node) makes the
+            # search an error the retries and the restart handle, not a partial 200
+            resp = r.call("search", lambda b=body: es.search(**b, allow_partial_search_results=False))
             requests += 1
             pit_id = resp.get("pit_id") or pit_id  # always use the latest id
             hits_obj = resp.get("hits") or {}
@@ -431,7 +464,10 @@ def _extract(es: Elasticsearch, cfg: EsConfig, query: dict, r: _Retrier) -> tupl
                 raise r._fail("search", None, "timed_out", "the search timed out on the server (partial results)")
             shards = resp.get("_shards") or {}
             if shards.get("failed"):
-                raise r._fail("search", None, "shard_failure", f"{shards.get('failed')} shard(s) failed")
+                first = next(iter(shards.get("failures") or []), {})
+                etype, reason = _error_reason({"error": first.get("reason")} if isinstance(first, dict) else None)
+                raise r._fail("search", None, "shard_failure",
+                              f"{shards.get('failed')} shard(s) failed" + (f": {etype}: {reason}" if reason else ""))
             if total is None:
                 t = hits_obj.get("total")
                 if isinstance(t, dict):

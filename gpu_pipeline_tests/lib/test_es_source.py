@@ -242,6 +242,33 @@ def test_basic_auth_and_credentials_in_the_host_url(docs, caplog):
     assert "s3cr3t-pw" not in caplog.text and "wrong-pw" not in caplog.text
 
 
+def test_credentials_as_secrets_and_urls_give_them_and_never_show_them(docs, caplog):
+    """A key or password read from a secret file ends in a newline (no header may hold one: the
+    client's own error quoted the header); a URL's user info is percent-decoded as the client reads
+    it; a password with an unencoded '/' (user info that does not parse) is refused with the
+    credentials masked; a host without a scheme never gets plain http made up for a password."""
+    caplog.set_level(logging.DEBUG)
+    with EsStandIn({INDEX: docs}, api_key=API_KEY) as srv:
+        assert fetch_jobs(cfg(srv, api_key=API_KEY + "\n"), START, END).total > 0
+        assert {r.headers.get("authorization") for r in srv.requests} == {f"ApiKey {API_KEY}"}
+        # every search asks for no partial results: a failed shard is an error the retries handle
+        assert {r.params.get("allow_partial_search_results") for r in srv.requests_of("search")} == {"false"}
+    with EsStandIn({INDEX: docs}, basic_auth=("reader", "p@ss:w/rd")) as srv:
+        c = cfg(srv, hosts=[srv.url.replace("http://", "http://reader:p%40ss%3Aw%2Frd@")])
+        assert (c.username, c.password, c.hosts) == ("reader", "p@ss:w/rd", (srv.url,))
+        assert fetch_jobs(c, START, END).total > 0
+        with pytest.raises(ValueError, match=r"user info of http://\*\*\*@") as err:
+            cfg(srv, hosts=[srv.url.replace("http://", "http://reader:p@ss/w@")])
+        assert "p@ss/w" not in str(err.value)
+        bare = cfg(srv, hosts=[srv.url.replace("http://", "reader:pw@")])
+        assert bare.hosts == (srv.url.removeprefix("http://"),) and bare.password == "pw"
+        sent = len(srv.requests)
+        with pytest.raises(EsSourceError, match="scheme"):
+            fetch_jobs(bare, START, END)
+        assert len(srv.requests) == sent  # nothing was sent, in clear or otherwise
+    assert API_KEY not in caplog.text and "p@ss" not in caplog.text
+
+
 def test_verify_certs_off_logs_a_warning(caplog):
     caplog.set_level(logging.WARNING)
     client = make_client(EsConfig(hosts=["https://es.example.org:9200"], verify_certs=False, api_key="k3y"))
