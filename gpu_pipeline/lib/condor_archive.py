@@ -597,6 +597,11 @@ def _read_parquet(path: Path, lo: str, hi: str, source_tz: str) -> tuple[pa.Tabl
     ])), cols
 
 
+#: how far back a local time must step to be the repeated hour's second pass (not two writers' commits
+#: out of order)
+_STEP_BACK = dt.timedelta(minutes=1)
+
+
 def _repeated_hour(naive: dt.datetime, zone: ZoneInfo) -> tuple | None:
     """The repeated local period (a DST fall-back's) that ``naive`` lies in, as (date, first offset,
     second offset), or None when it names one instant (a time skipped by a spring-forward is not
@@ -614,7 +619,8 @@ class _Localizer:
     """Maps each distinct local timestamp text of one file to UTC, in the order the rows come.
 
     Snapshots are appended in time order, so in the repeated hour after a DST fall-back the local
-    times go back once: from the first local time that is earlier than one already seen, every time
+    times go back once: from the first local time more than a minute earlier than one already seen
+    (two collectors' snapshots a second apart may commit out of order), every time
     of that repeated hour is its second occurrence (fold=1), also one later than the last of the
     first pass (a snapshot's seconds of jitter, or a collector that missed the end of the first
     pass). A repeated hour without a step back (the collector down across the change) reads as the
@@ -639,7 +645,7 @@ class _Localizer:
         if hour is not None:
             if hour in self.second_pass:
                 fold = 1
-            elif self.max_seen is not None and naive < self.max_seen:
+            elif self.max_seen is not None and naive < self.max_seen - _STEP_BACK:
                 fold = 1
                 self.second_pass.add(hour)
         if self.max_seen is None or naive > self.max_seen:

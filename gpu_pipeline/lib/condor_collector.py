@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
 import logging
 import math
@@ -80,6 +81,7 @@ import os
 import re
 import socket
 import sqlite3
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -784,10 +786,25 @@ def _append_existing(path: Path, rows: Sequence[Mapping], ts_text: str, busy_tim
 
 
 def _create_new(path: Path, rows: Sequence[Mapping], ts_text: str, busy_timeout_s: float) -> None:
-    """First snapshot of a month: build the file aside, then link it into place when complete."""
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    for p in (tmp, tmp.with_name(tmp.name + "-journal")):
-        p.unlink(missing_ok=True)
+    """First snapshot of a month: build the file aside, then link it into place when complete. A
+    folder that cannot be written is an :class:`ArchiveWriteError` (transient only when full or
+    failing: a read-only or forbidden folder needs a person)."""
+    try:
+        _create_new_file(path, rows, ts_text, busy_timeout_s)
+    except OSError as exc:
+        if exc.errno is None:  # not the file system's answer
+            raise
+        transient = exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT)
+        raise ArchiveWriteError(f"{path}: cannot create the month's archive in {path.parent}: "
+                                f"{exc.strerror or exc}", transient=transient) from exc
+
+
+def _create_new_file(path: Path, rows: Sequence[Mapping], ts_text: str, busy_timeout_s: float) -> None:
+    # a name of its own (two writers of one PID, e.g. containers sharing a volume, must not share it)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    tmp.unlink()  # SQLite makes the file itself, with the mode the umask gives
     try:
         con = _connect(tmp, busy_timeout_s)
         try:

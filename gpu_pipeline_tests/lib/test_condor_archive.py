@@ -92,13 +92,16 @@ def test_every_time_of_the_second_pass_of_the_repeated_hour_is_its_second_occurr
              for k in range(12 * 4)]  # 00:00 CDT .. 02:55 CST
     if outage:
         taken = [t for t in taken if not dt.datetime(2025, 11, 2, 6, 45, tzinfo=UTC) <= t < dt.datetime(2025, 11, 2, 7, tzinfo=UTC)]
+    else:  # and a second collector's snapshot half a second later, committed first (01:10 CDT)
+        at = taken.index(dt.datetime(2025, 11, 2, 6, 10, 2, tzinfo=UTC))
+        taken.insert(at, taken[at] + dt.timedelta(milliseconds=500))
     local = [t.astimezone(zone).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds") for t in taken]
     assert "2025-11-02 01:55:03.000000" in local and len(set(local)) == len(local)  # CST, after 01:55:02 CDT
     assert ("2025-11-02 01:55:02.000000" in local) is not outage
     write_gpu_state_db(tmp_path / "gpu_state_2025-11.db",
                        [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Unclaimed") for ts in local])
     start, end = day_window("2025-11-02", "America/Chicago")
-    assert read_window(tmp_path, start, end, "America/Chicago").table.column("snapshot_utc").to_pylist() == taken
+    assert sorted(read_window(tmp_path, start, end, "America/Chicago").table.column("snapshot_utc").to_pylist()) == sorted(taken)
 
 
 def test_parquet_monthly_archive_is_read_like_sqlite(tmp_path):

@@ -7,6 +7,7 @@ fixtures under gpu_pipeline_tests/fixtures/condor are hand-written ads modeled o
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import os
 import re
@@ -631,6 +632,58 @@ def test_a_number_beyond_a_sqlite_integer_is_null_and_the_snapshot_is_kept(tmp_p
         got = con.execute("SELECT Name, Disk, GPUs_GlobalMemoryMb FROM gpu_state ORDER BY Name").fetchall()
     assert got == [("slot1_1@gpu01", 1000, 81559)] * 2 + [("slot1_1@gpu02", None, None)] * 2
     assert (cc._int(2**63 - 1), cc._int(-(2**63)), cc._int(2**63), cc._int(-1e19)) == (2**63 - 1, -(2**63), None, None)
+
+
+def test_two_writers_of_one_pid_creating_the_month_keep_both_snapshots(tmp_path, monkeypatch):
+    """Two writers with one PID (threads, or containers whose collector is PID 1 on a shared volume)
+    create the month's file at once: each builds its own temp file (a name with the PID was shared:
+    one removed the other's, and the archive held B's row twice and A's not at all)."""
+    t0 = dt.datetime(2025, 12, 1, 0, 0, 1, tzinfo=UTC)
+    a_written, b_written, a_linked = threading.Event(), threading.Event(), threading.Event()
+    real_fsync = cc._fsync
+
+    def fsync(path):  # A and B both build their file, then A links, then B
+        who = threading.current_thread().name
+        if who == "A" and path.name.startswith("."):
+            a_written.set()
+            b_written.wait(5)
+        elif who == "A":
+            a_linked.set()
+        elif who == "B" and path.name.startswith("."):
+            b_written.set()
+            a_linked.wait(5)
+        real_fsync(path)
+
+    monkeypatch.setattr(cc, "_fsync", fsync)
+
+    def write(who, at):
+        if who == "B":
+            a_written.wait(5)
+        cc.append_snapshot(tmp_path, [{"Name": f"slot_{who}@h", "State": "Claimed", "AssignedGPUs": "GPU-aaaa1111"}], at)
+
+    threads = [threading.Thread(target=write, args=(w, t0 + dt.timedelta(seconds=i)), name=w)
+               for i, w in enumerate("AB")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with sqlite3.connect(tmp_path / "gpu_state_2025-12.db") as con:
+        assert sorted(n for (n,) in con.execute("SELECT Name FROM gpu_state")) == ["slot_A@h", "slot_B@h"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("err", [errno.EROFS, errno.ENOSPC])
+def test_a_folder_that_cannot_take_the_months_file_is_an_archive_error(tmp_path, monkeypatch, err):
+    """The month's first snapshot in a read-only folder is an archive error that stops the loop
+    (exit 4), not an OSError retried every cycle; a full disk is one a later cycle may get past."""
+    def refuse(*args, **kwargs):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(cc.tempfile, "mkstemp", refuse)
+    with pytest.raises(cc.ArchiveWriteError, match="cannot create the month's archive") as exc:
+        cc.append_snapshot(tmp_path, [{"Name": "slot1@h", "State": "Claimed", "AssignedGPUs": "GPU-aaaa1111"}], T0)
+    assert exc.value.transient is (err == errno.ENOSPC)
+    assert cc.exit_code_for(exc.value) == cc.EXIT_ARCHIVE_ERROR
 
 
 def test_collect_loop_stops_on_a_permanent_archive_error(tmp_path):
