@@ -287,9 +287,16 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 def cmd_collect_condor(args: argparse.Namespace) -> int:
     import logging
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
     from gpu_pipeline.lib.condor_collector import collect_loop
 
+    try:
+        ZoneInfo(args.archive_tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        print(f"error: --archive-tz {args.archive_tz!r} is not a time zone (e.g. America/Chicago, UTC)",
+              file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     result = collect_loop(
         args.collector,

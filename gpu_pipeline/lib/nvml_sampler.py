@@ -101,6 +101,7 @@ MIB = 1024 * 1024
 EXIT_OK = 0
 EXIT_NVML_UNAVAILABLE = 3
 EXIT_BUSY = 4
+EXIT_NOT_WRITTEN = 5  #: the folder cannot be written, or samples were lost
 
 # NVML errors that mean the library / driver as a whole is unusable: abort the sample, re-init.
 _FATAL_CODES = frozenset({
@@ -664,7 +665,9 @@ def main_collect_nvml(out_dir: Path | str, interval_s: float, iterations: int | 
     SIGINT (or ``iterations`` attempts), print the summary as one JSON line on stdout.
 
     Exit codes: 0 ok (also after SIGTERM / SIGINT), 3 NVML unavailable at start (the reason on
-    stderr, nothing written), 4 another sampler already writes this host's folder."""
+    stderr, nothing written), 4 another sampler already writes this host's folder, 5 the folder
+    cannot be written (at start: the reason on stderr) or samples were lost (``samples_lost`` in the
+    summary: a supervisor must not read a full disk as success)."""
     try:
         summary = run_sampler(Path(out_dir), interval_s, iterations, flush_every=flush_every, host=host)
     except NvmlUnavailable as exc:
@@ -673,5 +676,13 @@ def main_collect_nvml(out_dir: Path | str, interval_s: float, iterations: int | 
     except SamplerBusy as exc:
         print(f"gpu-pipeline collect nvml: {exc}", file=sys.stderr)
         return EXIT_BUSY
+    except OSError as exc:  # the folder (or its lock) cannot be made or written
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"gpu-pipeline collect nvml: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_NOT_WRITTEN
     print(json.dumps(summary.as_dict(), sort_keys=True))
+    if summary.samples_lost:
+        print(f"gpu-pipeline collect nvml: {summary.samples_lost} sample(s) could not be written "
+              f"({summary.flush_errors} failed flush(es))", file=sys.stderr)
+        return EXIT_NOT_WRITTEN
     return EXIT_OK

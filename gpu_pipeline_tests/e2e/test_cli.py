@@ -98,3 +98,11 @@ def test_without_dagster_home_the_runs_are_kept_in_the_working_directory(tmp_pat
             os.environ.pop("DAGSTER_HOME")
         else:
             os.environ["DAGSTER_HOME"] = old
+
+
+def test_collect_condor_with_an_unknown_time_zone_is_a_usage_error(tmp_path):
+    proc = subprocess.run([EXE, "collect", "condor", "--collector", "cm.example.edu", "--out", str(tmp_path / "a"),
+                           "--archive-tz", "Amerca/Chicago", "--once"], env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "'Amerca/Chicago' is not a time zone" in proc.stderr and not (tmp_path / "a").exists()

@@ -485,3 +485,39 @@ def test_unavailable_messages_are_actionable() -> None:
     assert msg.startswith("no NVIDIA driver / libnvidia-ml.so.1 found on this host; the NVML sampler is optional")
     assert "driver is not loaded" in ns.unavailable_message(pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
     assert "/dev/nvidia" in ns.unavailable_message(pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION))
+
+
+# -- a folder that cannot take the samples --------------------------------------------------------
+
+
+def test_a_folder_that_cannot_be_made_is_one_line_and_exit_5(fake_lib: Path, tmp_path: Path) -> None:
+    """The output folder cannot be made (here a file is in its way; read-only or forbidden alike):
+    one line naming it and exit 5, no traceback (an OSError traceback and exit 1 before)."""
+    (tmp_path / "out").write_text("a file, not a folder")
+    code = """
+        import sys
+        from gpu_pipeline.lib.nvml_sampler import main_collect_nvml
+        sys.exit(main_collect_nvml(sys.argv[1], 0.01, iterations=1, host="nodeR"))
+    """
+    proc = child(code, fake_lib, str(tmp_path / "out"))
+    assert proc.returncode == ns.EXIT_NOT_WRITTEN == 5, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("gpu-pipeline collect nvml: cannot write") and str(tmp_path / "out") in line
+
+
+def test_lost_samples_are_not_success(fake_lib: Path, tmp_path: Path) -> None:
+    """Every flush fails (a full disk): the summary counts the samples lost and the exit code is 5,
+    so that systemd or cron sees the loss (it exited 0)."""
+    code = """
+        import errno, json, sys
+        from gpu_pipeline.lib import nvml_sampler as ns
+        def full(table, target):
+            raise OSError(errno.ENOSPC, "No space left on device", str(target))
+        ns.write_parquet_atomic = full
+        sys.exit(ns.main_collect_nvml(sys.argv[1], 0.01, iterations=4, flush_every=2, host="nodeF"))
+    """
+    proc = child(code, fake_lib, str(tmp_path / "out"))
+    assert proc.returncode == ns.EXIT_NOT_WRITTEN, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["samples_lost"] > 0 and summary["flush_errors"] > 0
+    assert "sample(s) could not be written" in proc.stderr
