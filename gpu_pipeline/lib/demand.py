@@ -440,7 +440,7 @@ pool_idle AS (
     SELECT h_start, cluster, sample_utc, {idle} AS idle FROM pools GROUP BY h_start, cluster, sample_utc
 ),
 per_scrape AS (
-    SELECT h_start, cluster, sample_utc,
+    SELECT k.h_start, k.cluster, k.sample_utc,
         {pending_gpus} AS pending_gpus,
         {pending_wl} AS pending_wl,
         {usage} AS usage,
@@ -449,8 +449,9 @@ per_scrape AS (
         {wait_sum} AS wait_sum,
         {wait_n} AS wait_n
     FROM k
-    LEFT JOIN pool_idle pi USING (h_start, cluster, sample_utc)
-    GROUP BY h_start, cluster, sample_utc
+    LEFT JOIN pool_idle pi  -- a cluster may be NULL (none configured): IS NOT DISTINCT FROM, not USING
+      ON pi.h_start = k.h_start AND pi.sample_utc = k.sample_utc AND pi.cluster IS NOT DISTINCT FROM k.cluster
+    GROUP BY k.h_start, k.cluster, k.sample_utc
 ),
 -- each cluster's hour: the mean over its scrapes (clusters are scraped at their own instants)
 per_cluster AS (

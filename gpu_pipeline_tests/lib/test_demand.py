@@ -265,7 +265,8 @@ def _kueue_hour(rows: list[dict]) -> dict:
     return row
 
 
-def test_kueue_borrowing_within_a_cohort_uses_the_lent_quota_up():
+@pytest.mark.parametrize("cluster", ["k8s", None])  # None: no cluster configured, the default
+def test_kueue_borrowing_within_a_cohort_uses_the_lent_quota_up(cluster):
     """cq-a owns 8 GPUs and uses none; cq-b, in its cohort, owns none and borrows all 8: no GPU is
     idle (summing max(quota - usage, 0) per queue counted 8 idle and 8 busy of 8). A queue outside
     the cohort keeps its own idle quota."""
@@ -273,7 +274,7 @@ def test_kueue_borrowing_within_a_cohort_uses_the_lent_quota_up():
     rows = []
     for cq, cohort, quota, usage, pending in (("cq-a", "team", 8.0, 0.0, 0.0), ("cq-b", "team", 0.0, 8.0, 4.0),
                                               ("cq-c", None, 2.0, 0.0, 0.0)):
-        base = dict(sample_utc=t, cluster="k8s", scope="cluster_queue", cluster_queue=cq, cohort=cohort)
+        base = dict(sample_utc=t, cluster=cluster, scope="cluster_queue", cluster_queue=cq, cohort=cohort)
         rows += [dict(base, kind="resource", resource="nvidia.com/gpu", resource_pending=pending),
                  dict(base, kind="resource", resource="nvidia.com/gpu", flavor="a100", resource_usage=usage,
                       nominal_quota=quota)]
@@ -289,7 +290,7 @@ def test_kueue_demand_without_the_pending_resources_metric(pending):
     is DCR 0, never the cap (least() skipped the null: 1e6 and Critical)."""
     rows = []
     for m in range(0, 60, 5):
-        base = dict(sample_utc=at(10, m), cluster="k8s", scope="cluster_queue", cluster_queue="cq")
+        base = dict(sample_utc=at(10, m), cluster=None, scope="cluster_queue", cluster_queue="cq")
         rows += [dict(base, kind="queue", status="active", pending_workloads=pending),
                  dict(base, kind="queue", status="inadmissible", pending_workloads=0),
                  dict(base, kind="resource", resource="nvidia.com/gpu", flavor="a100", resource_usage=0.0,
