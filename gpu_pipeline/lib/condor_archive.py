@@ -561,11 +561,12 @@ def _read_parquet(path: Path, lo: str, hi: str, source_tz: str) -> tuple[pa.Tabl
             raise ArchiveError(f"{path}: archive lacks required columns {missing_req}")
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
         select = ", ".join(_q(c) for c in wanted)
-        if types["timestamp"] == "TIMESTAMP WITH TIME ZONE":
+        kind = types["timestamp"]
+        if "WITH TIME ZONE" in kind or kind.startswith("TIMESTAMPTZ"):  # microseconds, or pandas' nanoseconds
             local = "timezone(?, \"timestamp\")"
             text = "strftime(timezone('UTC', \"timestamp\"), '%Y-%m-%d %H:%M:%S.%f') || '+00:00'"
             zone = [source_tz]
-        elif types["timestamp"] == "VARCHAR":  # text, compared and read as the SQLite files' text is
+        elif kind == "VARCHAR":  # text, compared and read as the SQLite files' text is
             local = text = '"timestamp"'
             zone = []
         else:

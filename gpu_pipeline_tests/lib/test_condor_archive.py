@@ -118,7 +118,8 @@ def test_parquet_monthly_archive_is_read_like_sqlite(tmp_path):
     assert read.table.column("snapshot_utc").to_pylist() == [dt.datetime(2025, 8, 2, 0, 10, tzinfo=UTC)]
 
 
-def test_a_time_zone_aware_parquet_timestamp_is_its_instant(tmp_path):
+@pytest.mark.parametrize("unit", ["us", "ns"])  # pandas 2 writes an aware column in nanoseconds
+def test_a_time_zone_aware_parquet_timestamp_is_its_instant(tmp_path, unit):
     """pandas writes an aware column as ``timestamp[us, tz=UTC]``: those are instants, not local
     times to localize again (read as Chicago local time they came out 5 hours late). A day's window
     in the archive's zone takes the rows of that local day."""
@@ -126,7 +127,7 @@ def test_a_time_zone_aware_parquet_timestamp_is_its_instant(tmp_path):
 
     instants = [dt.datetime(2025, 8, 5, h, 0, 1, tzinfo=UTC) for h in (4, 6, 12, 18)]  # 04:00Z: Aug 4 CDT
     rows = {"Name": ["slot1@h"] * 4, "AssignedGPUs": ["GPU-aaaaaaaa"] * 4, "State": ["Unclaimed"] * 4,
-            "Machine": ["h"] * 4, "timestamp": pa.array(instants, pa.timestamp("us", tz="UTC"))}
+            "Machine": ["h"] * 4, "timestamp": pa.array(instants, pa.timestamp(unit, tz="UTC"))}
     pq.write_table(pa.table(rows), tmp_path / "gpu_state_2025-08.parquet")
     start, end = day_window("2025-08-05", "America/Chicago")
     read = read_window(tmp_path, start, end, "America/Chicago")
