@@ -160,6 +160,9 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
     (``jobs._outside_window``). The others are normalized over columns where they take the plain way
     through the row rules (``jobs_fast.fast_rows``), else one by one; the rows are the same."""
     window_s = (math.floor(start_utc.timestamp()), math.ceil(end_utc.timestamp()))
+    # each document's place in the input: the items are normalized in it (a tie of record times is
+    # broken by it: the later read wins, as without the window)
+    raw = raw.append_column("_row", pa.array(range(raw.num_rows), pa.int64()))
     outside, job_ids = outside_window_ids(_readable(raw), window_s)
     skipped_early = int(outside.sum())
     early = raw.slice(0, 0).append_column("_job_id", pa.array([], pa.string()))
@@ -184,7 +187,9 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
         part = raw.filter(pc.equal(sources, source)) if len(names) > 1 else raw
         fast = fast_rows(_readable(part), source, window_s)
         items: list[tuple] = []
-        for i, r in enumerate(part.select(["origin", "position", "doc_json", "parse_error"]).to_pylist()):
+        rows: list[int] = []
+        for i, r in enumerate(part.select(["origin", "position", "doc_json", "parse_error", "_row"]).to_pylist()):
+            rows.append(r["_row"])
             doc: object = r["doc_json"]
             error, fingerprint, j = r["parse_error"], None, int(fast.index[i])
             if error is None:
@@ -196,8 +201,11 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
                     error = f"invalid_json: {exc.msg} (column {exc.colno})"
             items.append((r["origin"], r["position"], doc, error, fingerprint, j))
         aside = early.filter(pc.equal(early.column("source"), source))
-        for r in aside.select(["origin", "position", "doc_json", "_job_id"]).to_pylist():
+        for r in aside.select(["origin", "position", "doc_json", "_job_id", "_row"]).to_pylist():
+            rows.append(r["_row"])
             items.append((r["origin"], r["position"], r["doc_json"], None, None, -1, True, r["_job_id"]))
+        if aside.num_rows:
+            items = [item for _, item in sorted(zip(rows, items, strict=True), key=lambda pair: pair[0])]
         by_source[source] = (items, fast)
 
     tables, quarantined, reasons = [], [], Counter()

@@ -615,11 +615,12 @@ def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | 
     duplicates = skipped = 0
     n_in = 0
     best: dict[tuple, tuple[tuple, dict | int, _Item]] = {}
-    order = 0
-    held: list[_Item] = []  # skipped as outside the window
+    held: list[tuple[int, _Item]] = []  # skipped as outside the window, with their place in the input
 
-    def take(item: _Item, outside: bool) -> None:
-        nonlocal duplicates, order, skipped
+    def take(item: _Item, seq: int, outside: bool) -> None:
+        """``seq``: the item's place in the input, which breaks a tie of record times (the later
+        read wins), the same for a held item as had it not been held."""
+        nonlocal duplicates, skipped
         i = item.fast_index
         if outside and i < 0 and isinstance(item.doc, str):
             try:
@@ -648,8 +649,7 @@ def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | 
                     quarantine.append(QuarantinedDoc(item.origin, item.position, f"bad_value: {exc}", item.doc))
                 return
             key, record = (row["global_job_id"], row["run_index"], row["doc_kind"]), row["record_utc"]
-        order += 1
-        rank = (record if record is not None else -(2**63), order)
+        rank = (record if record is not None else -(2**63), seq)
         prev = best.get(key)
         if outside and (prev is None or rank <= prev[0]):
             return  # supersedes nothing this window keeps: left skipped
@@ -680,14 +680,14 @@ def _normalize(items: Iterable[_Item], source: str, window_s: tuple[int, int] | 
         if item.outside or (window_s is not None
                             and (fast.outside[i] if i >= 0 else _outside_window(item.doc, *window_s))):
             skipped += 1
-            held.append(item)
+            held.append((n_in, item))
             continue
-        take(item, outside=False)
+        take(item, n_in, outside=False)
     if held and best:
         kept = {key[0] for key in best}
-        for item in held:
+        for seq, item in held:
             if _held_job_id(item, fast) in kept:
-                take(item, outside=True)
+                take(item, seq, outside=True)
     rows = [best[k][1] for k in sorted(best)]
     return NormalizeResult(table=_rows_table(rows, fast), quarantine=quarantine, duplicates=duplicates,
                            docs_in=n_in, skipped_outside_window=skipped)

@@ -436,6 +436,32 @@ def test_a_later_record_outside_the_day_still_supersedes_a_stale_one(tmp_path, m
     assert (got.docs_in, got.outside_window) == (4, 1 if mode == "full" else 2)
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_tie_of_record_times_is_broken_by_the_input_order_with_the_window_too(tmp_path, monkeypatch, skip):
+    """The final record (completed the day before) read first and a running snapshot read second,
+    with one record time: the later read wins, with the window as without it (the record kept aside
+    took its place after every document in the window, and won)."""
+    import datetime as dt
+
+    import numpy as np
+
+    from gpu_pipeline.lib import job_source
+    from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
+
+    s0 = int(dt.datetime(2025, 8, 3, 10, tzinfo=dt.UTC).timestamp())
+    common = {"GlobalJobId": "ap1#7.0#1754200000", "ClusterId": 7, "ProcId": 0, "QDate": s0 - 600,
+              "JobCurrentStartDate": s0, "NumJobStarts": 1, "StartdName": "gpu01", "RecordTime": s0 + 7200}
+    (tmp_path / "jobs_2025-08-03.ndjson").write_text(
+        json.dumps({**common, "JobStatus": 4, "CompletionDate": s0 + 7200}) + "\n"
+        + json.dumps({**common, "JobStatus": 2}) + "\n")
+    start, end = dt.datetime(2025, 8, 4, tzinfo=dt.UTC), dt.datetime(2025, 8, 5, tzinfo=dt.UTC)
+    if not skip:
+        monkeypatch.setattr(job_source, "outside_window_ids",
+                            lambda texts, w: (np.zeros(len(texts), bool), pa.nulls(len(texts), pa.string())))
+    got = clean_job_documents(raw_docs_from_files(tmp_path, start, end).table, start, end)
+    assert got.table.column("job_status").to_pylist() == [2]
+
+
 def test_only_documents_that_cannot_overlap_are_skipped():
     import json
 
