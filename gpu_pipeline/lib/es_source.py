@@ -112,9 +112,9 @@ class EsConfig:
         object.__setattr__(self, "hosts", tuple(clean))
         # a secret read from a file (a Kubernetes secret made --from-file) ends in a newline, which
         # no HTTP header may hold: the client's error would print the header, key and all
-        object.__setattr__(self, "username", user.strip() if isinstance(user, str) else user)
-        object.__setattr__(self, "password", password.strip() if isinstance(password, str) else password)
-        if isinstance(self.api_key, str):
+        object.__setattr__(self, "username", user.rstrip("\r\n") if isinstance(user, str) else user)
+        object.__setattr__(self, "password", password.rstrip("\r\n") if isinstance(password, str) else password)
+        if isinstance(self.api_key, str):  # a key is base64 (or id:key): no white space of its own
             object.__setattr__(self, "api_key", self.api_key.strip() or None)
         if not isinstance(self.page_size, int) or not 1 <= self.page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"EsConfig.page_size must be an integer in 1..{MAX_PAGE_SIZE}, got {self.page_size!r}")
@@ -178,15 +178,22 @@ class _PitExpired(Exception):
 def _strip_userinfo(url: str) -> tuple[str, str | None, str | None]:
     """The host without its user info, and the user and password it held (percent-decoded, as the
     client reads a URL's). A host without a scheme keeps none (the client then refuses it, as it
-    refuses one without credentials: never plain http made up for a password). One that still holds
-    an ``@`` after that (a password with an unencoded ``/``, ``?`` or ``#``) is refused, masked."""
+    refuses one without credentials: never plain http made up for a password). User info that does
+    not parse (a password with an unencoded ``/``, ``?`` or ``#``) is refused, masked."""
     has_scheme = "://" in url
     try:
         parts = urlsplit(url if has_scheme else f"http://{url}")
     except ValueError:
         parts = None
     if parts is None or (parts.username is None and parts.password is None):
-        if "@" in url.split("://", 1)[-1]:  # user info that did not parse: a password would show
+        # user info that did not parse (an unencoded '/', '?' or '#' in the password cuts the
+        # authority short, e.g. to "user:S3cr" whose "port" is no number); an '@' after a proper
+        # host[:port] is the path's
+        try:
+            proper = parts is not None and bool(parts.hostname) and (parts.port is None or parts.port >= 0)
+        except ValueError:
+            proper = False
+        if "@" in url.split("://", 1)[-1] and not proper:
             raise ValueError(f"EsConfig.hosts: cannot read the user info of {_masked_host(url)} "
                              "(percent-encode '/', '?', '#' and '@' in the password, or give it separately)")
         return url, None, None
@@ -197,9 +204,6 @@ def _strip_userinfo(url: str) -> tuple[str, str | None, str | None]:
         netloc = f"{netloc}:{parts.port}"
     rest = urlunsplit(("", netloc, parts.path, parts.query, parts.fragment)).removeprefix("//")
     host = f"{parts.scheme}://{rest}" if has_scheme else rest
-    if "@" in host:
-        raise ValueError(f"EsConfig.hosts: cannot read the user info of {_masked_host(url)} "
-                         "(percent-encode '/', '?', '#' and '@' in the password, or give it separately)")
     user = unquote(parts.username) if parts.username is not None else None
     password = unquote(parts.password) if parts.password is not None else None
     return host, user, password
