@@ -204,6 +204,9 @@ def _strip_userinfo(url: str) -> tuple[str, str | None, str | None]:
         netloc = f"{netloc}:{parts.port}"
     rest = urlunsplit(("", netloc, parts.path, parts.query, parts.fragment)).removeprefix("//")
     host = f"{parts.scheme}://{rest}" if has_scheme else rest
+    if "@" in rest:  # "user:p@ss/w@host": a password with an unencoded '@' and '/' split elsewhere
+        raise ValueError(f"EsConfig.hosts: cannot read the user info of {_masked_host(url)} "
+                         "(percent-encode '/', '?', '#' and '@' in the password, or give it separately)")
     user = unquote(parts.username) if parts.username is not None else None
     password = unquote(parts.password) if parts.password is not None else None
     return host, user, password
