@@ -169,6 +169,7 @@ class FetchResult:
     retries: int  #: requests retried (all passes)
     restarts: int = 0  #: extractions restarted after the point in time expired
     query: dict = field(default_factory=dict)  #: the query sent
+    origins: list[str] = field(default_factory=list)  #: per document its ``<_index>/<_id>``
 
 
 class _PitExpired(Exception):
@@ -444,6 +445,7 @@ def _extract(es: Elasticsearch, cfg: EsConfig, query: dict, r: _Retrier) -> tupl
         raise r._fail("open point in time", None, None, "the response has no point-in-time id")
     try:
         docs: list[dict] = []
+        origins: list[str] = []
         seen: set[tuple] = set()
         total: int | None = None
         max_pages = 0
@@ -497,6 +499,7 @@ def _extract(es: Elasticsearch, cfg: EsConfig, query: dict, r: _Retrier) -> tupl
                 if not isinstance(src, dict):
                     raise r._fail("search", None, None, f"hit {key[1]!r} has no _source (is _source disabled?)")
                 docs.append(src)
+                origins.append(f"{key[0]}/{key[1]}")
             if len(hits) < cfg.page_size:
                 break
             after = hits[-1].get("sort")
@@ -512,7 +515,7 @@ def _extract(es: Elasticsearch, cfg: EsConfig, query: dict, r: _Retrier) -> tupl
                 f"fetched {len(docs)} documents but hits.total is {total}; the extraction is incomplete "
                 "or inconsistent",
             )
-        return docs, total, pages
+        return docs, origins, total, pages
     finally:
         try:
             es.close_point_in_time(id=pit_id)
@@ -539,7 +542,7 @@ def fetch_jobs(cfg: EsConfig, start_utc: Any, end_utc: Any, *, client: Elasticse
     try:
         while True:
             try:
-                docs, total, pages = _extract(es, cfg, query, r)
+                docs, origins, total, pages = _extract(es, cfg, query, r)
             except _PitExpired as exc:
                 if restarts >= 1:
                     raise r._fail("search", 404, "search_context_missing_exception", str(exc),
@@ -551,7 +554,7 @@ def fetch_jobs(cfg: EsConfig, start_utc: Any, end_utc: Any, *, client: Elasticse
             logger.info("fetched %d job documents from %s (%s) in %d pages, %d retries, %d restarts",
                         len(docs), cfg.host_label, cfg.index, pages, r.retries, restarts)
             return FetchResult(docs=docs, total=total, pages=pages, retries=r.retries, restarts=restarts,
-                               query=query)
+                               query=query, origins=origins)
     finally:
         if client is None:
             es.close()

@@ -127,7 +127,10 @@ def raw_docs_from_files(
 
 def raw_docs_from_es(cfg: EsConfig, start_utc: dt.datetime, end_utc: dt.datetime) -> RawDocs:
     result = fetch_jobs(cfg, start_utc, end_utc)
-    rows = [("elasticsearch", cfg.index, i, canonical_json(doc), None) for i, doc in enumerate(result.docs)]
+    # each document's origin is its own index and id (a quarantined one can be looked up), not the pattern
+    origins = result.origins or [cfg.index] * len(result.docs)
+    rows = [("elasticsearch", origin, i, canonical_json(doc), None)
+            for i, (origin, doc) in enumerate(zip(origins, result.docs, strict=True))]
     return RawDocs(
         table=_raw_table(rows), es_total=result.total, es_pages=result.pages, es_retries=result.retries
     )

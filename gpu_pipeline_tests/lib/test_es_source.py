@@ -358,3 +358,18 @@ def test_config_validation_and_query_shape():
         fetch_jobs(EsConfig(), END, START)
     with pytest.raises(ValueError):
         fetch_jobs(EsConfig(), dt.datetime(2025, 8, 6), END)
+
+
+def test_a_documents_origin_is_its_index_and_id(es, docs):
+    """Each raw document names the index and id it came from (with an index pattern, the pattern
+    named every one, and a quarantined document could not be looked up)."""
+    from gpu_pipeline.lib.job_source import raw_docs_from_es
+
+    raw = raw_docs_from_es(cfg(es, index="adstash-*"), START, END).table
+    origins = raw.column("origin").to_pylist()
+    assert len(origins) == len(expected_ids(docs, S, E)) == len(set(origins))
+    assert all(o.startswith(f"{INDEX}/") for o in origins)
+    # the stand-in numbers its documents doc-1, doc-2 ... in the order they were indexed
+    for origin, text in zip(origins, raw.column("doc_json").to_pylist(), strict=True):
+        n = int(origin.rsplit("/doc-", 1)[1])
+        assert json.loads(text)["GlobalJobId"] == docs[n - 1]["GlobalJobId"]
