@@ -378,6 +378,7 @@ class _Client:
         self.rng = random.Random()
         self.retries = 0
         self.requests = 0
+        self.warnings = 0  #: warnings of successful responses (e.g. partial data from a remote store)
 
     def _fail(self, url: str, status: int | None, etype: str | None, error: str | None, attempts: int,
               hint: str = "", query: str | None = None) -> PrometheusError:
@@ -467,6 +468,7 @@ class _Client:
         if doc.get("status") != "success":
             raise self._fail(url, status, doc.get("errorType"), doc.get("error"), attempts, query=query)
         for w in doc.get("warnings") or ():
+            self.warnings += 1
             logger.warning("Prometheus warning for GET %s: %s", url, w)
         return doc
 
@@ -556,7 +558,8 @@ def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.
     "prometheus"``), sorted by (sample_utc, host, gpu_id). See the module docstring.
 
     Counters: ``queries`` (HTTP range queries), ``chunks`` (per metric), ``series``, ``points``,
-    ``non_finite_values`` (NaN / +-Inf read as null), ``retries``, ``rows_without_host``, plus the
+    ``non_finite_values`` (NaN / +-Inf read as null), ``retries``, ``warnings`` (of responses that
+    succeeded, e.g. partial data), ``rows_without_host``, plus the
     text parser's pivot counters (``samples``, ``duplicate_samples``, ``conflicting_samples``,
     ``samples_without_uuid``, ``blank_values``, ``nan_values`` ...)."""
     chunks = plan_chunks(start_utc, end_utc, cfg.step_s, cfg.max_points_per_query)
@@ -598,6 +601,7 @@ def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.
     columns["source"] = ["prometheus"] * n
     extra["rows_without_host"] = sum(1 for h in columns["host"] if h is None)
     extra["retries"] = client.retries
+    extra["warnings"] = client.warnings  # a response may be partial: counted, not only logged
     counters = pivot.counters
     counters.update(extra)
     return _finish(columns, [], counters, [cfg.base_url])

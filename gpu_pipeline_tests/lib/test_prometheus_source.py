@@ -405,6 +405,18 @@ def test_retries_5xx_and_429_then_succeeds() -> None:
     assert q.startswith("/api/v1/query_range?query=DCGM_FI_DEV_GPU_UTIL&start=1699999980&end=1700000010&step=30&timeout=30")
 
 
+def test_warnings_of_a_partial_response_are_counted() -> None:
+    """A successful response may carry warnings (e.g. a remote store that answered in part): the
+    rows are read and the warnings counted in the result, not only logged."""
+    def script(h: BaseHTTPRequestHandler, n: int) -> None:
+        reply(h, 200, {**MATRIX, "warnings": ["remote store store-2 unavailable: partial result",
+                                              "another warning"]})
+
+    with StandIn(script) as s:
+        res = fetch_dcgm_range(PrometheusConfig(base_url=s.url, **ONE_METRIC), *WINDOW, sleep=lambda _: None)
+    assert res.counters["warnings"] == 2 and res.table.num_rows == 2
+
+
 def test_gives_up_after_max_retries_with_the_error_body() -> None:
     def script(h: BaseHTTPRequestHandler, n: int) -> None:
         reply(h, 503, {"status": "error", "errorType": "timeout", "error": "query timed out in expression evaluation"})
