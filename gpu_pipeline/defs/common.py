@@ -222,17 +222,20 @@ class SelectedStore:
         return getattr(self._store, name)
 
 
-def gate_check(spec: dg.AssetCheckSpec, bad_days: list[str] | dict[str, Any], outcomes: list[DayOutcome],
-               enabled: bool = True, **metadata: Any) -> dg.AssetCheckResult:
-    """A blocking check over the run's days (``spec`` is declared ``blocking``): it fails when a day
-    fails it (``bad_days``, a list or a dict by day, in the metadata), with severity ERROR -- which
-    stops downstream -- when every day of the run does, and WARN when only some do. One result
-    stands for the whole range, so an ERROR for one bad day would stop every good day of a backfill
-    downstream; a warned day goes on (an empty day gives empty tables and a "No data" figure)."""
-    failed = enabled and bool(bad_days)
-    every_day = failed and len(bad_days) >= len({o.day for o in outcomes})
-    md = {k: dg.MetadataValue.json(v) if isinstance(v, list | dict) else v for k, v in metadata.items()}
-    md["stops_downstream"] = bool(every_day)
+def gate_check(spec: dg.AssetCheckSpec, outcomes: list[DayOutcome], label: str,
+               bad_days: list[str] | dict[str, Any], *, applies: bool = True, **metadata: Any
+               ) -> dg.AssetCheckResult:
+    """A blocking check over the run's days (``spec`` is declared ``blocking``): when it ``applies``,
+    it fails when a day fails it (``bad_days``, a list or a dict by day, in the metadata as
+    ``label``), with severity ERROR -- which stops downstream -- when every day of the run does, and
+    WARN when only some do. One result stands for the whole range, so an ERROR for one bad day would
+    stop every good day of a backfill downstream; a warned day goes on (an empty day gives empty
+    tables and a "No data" figure)."""
+    failed = applies and bool(bad_days)
+    every_day = failed and len(bad_days) >= len(outcomes)
+    md = {k: dg.MetadataValue.json(v) if isinstance(v, list | dict) else v
+          for k, v in {**metadata, label: bad_days}.items()}
+    md["stops_downstream"] = every_day
     return dg.AssetCheckResult(check_name=spec.name, asset_key=spec.asset_key, passed=not failed,
                                severity=dg.AssetCheckSeverity.ERROR if every_day else dg.AssetCheckSeverity.WARN,
                                metadata=md)

@@ -562,18 +562,16 @@ def _read_parquet(path: Path, lo: str, hi: str, source_tz: str) -> tuple[pa.Tabl
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
         select = ", ".join(_q(c) for c in wanted)
         kind = types["timestamp"]
+        # (local time to compare with the window's bounds, its text, the bound, the local's parameters)
         if "WITH TIME ZONE" in kind or kind.startswith("TIMESTAMPTZ"):  # microseconds, or pandas' nanoseconds
-            local = "timezone(?, \"timestamp\")"
-            text = "strftime(timezone('UTC', \"timestamp\"), '%Y-%m-%d %H:%M:%S.%f') || '+00:00'"
-            zone = [source_tz]
+            local, text, bound, zone = ('timezone(?, "timestamp")',
+                                        "strftime(timezone('UTC', \"timestamp\"), '%Y-%m-%d %H:%M:%S.%f') || '+00:00'",
+                                        "CAST(? AS TIMESTAMP)", [source_tz])
         elif kind == "VARCHAR":  # text, compared and read as the SQLite files' text is
-            local = text = '"timestamp"'
-            zone = []
+            local, text, bound, zone = '"timestamp"', '"timestamp"', "?", []
         else:
             local = 'CAST("timestamp" AS TIMESTAMP)'
-            text = f"strftime({local}, '%Y-%m-%d %H:%M:%S.%f')"
-            zone = []
-        bound = "?" if local == text else "CAST(? AS TIMESTAMP)"
+            text, bound, zone = f"strftime({local}, '%Y-%m-%d %H:%M:%S.%f')", "CAST(? AS TIMESTAMP)", []
         tbl = con.sql(
             f"""SELECT file_row_number AS source_rowid, {text} AS timestamp_local, {select}
                 FROM read_parquet(?, file_row_number=true)

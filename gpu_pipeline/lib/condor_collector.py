@@ -81,7 +81,6 @@ import os
 import re
 import socket
 import sqlite3
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -93,6 +92,7 @@ import classad2
 
 from gpu_pipeline.lib import condor_archive
 from gpu_pipeline.lib.envutil import scoped_env
+from gpu_pipeline.lib.store import new_file
 
 log = logging.getLogger(__name__)
 
@@ -800,11 +800,10 @@ def _create_new(path: Path, rows: Sequence[Mapping], ts_text: str, busy_timeout_
 
 
 def _create_new_file(path: Path, rows: Sequence[Mapping], ts_text: str, busy_timeout_s: float) -> None:
-    # a name of its own (two writers of one PID, e.g. containers sharing a volume, must not share it)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    # a name of its own (two writers of one PID, e.g. containers sharing a volume, must not share
+    # it); SQLite takes the empty file for an empty database
+    fd, tmp = new_file(path.parent, f".{path.name}.partial-")
     os.close(fd)
-    tmp = Path(name)
-    tmp.unlink()  # SQLite makes the file itself, with the mode the umask gives
     try:
         con = _connect(tmp, busy_timeout_s)
         try:

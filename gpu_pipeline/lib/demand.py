@@ -74,14 +74,13 @@ with it; the seed's min-max normalization over the frame made days incomparable)
 
 Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
     From ``clean/kueue_demand`` rows of the window, per scrape summed over ClusterQueues, per hour
-    the mean over a cluster's scrapes, summed over clusters: demand = ``resource_pending`` of
-    ``nvidia.com/gpu`` (else pending workloads x
+    the mean over a cluster's scrapes (the time-weighted mean for a regular scrape interval), summed
+    over clusters: demand = ``resource_pending`` of ``nvidia.com/gpu`` (else pending workloads x
     ``kueue_gpus_per_workload`` when the caller knows it; 0 with no pending workload, else unknown:
     null, and DCR 0), pending_jobs = pending workloads (active + inadmissible), capacity per flavor:
     total = nominal quota, busy = usage, idle = max(quota - usage, 0) per pool a quota can be lent
     in (the ClusterQueues of a cohort together, a queue without a cohort alone), so that a queue
-    borrowing another's unused quota uses it up. Hour values are the mean over the scrapes in the hour (the
-    time-weighted mean for a regular scrape interval); ``mean_wait_s`` = admission wait of the
+    borrowing another's unused quota uses it up; ``mean_wait_s`` = admission wait of the
     workloads admitted in the hour (count-weighted interval means).
 
 Top contributors (``metrics/demand_top_contributors``): per window (day), the idle GPU-hours by

@@ -190,13 +190,8 @@ def _strip_userinfo(url: str) -> tuple[str, str | None, str | None]:
         # user info that did not parse (an unencoded '/', '?' or '#' in the password cuts the
         # authority short, e.g. to "user:S3cr" whose "port" is no number); an '@' after a proper
         # host[:port] is the path's
-        try:
-            proper = parts is not None and bool(parts.hostname) and (parts.port is None or parts.port >= 0)
-        except ValueError:
-            proper = False
-        if "@" in url.split("://", 1)[-1] and not proper:
-            raise ValueError(f"EsConfig.hosts: cannot read the user info of {_masked_host(url)} "
-                             "(percent-encode '/', '?', '#' and '@' in the password, or give it separately)")
+        if "@" in url.split("://", 1)[-1] and not _proper_authority(parts):
+            raise _unreadable_userinfo(url)
         return url, None, None
     netloc = parts.hostname or ""
     if ":" in netloc:  # IPv6
@@ -206,18 +201,26 @@ def _strip_userinfo(url: str) -> tuple[str, str | None, str | None]:
     rest = urlunsplit(("", netloc, parts.path, parts.query, parts.fragment)).removeprefix("//")
     host = f"{parts.scheme}://{rest}" if has_scheme else rest
     if "@" in rest:  # "user:p@ss/w@host": a password with an unencoded '@' and '/' split elsewhere
-        raise ValueError(f"EsConfig.hosts: cannot read the user info of {_masked_host(url)} "
-                         "(percent-encode '/', '?', '#' and '@' in the password, or give it separately)")
+        raise _unreadable_userinfo(url)
     user = unquote(parts.username) if parts.username is not None else None
     password = unquote(parts.password) if parts.password is not None else None
     return host, user, password
 
 
-def _masked_host(url: str) -> str:
-    """``url`` with everything before its last ``@`` (where user info would be) masked."""
+def _proper_authority(parts) -> bool:  # noqa: ANN001 - a urllib SplitResult or None
+    """Whether a split URL names a host and, if any, a numeric port."""
+    try:
+        return parts is not None and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:  # a "port" that is no number
+        return False
+
+
+def _unreadable_userinfo(url: str) -> ValueError:
+    """The error for a host whose user info does not parse, the URL masked up to its last ``@``."""
     scheme, sep, rest = url.rpartition("://")
-    after = rest.rsplit("@", 1)[-1]
-    return f"{scheme}{sep}{_MASK}@{after}" if "@" in rest else url
+    masked = f"{scheme}{sep}{_MASK}@{rest.rsplit('@', 1)[-1]}"
+    return ValueError(f"EsConfig.hosts: cannot read the user info of {masked} "
+                      "(percent-encode '/', '?', '#' and '@' in the password, or give it separately)")
 
 
 def _redact(text: str, cfg: EsConfig) -> str:

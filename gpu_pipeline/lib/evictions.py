@@ -324,8 +324,8 @@ cadence AS (
 {jr_sql},
 {sn_sql},
 -- device and host tier: one cheap aggregate over the states (host and device are constant per
--- GPU and day); the host's tier by the rule the rates use ({host_tier_rule}) over the day's rows,
--- else over the previous day's (a host seen only before midnight)
+-- GPU and day); the host's tier by the rule the rates use (_host_tier) over the day's rows, else
+-- over the previous day's (a host seen only before midnight)
 gpu_info AS (
     SELECT gpu_id, arg_max(host, bucket_start_utc) AS host, max(device_name) AS device_name,
            bool_or(tier = 'priority') FILTER (WHERE bucket_start_utc >= params.s) AS day_priority,
@@ -335,9 +335,7 @@ gpu_info AS (
 ),
 host_info AS (
     SELECT host,
-           coalesce(CASE WHEN bool_or(day_priority) THEN 'priority' WHEN bool_or(day_shared) THEN 'shared' END,
-                    CASE WHEN bool_or(any_priority) THEN 'priority' WHEN bool_or(any_shared) THEN 'shared' END)
-               AS tier_of_host,
+           coalesce({day_tier}, {any_tier}) AS tier_of_host,
            max(device_name) AS device_name
     FROM gpu_info GROUP BY host
 ),
@@ -480,7 +478,8 @@ def compute_evictions(
     try:
         sql = _MERGE_SQL.format(jr_sql=_JOB_EVICTIONS_SQL.strip(), sn_sql=_SNAPSHOT_EVICTIONS_SQL.strip(),
                                 lost_sum=exact_sum("epoch(evicted_utc) - epoch(started_utc)"),
-                                host_tier_rule="any priority slot: priority, else shared")
+                                day_tier=_host_tier("bool_or(day_priority)", "bool_or(day_shared)"),
+                                any_tier=_host_tier("bool_or(any_priority)", "bool_or(any_shared)"))
         table = con.sql(
             sql,
             params={
@@ -524,15 +523,17 @@ def evictions_from_tables(
         con.close()
 
 
+def _host_tier(any_priority: str, any_shared: str) -> str:
+    """SQL of a host's tier, one rule for the evictions and their rates: priority when any primary
+    slot of the host was prioritized (PrioritizedProjects), else shared."""
+    return f"CASE WHEN {any_priority} THEN 'priority' WHEN {any_shared} THEN 'shared' END"
+
+
 _RATES_SQL = """
 WITH
 params AS (SELECT CAST($start AS TIMESTAMPTZ) AS s, CAST($end AS TIMESTAMPTZ) AS e),
-host_tier AS (  -- the rule of the evictions' tier_of_host: priority when any primary slot of the
-                -- host had PrioritizedProjects in the day, else shared
-    SELECT host,
-           CASE WHEN bool_or(tier = 'priority') THEN 'priority' WHEN bool_or(tier = 'shared') THEN 'shared' END
-               AS tier
-    FROM _rate_states GROUP BY host
+host_tier AS (  -- the rule of the evictions' tier_of_host (_host_tier)
+    SELECT host, {host_tier} AS tier FROM _rate_states GROUP BY host
 ),
 bf AS (
     SELECT st.device_name, ht.tier,
@@ -596,7 +597,8 @@ SELECT device_name, tier, hour_local, evictions, backfill_gpu_hours,
 FROM joined
 WHERE NOT (evictions = 0 AND backfill_gpu_hours = 0 AND NOT (device_name = 'ALL' AND tier = 'ALL' AND all_hours))
 ORDER BY device_name = 'ALL', device_name, tier = 'ALL', tier, hour_local NULLS LAST
-""".format(lost_sum=exact_sum("lost_gpu_hours"))
+""".format(lost_sum=exact_sum("lost_gpu_hours"),
+           host_tier=_host_tier("bool_or(tier = 'priority')", "bool_or(tier = 'shared')"))
 
 
 def compute_eviction_rates(

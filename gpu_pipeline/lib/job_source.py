@@ -159,8 +159,8 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
     Documents of runs that start after the day (the look-ahead files are mostly those) cannot overlap
     it, nor can those of runs that started and completed before it (the files of the day before): they
     are counted as outside the window without being normalized -- recognised from the three dates the
-    rule needs, read by Arrow's JSON reader (``jobs_fast.outside_window``), else after parsing
-    (``jobs._outside_window``). The others are normalized over columns where they take the plain way
+    rule needs, read by Arrow's JSON reader with their GlobalJobId (``jobs_fast.outside_window_ids``),
+    else after parsing (``jobs._outside_window``). The others are normalized over columns where they take the plain way
     through the row rules (``jobs_fast.fast_rows``), else one by one; the rows are the same."""
     window_s = (math.floor(start_utc.timestamp()), math.ceil(end_utc.timestamp()))
     # each document's place in the input: the items are normalized in it (a tie of record times is
@@ -172,13 +172,11 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
     if skipped_early:
         # Those of a job that also has a document in the window are kept aside, unparsed: one may be a
         # later record of a row the day keeps (the normalizer reads them only for a job it keeps).
-        ids = job_ids
-        inside_ids = ids.filter(pa.array(~outside))
-        aside = raw.filter(pa.array(outside)).append_column("_job_id", ids.filter(pa.array(outside)))
+        inside_ids = job_ids.filter(pa.array(~outside))
+        early = raw.filter(pa.array(outside)).append_column("_job_id", job_ids.filter(pa.array(outside)))
         if not inside_ids.null_count:  # else an id was not read: every one is kept aside
-            aside = aside.filter(pc.or_(pc.is_in(aside.column("_job_id"), value_set=inside_ids),
-                                        pc.is_null(aside.column("_job_id"))))
-        early = aside
+            early = early.filter(pc.or_(pc.is_in(early.column("_job_id"), value_set=inside_ids),
+                                        pc.is_null(early.column("_job_id"))))
         raw = raw.filter(pa.array(~outside))
     # The raw text is the document's ``canonical_json`` (what the raw asset writes), so the duplicate
     # check fingerprints the text instead of serializing each parsed document again, and the documents

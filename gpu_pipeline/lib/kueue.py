@@ -271,28 +271,14 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None
     return lower + (upper - lower) * (rank - prev) / in_bucket
 
 
-class ScrapeText(str):
-    """A scrape's text, read already (a plain ``str`` without a newline is taken for a path: an empty
-    or one-line scrape is text only as this), with the file it was read from."""
-
-    source_file: str | None
-
-    def __new__(cls, text: str, source_file: str | None = None) -> ScrapeText:
-        made = super().__new__(cls, text)
-        made.source_file = source_file
-        return made
-
-
 def _text(path_or_text: str | Path) -> tuple[str, str | None]:
-    if isinstance(path_or_text, ScrapeText):
-        return str(path_or_text), path_or_text.source_file
+    """The scrape's text and the file it was read from: a ``Path`` is read, a ``str`` is the text
+    (an empty or one-line scrape is text too: guessing a path from the missing newline read the
+    metric line as a file name)."""
     if isinstance(path_or_text, Path):
         return path_or_text.read_text(encoding="utf-8", errors="replace"), str(path_or_text)
     if not isinstance(path_or_text, str):
         raise TypeError(f"expected a path or text, got {type(path_or_text).__name__}")
-    if "\n" not in path_or_text:
-        p = Path(path_or_text)
-        return p.read_text(encoding="utf-8", errors="replace"), str(p)
     return path_or_text, None
 
 
@@ -398,9 +384,9 @@ _MAX_PLANS = 100_000
 def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, cluster: str | None = None,
                        source_file: str | None = None, by_priority_class: bool = False,
                        parser: SeriesParser | None = None) -> KueueScrape:
-    """Parse one Kueue ``/metrics`` scrape taken at ``sample_utc``. A ``str`` without a newline is a
-    file path. ``parser`` (shared by the scrapes of a series) keeps the parsed series between calls.
-    See the module docstring."""
+    """Parse one Kueue ``/metrics`` scrape taken at ``sample_utc``: a ``Path`` to read, or the text.
+    ``parser`` (shared by the scrapes of a series) keeps the parsed series between calls. See the
+    module docstring."""
     text, path = _text(path_or_text)
     src = source_file if source_file is not None else path
     scrape = KueueScrape(_utc(sample_utc, "sample_utc"), cluster, src)
@@ -568,13 +554,14 @@ def _interval(before: _Prev, at: dt.datetime, h: _Hist, counters: Counter[str]) 
     return out
 
 
-def parse_kueue_scrapes(items: Iterable[tuple[dt.datetime, str | Path]], *, cluster: str | None = None,
+def parse_kueue_scrapes(items: Iterable[tuple], *, cluster: str | None = None,
                         by_priority_class: bool = False) -> KueueResult:
-    """``kueue_demand`` rows of ``(sample_utc, path or text)`` scrapes of one cluster."""
+    """``kueue_demand`` rows of ``(sample_utc, path or text[, source file])`` scrapes of one cluster."""
     parser = SeriesParser()
     return kueue_demand(
-        parse_kueue_scrape(src, at, cluster=cluster, by_priority_class=by_priority_class, parser=parser)
-        for at, src in items
+        parse_kueue_scrape(src, at, cluster=cluster, source_file=next(iter(rest), None),
+                           by_priority_class=by_priority_class, parser=parser)
+        for at, src, *rest in items
     )
 
 
@@ -585,7 +572,6 @@ __all__ = [
     "KueueMetric",
     "KueueResult",
     "KueueScrape",
-    "ScrapeText",
     "histogram_quantile",
     "kueue_demand",
     "parse_kueue_scrape",

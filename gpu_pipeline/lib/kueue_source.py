@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpu_pipeline.lib.kueue import KUEUE_DEMAND, ScrapeText, parse_kueue_scrapes
+from gpu_pipeline.lib.kueue import KUEUE_DEMAND, parse_kueue_scrapes
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
 RAW_KUEUE_SCRAPES = TableSpec(
@@ -71,9 +71,7 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
     if raw.num_rows == 0:
         return KUEUE_DEMAND.empty(), {}
     rows = raw.sort_by("scrape_utc").to_pylist()
-    # the text as text (one without a newline is no path) and the file each row was read from
-    result = parse_kueue_scrapes([(r["scrape_utc"], ScrapeText(r["text"] or "", r["source_file"])) for r in rows],
-                                 cluster=cluster)
+    result = parse_kueue_scrapes([(r["scrape_utc"], r["text"] or "", r["source_file"]) for r in rows], cluster=cluster)
     first = min(r["scrape_utc"] for r in rows if r["in_window"]) if any(r["in_window"] for r in rows) else None
     table = result.table
     if first is None:

@@ -26,7 +26,7 @@ import io
 import json
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,34 +95,27 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _process_umask() -> int:
-    """The process's umask, read without changing it (``/proc``), else by setting and restoring it
-    (at import, before any thread of ours writes a file)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-#: the mode a file made by open() gets here: a temp file's 0600 would keep analysts out of the store
-_FILE_MODE = 0o666 & ~_process_umask()
+def new_file(folder: Path, prefix: str, suffix: str = "") -> tuple[int, Path]:
+    """A new file of a name of its own in ``folder`` (``<prefix><random><suffix>``), open for writing,
+    with the mode the umask gives a new file, as ``open`` makes one (``tempfile.mkstemp`` makes it
+    0600, which kept other users, the analysts, out of the store)."""
+    for _ in range(100):
+        path = folder / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{folder}: no free name for a new {prefix}*{suffix} file")
 
 
 @contextlib.contextmanager
 def atomic_file(target: Path) -> Iterator[io.BufferedWriter]:
-    """A temp file in ``target``'s directory to write into; when the block ends without error it is
-    flushed, fsynced and renamed over ``target`` (and the directory fsynced), otherwise removed,
-    leaving ``target`` as it was. The file gets the mode the umask gives a new file (``mkstemp``
-    makes it 0600)."""
+    """A temp file in ``target``'s directory to write into (:func:`new_file`); when the block ends
+    without error it is flushed, fsynced and renamed over ``target`` (and the directory fsynced),
+    otherwise removed, leaving ``target`` as it was."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = new_file(target.parent, f".{target.name}.", ".tmp")
     try:
-        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
@@ -332,21 +325,16 @@ class Store:
             atomic_write_bytes(target, png)
         return WriteResult(path=str(target), rows=0, bytes=len(png))
 
-    def drop_other_plot_variants(self, name: str, day: dt.date | str, variants: Iterable[str]) -> list[str]:
+    def drop_other_plot_variants(self, name: str, day: dt.date | str, variants: Iterable[str]) -> None:
         """Remove the day's ``<name>__<variant>.png`` images other than ``variants`` (those a re-run
-        wrote): a device class gone from the day must not leave its image of an earlier run behind.
-        Returns the removed files' names."""
+        wrote): a device class gone from the day must not leave its image of an earlier run behind."""
         keep = {self.plot_file(name, day, v).name for v in variants}
         folder = self.plot_file(name, day).parent
-        prefix = f"{safe_name(name)}__"
-        removed = []
         if folder.is_dir():
             with self._partition_lock(folder):
-                for path in sorted(folder.glob(f"{prefix}*.png")):
+                for path in folder.glob(f"{safe_name(name)}__*.png"):
                     if path.name not in keep:
                         path.unlink(missing_ok=True)
-                        removed.append(path.name)
-        return removed
 
     # -- reading -------------------------------------------------------------------------------
     def has_partition(self, spec: TableSpec, day: dt.date | str) -> bool:

@@ -1199,31 +1199,30 @@ class _DcgmPivot:
             line = raw.strip()
             if not line:
                 continue
-            if line.startswith("#"):
-                reason = _comment_error(line)
-                if reason is not None:
-                    self.quarantine.append(QuarantinedLine(ln, reason, raw.rstrip("\r\n"), self.src))
-                continue
-            fast = self._split(line, series_cache)
+            reason = _comment_error(line) if line.startswith("#") else self._add_line(line, series_cache)
+            if reason is not None:
+                self.quarantine.append(QuarantinedLine(ln, reason, raw.rstrip("\r\n"), self.src))
+
+    def _add_line(self, line: str, series_cache: dict) -> str | None:
+        """Read one sample line; the reason to quarantine it, or None."""
+        fast = self._split(line, series_cache)
+        if isinstance(fast, str):
+            return fast
+        try:
+            if isinstance(fast, tuple):
+                self.sample(*fast)
+                return None
+            # Any other shape: the parser reads the line as it is.
             try:
-                if isinstance(fast, tuple):
-                    name, labels, sig, value, ts = fast
-                    self.sample(name, labels, sig, value, ts)
-                    continue
-                if isinstance(fast, str):
-                    self.quarantine.append(QuarantinedLine(ln, fast, raw.rstrip("\r\n"), self.src))
-                    continue
-                # Any other shape: the parser reads the line as it is.
-                try:
-                    families = list(text_string_to_metric_families(line + "\n"))
-                except Exception as exc:  # anything the parser raises
-                    self.quarantine.append(QuarantinedLine(ln, parser_reason(exc), raw.rstrip("\r\n"), self.src))
-                    continue
-                for family in families:
-                    for sample in family.samples:
-                        self.sample(sample.name, sample.labels, None, sample.value, sample.timestamp)
-            except _BadSample as bad:
-                self.quarantine.append(QuarantinedLine(ln, str(bad), raw.rstrip("\r\n"), self.src))
+                families = list(text_string_to_metric_families(line + "\n"))
+            except Exception as exc:  # anything the parser raises
+                return parser_reason(exc)
+            for family in families:
+                for sample in family.samples:
+                    self.sample(sample.name, sample.labels, None, sample.value, sample.timestamp)
+        except _BadSample as bad:
+            return str(bad)
+        return None
 
     @staticmethod
     def _split(line: str, cache: dict) -> tuple | str | None:

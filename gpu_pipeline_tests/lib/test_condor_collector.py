@@ -679,7 +679,7 @@ def test_a_folder_that_cannot_take_the_months_file_is_an_archive_error(tmp_path,
     def refuse(*args, **kwargs):
         raise OSError(err, os.strerror(err))
 
-    monkeypatch.setattr(cc.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(cc, "new_file", refuse)
     with pytest.raises(cc.ArchiveWriteError, match="cannot create the month's archive") as exc:
         cc.append_snapshot(tmp_path, [{"Name": "slot1@h", "State": "Claimed", "AssignedGPUs": "GPU-aaaa1111"}], T0)
     assert exc.value.transient is (err == errno.ENOSPC)

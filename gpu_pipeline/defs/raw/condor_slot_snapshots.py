@@ -70,5 +70,5 @@ def condor_slot_snapshots(
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("snapshots")]
-    check = gate_check(HAS_SNAPSHOTS, empty, outcomes, days_without_snapshots=empty)
+    check = gate_check(HAS_SNAPSHOTS, outcomes, "days_without_snapshots", empty)
     return materialize_result(SPEC, outcomes, check_results=[check])

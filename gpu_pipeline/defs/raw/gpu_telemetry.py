@@ -75,7 +75,7 @@ def gpu_telemetry(
     empty = [o.day for o in outcomes if not o.metrics.get("samples")]
     low = {d: round(c, 4) for d, c in covs.items() if c < MIN_COVERAGE}
     checks = [
-        gate_check(HAS_SAMPLES, empty, outcomes, telemetry.enabled, days_without_samples=empty),
-        gate_check(COVERAGE, low, outcomes, telemetry.enabled, coverage_by_day=covs, below_threshold=low),
+        gate_check(HAS_SAMPLES, outcomes, "days_without_samples", empty, applies=telemetry.enabled),
+        gate_check(COVERAGE, outcomes, "below_threshold", low, applies=telemetry.enabled, coverage_by_day=covs),
     ]
     return materialize_result(SPEC, outcomes, check_results=checks)

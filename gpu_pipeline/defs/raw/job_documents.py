@@ -63,5 +63,5 @@ def job_documents(
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("documents")]
-    check = gate_check(HAS_DOCUMENTS, empty, outcomes, mode != "off", mode=mode, days_without_documents=empty)
+    check = gate_check(HAS_DOCUMENTS, outcomes, "days_without_documents", empty, applies=mode != "off", mode=mode)
     return materialize_result(SPEC, outcomes, check_results=[check])

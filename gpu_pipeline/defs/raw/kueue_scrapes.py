@@ -47,6 +47,6 @@ def kueue_scrapes(
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("scrapes")]
-    check = gate_check(HAS_SCRAPES, empty, outcomes, kueue.enabled, kueue_enabled=kueue.enabled,
-                       days_without_scrapes=empty)
+    check = gate_check(HAS_SCRAPES, outcomes, "days_without_scrapes", empty, applies=kueue.enabled,
+                       enabled=kueue.enabled)
     return materialize_result(SPEC, outcomes, check_results=[check])
