@@ -81,6 +81,32 @@ def _remember_digest(path: Path, identity: tuple[int, int, int], sha256: str) ->
     _KNOWN_DIGESTS[str(path)] = (identity, sha256)
 
 
+_KNOWN_COLUMNS: dict[str, tuple[tuple[int, int, int], tuple[str, ...]]] = {}
+
+
+def _file_columns(path: Path) -> tuple[str, ...]:
+    """The column names of a Parquet file, from its footer (remembered per file identity)."""
+    identity = _identity(path)
+    known = _KNOWN_COLUMNS.get(str(path))
+    if known is not None and known[0] == identity:
+        return known[1]
+    names = tuple(pq.read_schema(path).names)
+    if len(_KNOWN_COLUMNS) >= _KNOWN_DIGESTS_MAX:
+        _KNOWN_COLUMNS.clear()
+    _KNOWN_COLUMNS[str(path)] = (identity, names)
+    return names
+
+
+def _projection(spec: TableSpec, present: Iterable[str]) -> str:
+    """The table's columns in its order and types, over files of different versions: a column no
+    file has (added after they were written) reads NULL, one the table no longer has is left out."""
+    have = set(present)
+    return ", ".join(
+        f"CAST({_q(f.name) if f.name in have else 'NULL'} AS {_duck_type(f.type)}) AS {_q(f.name)}"
+        for f in spec.schema
+    )
+
+
 def _as_day(day: dt.date | str) -> str:
     if isinstance(day, str):
         return dt.date.fromisoformat(day).isoformat()
@@ -367,6 +393,20 @@ class Store:
         with op one of == != < <= > >=: the filter column is read first, row group by row group, and
         the other columns only of the row groups with a match)."""
         path = self.partition_file(spec, day)
+        names = list(columns) if columns is not None else spec.schema.names
+        have = _file_columns(path)
+        if not set(names) <= set(have) or (where is not None and where[0] not in have):
+            # written by an earlier version, before a column was added: that column reads null
+            # (and a filter on it matches nothing)
+            present = [n for n in names if n in have]
+            dict_present = [d for d in dictionary or () if d in have]
+            if where is not None and where[0] not in have:
+                table = self.read_table(spec, day, present, dict_present).slice(0, 0)
+            else:
+                table = self.read_table(spec, day, present, dict_present, where)
+            return pa.Table.from_arrays(
+                [table[n] if n in have else pa.nulls(table.num_rows, spec.schema.field(n).type) for n in names],
+                names=names)
         if where is not None:
             return _read_where(path, spec, columns, where)
         if dictionary:
@@ -402,15 +442,19 @@ class Store:
         """A DuckDB FROM-clause reading the given days, and its parameter list.
 
         Use as ``con.execute(f"SELECT ... FROM {sql}", params)``. With no file present the
-        relation is empty but still has the table's columns.
+        relation is empty but still has the table's columns. Files written by an earlier version
+        of the table (a column added since) are read by column name, the missing column null.
         """
         files = self.files(spec, days)
         if not files:
-            cols = ", ".join(
-                f"CAST(NULL AS {_duck_type(f.type)}) AS {_q(f.name)}" for f in spec.schema
-            )
-            return f"(SELECT {cols} LIMIT 0)", []
-        return "read_parquet(?, union_by_name=false)", [files]
+            return f"(SELECT {_projection(spec, ())} LIMIT 0)", []
+        present = {_file_columns(Path(f)) for f in files}
+        # exactly the table's columns: no ``date`` column guessed from the date=... folders
+        if present == {tuple(spec.schema.names)}:
+            return "read_parquet(?, union_by_name=false, hive_partitioning=false)", [files]
+        every = set().union(*present)
+        return (f"(SELECT {_projection(spec, every)} FROM read_parquet(?, union_by_name=true, hive_partitioning=false))",
+                [files])
 
 
 _WHERE_OPS = {"==": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater,
@@ -481,14 +525,14 @@ def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
         elif store.partition_days(spec):
             pattern = str(store.table_dir(spec) / "date=*" / PART_FILE).replace("'", "''")
             # DDL cannot take parameters; the pattern comes from our own root path (quoted above).
-            con.execute(
-                f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM "
-                f"read_parquet('{pattern}', hive_partitioning=true)"
-            )
+            # By name over every file: partitions written before a column was added read it null
+            # (by position, the first file's columns would silently win, or a later file fail).
+            scan = f"read_parquet('{pattern}', hive_partitioning=true, union_by_name=true)"
+            present = [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()]
+            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT {_projection(spec, present)}, "
+                        f"CAST(date AS DATE) AS date FROM {scan}")
         else:
-            cols = ", ".join(
-                f"CAST(NULL AS {_duck_type(f.type)}) AS {_q(f.name)}" for f in spec.schema
-            )
-            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT {cols}, CAST(NULL AS DATE) AS date LIMIT 0")
+            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT {_projection(spec, ())}, CAST(NULL AS DATE) AS date "
+                        "LIMIT 0")
         names.append(f"{spec.layer}.{spec.name}")
     return names

@@ -86,6 +86,36 @@ def test_relation_sql_skips_missing_days(data_root):
     assert con.sql(f"SELECT count(*) FROM {sql}", params=params or None).fetchall() == [(0,)]
 
 
+def test_partitions_written_before_a_column_was_added_read_it_as_null(data_root):
+    """An upgrade adds a column: the days written before lack it. Read by name, they give null in
+    it; by position DuckDB took the first file's columns (an old first day dropped the new column
+    from every day) or failed on an old file after a new one."""
+    store = Store(data_root)
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(2).append_column("source_row", pa.array([7, 8])))
+    old = store.read_table(QUARANTINE, "2025-08-06").drop_columns(["source_row"]).slice(0, 1)
+    for day in ("2025-08-05", "2025-08-07"):
+        path = store.partition_file(QUARANTINE, day)
+        path.parent.mkdir(parents=True)
+        pq.write_table(old, path)
+    con = duckdb.connect()
+    for days in (["2025-08-05", "2025-08-06"], ["2025-08-06", "2025-08-07"], ["2025-08-05", "2025-08-07"],
+                 ["2025-08-06"]):
+        sql, params = store.relation_sql(QUARANTINE, days)
+        rows = con.sql(f"SELECT * FROM {sql}", params=params)
+        assert rows.columns == QUARANTINE.schema.names
+        assert sorted(r[3] for r in rows.fetchall() if r[3] is not None) == ([7, 8] if "2025-08-06" in days else [])
+        assert con.sql(f"SELECT count(*) FROM {sql}", params=params).fetchall() == [(len(days) + ("2025-08-06" in days),)]
+    create_catalog(con, store)
+    assert con.sql("SELECT CAST(date AS VARCHAR), source_row FROM quarantine.slot_snapshots ORDER BY 1, 2").fetchall() == [
+        ("2025-08-05", None), ("2025-08-06", 7), ("2025-08-06", 8), ("2025-08-07", None)]
+    t = store.read_table(QUARANTINE, "2025-08-05")
+    assert t.column_names == QUARANTINE.schema.names and t["source_row"].to_pylist() == [None]
+    assert store.read_table(QUARANTINE, "2025-08-05", ["source_row", "reason"]).to_pylist() == [
+        {"source_row": None, "reason": "r"}]
+    assert store.read_table(QUARANTINE, "2025-08-05", ["reason"], where=("source_row", "==", 7)).num_rows == 0
+    assert store.read_table(QUARANTINE, "2025-08-06", ["reason"], where=("source_row", "==", 7)).num_rows == 1
+
+
 def test_object_store_roots_are_refused_clearly():
     with pytest.raises(ValueError, match="only local directories"):
         Store("s3://bucket/prefix")
