@@ -44,10 +44,14 @@ Device class of a job
     demand -- ``ANY`` jobs count only here -- against all capacity).
 
 Capacity (``metrics/gpu_states``, 5-minute buckets)
-    Time-weighted means over the hour (rows x 300 s / hour length): ``idle_gpus`` = GPUs in
-    ``idle_prioritized``, ``idle_shared`` or ``idle_backfill``; ``idle_open_gpus`` = ``idle_shared``
-    + ``idle_backfill`` (capacity open to any job); ``busy_gpus`` = ``busy_*``; ``total_gpus`` =
-    idle + busy (``na`` excluded); ``allocation_pct`` = 100 busy / total.
+    Time-weighted means over the hour's buckets seen in a slot snapshot (rows / seen buckets; a
+    bucket whose GPUs are all ``na`` with reason ``no_snapshot`` is not seen): ``idle_gpus`` = GPUs
+    in ``idle_prioritized``, ``idle_shared`` or ``idle_backfill``; ``idle_open_gpus`` =
+    ``idle_shared`` + ``idle_backfill`` (capacity open to any job); ``busy_gpus`` = ``busy_*``;
+    ``total_gpus`` = idle + busy (``na`` excluded); ``allocation_pct`` = 100 busy / total;
+    ``capacity_coverage`` = seen buckets x 300 s / hour length. A collector outage thus leaves the
+    means of the rest of the hour, and an hour with no snapshot at all has unknown (null)
+    capacity -- not zero GPUs, which would read as demand against no capacity, Critical.
     **Choice:** DCR uses ``idle_gpus``, *including* idle prioritized GPUs: the seed's denominator
     ``allocatable - usage`` counts every unallocated GPU, and the job records include the
     prioritized projects' own jobs, which those GPUs serve (other jobs reach them only as
@@ -56,8 +60,8 @@ Capacity (``metrics/gpu_states``, 5-minute buckets)
 Scores with FIXED scales (so a partition's values never depend on which other days are computed
 with it; the seed's min-max normalization over the frame made days incomparable)
     * ``DCR = demand_gpus / max(idle_gpus, 1e-6)`` capped at :data:`DCR_MAX` = 1e6 (finite);
-      ``zero_idle`` = no idle GPU in the hour, ``dcr_capped`` = the uncapped ratio exceeded the cap
-      (e.g. demand >= 1 GPU with zero idle);
+      ``zero_idle`` = no idle GPU in the hour, ``dcr_capped`` = the uncapped ratio reached the cap
+      (demand >= 1 GPU with zero idle); demand or capacity unknown: DCR, QPS and CIS null;
     * ``norm(DCR) = min(DCR / 4, 1)`` (:data:`DCR_SCALE`);
     * ``norm(pending) = min(demand_gpus / total_gpus, 1)`` -- queued GPUs as a share of the class
       (1 when there is demand and no capacity, 0 when neither);
@@ -70,14 +74,14 @@ with it; the seed's min-max normalization over the frame made days incomparable)
     * ``QPS = 0.6 norm(pending) + 0.4 norm(wait)``;
       ``CIS = 0.5 norm(DCR) + 0.3 norm(gap) + 0.2 QPS``;
     * severity: ``CIS > 0.7 or DCR > 2`` Critical; ``CIS > 0.5 or DCR > 1`` Warning; ``CIS > 0.3``
-      Moderate; else Healthy.
+      Moderate; else Healthy; ``Unknown`` when DCR is null (no reading either way).
 
 Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
     From ``clean/kueue_demand`` rows of the window, per scrape summed over ClusterQueues, per hour
     the mean over a cluster's scrapes (the time-weighted mean for a regular scrape interval), summed
     over clusters: demand = ``resource_pending`` of ``nvidia.com/gpu`` (else pending workloads x
     ``kueue_gpus_per_workload`` when the caller knows it; 0 with no pending workload, else unknown:
-    null, and DCR 0), pending_jobs = pending workloads (active + inadmissible), capacity per flavor:
+    null: DCR null, severity Unknown), pending_jobs = pending workloads (active + inadmissible), capacity per flavor:
     total = nominal quota, busy = usage, idle = max(quota - usage, 0) per pool a quota can be lent
     in (the ClusterQueues of a cohort together, a queue without a cohort alone), so that a queue
     borrowing another's unused quota uses it up; ``mean_wait_s`` = admission wait of the
@@ -116,7 +120,8 @@ ALL_DEVICES = "ALL"
 UNKNOWN_DEVICE = "unknown"
 NO_KEY = "(none)"
 SOURCES: tuple[str, ...] = ("htcondor", "kueue")
-SEVERITIES: tuple[str, ...] = ("Healthy", "Moderate", "Warning", "Critical")
+UNKNOWN_SEVERITY = "Unknown"
+SEVERITIES: tuple[str, ...] = ("Healthy", "Moderate", "Warning", "Critical", UNKNOWN_SEVERITY)
 DIMENSIONS: tuple[str, ...] = ("device_class", "owner", "project", "schedd", "cluster_queue")
 KUEUE_GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -141,26 +146,31 @@ DEMAND_CAPACITY = TableSpec(
             _f("mean_wait_s", pa.float64(), "Mean wait so far of the jobs idle in the hour (Kueue: mean "
                "admission wait of workloads admitted in the hour); null when none"),
             _f("idle_gpus", pa.float64(), "Unclaimed GPUs (idle_prioritized + idle_shared + "
-               "idle_backfill), time-weighted mean", nullable=False),
+               "idle_backfill), time-weighted mean over the hour's buckets seen in a snapshot; null "
+               "when none was (capacity unknown)"),
             _f("idle_open_gpus", pa.float64(), "Idle GPUs open to any job (idle_shared + idle_backfill), "
-               "time-weighted mean", nullable=False),
-            _f("busy_gpus", pa.float64(), "Claimed GPUs (busy_*), time-weighted mean", nullable=False),
-            _f("total_gpus", pa.float64(), "idle + busy GPUs (na excluded), time-weighted mean",
-               nullable=False),
-            _f("allocation_pct", pa.float64(), "100 * busy_gpus / total_gpus (null when total is 0)"),
+               "time-weighted mean (as idle_gpus)"),
+            _f("busy_gpus", pa.float64(), "Claimed GPUs (busy_*), time-weighted mean (as idle_gpus)"),
+            _f("total_gpus", pa.float64(), "idle + busy GPUs (na excluded), time-weighted mean (as "
+               "idle_gpus)"),
+            _f("capacity_coverage", pa.float64(), "Share of the hour whose 5-minute buckets had a slot "
+               "snapshot (0-1; htcondor); null for kueue, whose rows exist only for scraped hours"),
+            _f("allocation_pct", pa.float64(), "100 * busy_gpus / total_gpus (null when total is 0 or "
+               "unknown)"),
             _f("dcr", pa.float64(), "Demand-capacity ratio demand_gpus / max(idle_gpus, 1e-6), capped "
-               "at 1e6; 0 when demand_gpus is unknown (null)", nullable=False),
-            _f("dcr_capped", pa.bool_(), "The uncapped DCR exceeded 1e6 (demand with zero idle GPUs)",
+               "at 1e6; null when demand or capacity is unknown"),
+            _f("dcr_capped", pa.bool_(), "The uncapped DCR reached 1e6 (demand with zero idle GPUs)",
                nullable=False),
-            _f("zero_idle", pa.bool_(), "No idle GPU during the hour", nullable=False),
+            _f("zero_idle", pa.bool_(), "No idle GPU during the hour (null when capacity is unknown)"),
             _f("efficiency_gap_pp", pa.float64(), "Efficiency gap util - RFU (pp) when an efficiency "
                "input is given; null otherwise (its CIS term is then 0)"),
-            _f("qps", pa.float64(), "Queue pressure 0.6 min(demand/total, 1) + 0.4 min(wait/4h, 1)",
-               nullable=False),
+            _f("qps", pa.float64(), "Queue pressure 0.6 min(demand/total, 1) + 0.4 min(wait/4h, 1); null "
+               "when DCR is"),
             _f("cis", pa.float64(), "Contention index 0.5 min(DCR/4, 1) + 0.3 min(max(gap,0)/100, 1) + "
-               "0.2 QPS", nullable=False),
+               "0.2 QPS; null when DCR is"),
             _f("severity", pa.string(), "Critical (CIS > 0.7 or DCR > 2), Warning (CIS > 0.5 or DCR > 1), "
-               "Moderate (CIS > 0.3), else Healthy", nullable=False),
+               "Moderate (CIS > 0.3), Healthy, or Unknown (demand or capacity unknown: DCR null)",
+               nullable=False),
         ]
     ),
 )
@@ -325,9 +335,15 @@ hours AS (
 ),
 st AS (
     SELECT p.s_us + ((epoch_us(bucket_start_utc) - p.s_us) // p.h_us) * p.h_us AS h_start,
-           coalesce(device_name, '{unknown}') AS device_name, state
+           epoch_us(bucket_start_utc) AS b_start, coalesce(device_name, '{unknown}') AS device_name, state,
+           na_reason IS DISTINCT FROM 'no_snapshot' AS seen
     FROM gpu_state_rows, params p
     WHERE epoch_us(bucket_start_utc) >= p.s_us AND epoch_us(bucket_start_utc) < p.e_us
+),
+-- the hour's buckets whose states come from a snapshot: capacity is a mean over these only, so a
+-- collector outage reads as unknown capacity, not as zero GPUs
+seen AS (
+    SELECT h_start, count(DISTINCT b_start) FILTER (WHERE seen) AS n_seen FROM st GROUP BY h_start
 ),
 cap AS (
     SELECT h_start,
@@ -373,12 +389,14 @@ SELECT
     coalesce(d.gpu_us, 0) / g.h_len AS demand_gpus,
     coalesce(d.job_us, 0) / g.h_len AS pending_jobs,
     d.wait_us / d.n_iv / 1e6 AS mean_wait_s,
-    coalesce(c.idle_n, 0) * p.b_us / g.h_len AS idle_gpus,
-    coalesce(c.idle_open_n, 0) * p.b_us / g.h_len AS idle_open_gpus,
-    coalesce(c.busy_n, 0) * p.b_us / g.h_len AS busy_gpus,
-    (coalesce(c.idle_n, 0) + coalesce(c.busy_n, 0)) * p.b_us / g.h_len AS total_gpus
+    coalesce(c.idle_n, 0) / nullif(sn.n_seen, 0) AS idle_gpus,
+    coalesce(c.idle_open_n, 0) / nullif(sn.n_seen, 0) AS idle_open_gpus,
+    coalesce(c.busy_n, 0) / nullif(sn.n_seen, 0) AS busy_gpus,
+    (coalesce(c.idle_n, 0) + coalesce(c.busy_n, 0)) / nullif(sn.n_seen, 0) AS total_gpus,
+    least(coalesce(sn.n_seen, 0) * p.b_us / g.h_len, 1.0) AS capacity_coverage
 FROM grid g
 CROSS JOIN params p
+LEFT JOIN seen sn ON sn.h_start = g.h_start
 LEFT JOIN cap c ON c.h_start = g.h_start AND c.device_class = g.device_class
 LEFT JOIN dem d ON d.h_start = g.h_start AND d.device_class = g.device_class
 """
@@ -475,7 +493,8 @@ SELECT
     coalesce({all_idle}, 0) AS idle_gpus,
     coalesce({all_idle}, 0) AS idle_open_gpus,
     coalesce({all_usage}, 0) AS busy_gpus,
-    coalesce({all_quota}, 0) AS total_gpus
+    coalesce({all_quota}, 0) AS total_gpus,
+    CAST(NULL AS DOUBLE) AS capacity_coverage
 FROM per_cluster
 GROUP BY h_start
 """
@@ -484,37 +503,42 @@ _SCORE_SQL = f"""
 WITH
 base AS (
     SELECT b.*, e.efficiency_gap_pp,
-        b.demand_gpus / greatest(b.idle_gpus, {EPSILON}) AS dcr_raw
+        -- greatest() skips a NULL: unknown capacity must not become epsilon
+        CASE WHEN b.idle_gpus IS NOT NULL THEN b.demand_gpus / greatest(b.idle_gpus, {EPSILON}) END AS dcr_raw
     FROM base_rows b
     LEFT JOIN eff_rows e ON e.hour_start_utc = b.hour_start_utc AND e.device_class = b.device_class
 ),
 scored AS (
     SELECT *,
-        -- least() skips a NULL: unknown demand must stay unknown, not become the cap
+        -- unknown demand or capacity (dcr_raw NULL) stays unknown: least() would skip the NULL
         CASE WHEN dcr_raw IS NOT NULL THEN least(dcr_raw, {DCR_MAX}) END AS dcr,
-        0.6 * CASE WHEN total_gpus > 0 THEN least(coalesce(demand_gpus, 0) / total_gpus, 1.0)
-                   WHEN coalesce(demand_gpus, 0) > 0 THEN 1.0 ELSE 0.0 END
-          + 0.4 * least(coalesce(mean_wait_s, 0) / {WAIT_SCALE_S}, 1.0) AS qps
+        CASE WHEN dcr_raw IS NOT NULL THEN
+            0.6 * CASE WHEN total_gpus > 0 THEN least(demand_gpus / total_gpus, 1.0)
+                       WHEN demand_gpus > 0 THEN 1.0 ELSE 0.0 END
+            + 0.4 * least(coalesce(mean_wait_s, 0) / {WAIT_SCALE_S}, 1.0)
+        END AS qps
     FROM base
 ),
 scored2 AS (
     SELECT *,
-        0.5 * least(coalesce(dcr, 0) / {DCR_SCALE}, 1.0)
+        0.5 * least(dcr / {DCR_SCALE}, 1.0)
           + 0.3 * least(greatest(coalesce(efficiency_gap_pp, 0), 0) / {GAP_SCALE_PP}, 1.0)
           + 0.2 * qps AS cis
     FROM scored
 )
 SELECT
     hour_start_utc, source, device_class, demand_gpus, pending_jobs, mean_wait_s,
-    idle_gpus, idle_open_gpus, busy_gpus, total_gpus,
+    idle_gpus, idle_open_gpus, busy_gpus, total_gpus, capacity_coverage,
     CASE WHEN total_gpus > 0 THEN 100.0 * busy_gpus / total_gpus END AS allocation_pct,
-    coalesce(dcr, 0.0) AS dcr,
-    coalesce(dcr_raw > {DCR_MAX}, false) AS dcr_capped,
+    dcr,
+    -- >=: one GPU of demand over zero idle is 1 / 1e-6, the cap itself
+    coalesce(dcr_raw >= {DCR_MAX}, false) AS dcr_capped,
     idle_gpus <= 0 AS zero_idle,
     efficiency_gap_pp,
     qps,
     cis,
     CASE
+        WHEN dcr IS NULL THEN '{UNKNOWN_SEVERITY}'
         WHEN cis > 0.7 OR dcr > 2 THEN 'Critical'
         WHEN cis > 0.5 OR dcr > 1 THEN 'Warning'
         WHEN cis > 0.3 THEN 'Moderate'
@@ -567,9 +591,11 @@ cq AS (
     FROM kueue_rows, params p
     WHERE scope = 'cluster_queue' AND epoch_us(sample_utc) >= p.s_us AND epoch_us(sample_utc) < p.e_us
 ),
-scrapes AS (SELECT h_start, count(DISTINCT sample_utc) AS n FROM cq GROUP BY h_start),
+-- each cluster's scrapes of the hour (clusters are scraped at their own instants: counting the
+-- hour's scrapes over all clusters divided every queue's mean by the number of clusters)
+scrapes AS (SELECT h_start, cluster, count(DISTINCT sample_utc) AS n FROM cq GROUP BY h_start, cluster),
 k AS (
-    SELECT coalesce(cluster_queue, '{NO_KEY}') AS key, sample_utc, resource_pending, h_start
+    SELECT coalesce(cluster_queue, '{NO_KEY}') AS key, cluster, sample_utc, resource_pending, h_start
     FROM cq
     WHERE kind = 'resource' AND resource = '{KUEUE_GPU_RESOURCE}' AND resource_pending IS NOT NULL
 ),
@@ -578,9 +604,11 @@ hours AS (
     FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)
 ),
 per_hour AS (
-    -- mean pending GPUs of the queue over the hour's scrapes x the hour's length = its GPU-hours
-    SELECT k.key, k.h_start, {exact_sum("k.resource_pending")} / any_value(sc.n) AS pending
-    FROM k JOIN scrapes sc ON sc.h_start = k.h_start GROUP BY k.key, k.h_start
+    -- mean pending GPUs of the queue over its cluster's scrapes of the hour x the hour's length =
+    -- its GPU-hours (as the hourly demand: a cluster's mean, clusters added up)
+    SELECT k.key, k.cluster, k.h_start, {exact_sum("k.resource_pending")} / any_value(sc.n) AS pending
+    FROM k JOIN scrapes sc ON sc.h_start = k.h_start AND sc.cluster IS NOT DISTINCT FROM k.cluster
+    GROUP BY k.key, k.cluster, k.h_start
 ),
 agg AS (
     SELECT ph.key, {exact_sum("ph.pending * h.h_len / 3.6e9")} AS demand_gpu_hours
@@ -680,7 +708,7 @@ def compute_demand_capacity(
     hour_us = _us(HOUR)
     con.register("idle_iv", intervals)
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE gpu_state_rows AS SELECT bucket_start_utc, device_name, state "
+        f"CREATE OR REPLACE TEMP TABLE gpu_state_rows AS SELECT bucket_start_utc, device_name, state, na_reason "
         f"FROM {states_from_sql}",
         states_params,
     )
@@ -747,6 +775,7 @@ _BASE_SCHEMA = pa.schema(
         ("idle_open_gpus", pa.float64()),
         ("busy_gpus", pa.float64()),
         ("total_gpus", pa.float64()),
+        ("capacity_coverage", pa.float64()),
     ]
 )
 

@@ -1234,6 +1234,13 @@ def _hour_rows(capacity: pa.Table, day: dt.date, tz: str) -> tuple[np.ndarray, n
     return np.where(ok, h, 0).astype(np.int64), ok, n_h
 
 
+def _demand_coverage(capacity: pa.Table, day: dt.date, tz: str) -> float:
+    """Share (%) of the day's hours with a known DCR (an hour of unknown demand or capacity --
+    no slot snapshot -- has a row, and a null DCR)."""
+    t = _epoch_s(capacity, "hour_start_utc")
+    return _coverage_pct(np.where(np.isfinite(_num(capacity, "dcr")), t, np.nan), day, tz, HOUR_S)
+
+
 def demand_capacity_panels(
     capacity: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None
 ) -> Rendered:
@@ -1245,11 +1252,12 @@ def demand_capacity_panels(
 
     ``numbers`` per source: ``demand_gpus_<src>``, ``idle_gpus_<src>`` (day means), ``dcr_<src>``
     (day mean demand / day mean idle), ``hours_zero_idle_<src>``, ``cis_max_<src>``,
-    ``hours_warning_<src>``, ``hours_critical_<src>``; ``coverage_pct``."""
+    ``hours_warning_<src>``, ``hours_critical_<src>``, ``hours_unknown_<src>`` (no DCR: no slot
+    snapshot in the hour, or unknown demand); ``coverage_pct`` (hours with a known DCR)."""
     name = "Demand vs capacity"
-    _require(capacity, ("hour_start_utc", "source", "device_class", "demand_gpus", "idle_gpus", "cis"), "demand_capacity")
-    coverage = (_coverage_pct(_epoch_s(capacity, "hour_start_utc"), day, tz, HOUR_S)
-                if coverage_pct is None else coverage_pct)
+    _require(capacity, ("hour_start_utc", "source", "device_class", "demand_gpus", "idle_gpus", "cis", "dcr"),
+             "demand_capacity")
+    coverage = _demand_coverage(capacity, day, tz) if coverage_pct is None else coverage_pct
     dev = _strs(capacity, "device_class")
     src = _strs(capacity, "source")
     sel = dev == "ALL"
@@ -1309,6 +1317,7 @@ def demand_capacity_panels(
         numbers[f"cis_max_{s}"] = float(np.nanmax(cis)) if np.isfinite(cis).any() else np.nan
         numbers[f"hours_warning_{s}"] = float((sv == "Warning").sum())
         numbers[f"hours_critical_{s}"] = float((sv == "Critical").sum())
+        numbers[f"hours_unknown_{s}"] = float((sv == "Unknown").sum())
     ax3.axhline(CIS_WARNING, color=S.SEVERITY_COLORS["Warning"], linestyle="--", linewidth=1.1)
     ax3.axhline(CIS_CRITICAL, color=S.SEVERITY_COLORS["Critical"], linestyle="--", linewidth=1.1)
     ax3.text(1.005, CIS_WARNING, "Warning 0.5", transform=ax3.get_yaxis_transform(), va="center", fontsize=S.FS_NOTE,
@@ -1367,8 +1376,7 @@ def imbalance_heatmap(
         raise ValueError(f"metric must be 'dcr' or 'cis', not {metric!r}")
     name = "Demand-capacity imbalance" + (" (DCR)" if metric == "dcr" else " (CIS)")
     _require(capacity, ("hour_start_utc", "source", "device_class", "dcr", "cis"), "demand_capacity")
-    coverage = (_coverage_pct(_epoch_s(capacity, "hour_start_utc"), day, tz, HOUR_S)
-                if coverage_pct is None else coverage_pct)
+    coverage = _demand_coverage(capacity, day, tz) if coverage_pct is None else coverage_pct
     if capacity.num_rows == 0:
         return S.no_data(name, day, tz, "no demand-capacity hour in the day", coverage)
     h, ok, n_h = _hour_rows(capacity, day, tz)

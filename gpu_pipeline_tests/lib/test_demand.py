@@ -46,13 +46,15 @@ def jobs(rows):
 
 
 def states(n_gpus, state_of=lambda gpu, t: "idle_shared", device="NVIDIA A100", start=DAY, end=END, prefix="GPU-"):
+    """GPU state rows; ``state_of`` may return ``no_snapshot``: na, no snapshot covered the bucket."""
     rows = []
     t = start
     while t < end:
         for g in range(n_gpus):
             st = state_of(g, t)
-            rows.append(dict(bucket_start_utc=t, gpu_id=f"{prefix}{g:08x}", host="h1", device_name=device, state=st,
-                             n_slot_rows=0 if st == "na" else 1))
+            reason = {"na": "dropout", "no_snapshot": "no_snapshot"}.get(st)
+            rows.append(dict(bucket_start_utc=t, gpu_id=f"{prefix}{g:08x}", host="h1", device_name=device,
+                             state="na" if reason else st, na_reason=reason, n_slot_rows=0 if reason else 1))
         t += dt.timedelta(minutes=5)
     return conform(pa.Table.from_pylist(rows), GPU_STATES)
 
@@ -153,6 +155,49 @@ def test_zero_idle_capacity_gives_a_finite_flagged_dcr():
         assert h[k]["severity"] == "Critical"
     assert (h[5]["dcr"], h[5]["dcr_capped"], h[5]["zero_idle"], h[5]["severity"]) == (0.0, False, True, "Healthy")
     assert all(math.isfinite(x["dcr"]) and math.isfinite(x["cis"]) for x in r.capacity.to_pylist())
+
+
+def test_one_gpu_of_demand_over_zero_idle_reaches_the_cap():
+    # 1 / 1e-6 is the cap itself: flagged (`>` missed the commonest case, one waiting 1-GPU job)
+    rows = [job("s1#1.0#1", 0, "job", queued=at(1), start=at(3), end=at(4), completion=at(4), gpus=1)]
+    h = hourly(demand_from_tables(jobs(rows), states(4, lambda g, t: "busy_shared"), DAY, END))
+    assert (h[1]["dcr"], h[1]["dcr_capped"], h[1]["zero_idle"], h[1]["severity"]) == (DCR_MAX, True, True, "Critical")
+
+
+def test_hours_without_a_slot_snapshot_have_unknown_capacity():
+    """Collector down 05:00-06:00 and 07:00-07:30 (the states say na / no_snapshot): hour 5's
+    capacity is unknown -- not zero GPUs, which made a waiting job DCR 1e6, Critical -- and hour
+    7's means are over its seen half, not diluted by the outage."""
+    def st(g, t):
+        if t.hour == 5 or (t.hour == 7 and t.minute < 30):
+            return "no_snapshot"
+        if t.hour == 8 and g == 3:
+            return "na"  # a host down (dropout) is seen: that GPU is not capacity
+        return "idle_shared" if g < 2 else "busy_shared"
+
+    rows = [job("s1#1.0#1", 0, "job", queued=at(4), start=at(9), end=at(10), completion=at(10), gpus=1)]
+    r = demand_from_tables(jobs(rows), states(4, st), DAY, END)
+    h = hourly(r)
+    cols = ("demand_gpus", "idle_gpus", "idle_open_gpus", "busy_gpus", "total_gpus", "capacity_coverage",
+            "allocation_pct", "dcr", "qps", "cis", "zero_idle", "dcr_capped", "severity")
+
+    def of(k):
+        return tuple(h[k][c] for c in cols)
+
+    assert of(5) == (1.0, None, None, None, None, 0.0, None, None, None, None, None, False, "Unknown")
+    assert of(4)[:7] == (1.0, 2.0, 2.0, 2.0, 4.0, 1.0, 50.0) and h[4]["severity"] == "Healthy"
+    assert of(7)[:7] == (1.0, 2.0, 2.0, 2.0, 4.0, 0.5, 50.0) and h[7]["dcr"] == 0.5
+    assert of(8)[:7] == (1.0, 2.0, 2.0, 1.0, 3.0, 1.0, pytest.approx(100 / 3))
+    # the device-class row of the outage hour is unknown too
+    assert hourly(r, "NVIDIA A100")[5]["severity"] == "Unknown"
+    # a whole day without snapshots: every hour with demand is Unknown, none Critical
+    dark = demand_from_tables(jobs(rows), states(4, lambda g, t: "no_snapshot"), DAY, END)
+    assert {x["severity"] for x in dark.capacity.to_pylist()} == {"Unknown"}
+    assert all(x["capacity_coverage"] == 0.0 for x in dark.capacity.to_pylist())
+    # no state rows at all (no GPU seen all day): the demand hours are there, Unknown
+    none = demand_from_tables(jobs(rows), GPU_STATES.empty(), DAY, END).capacity.to_pylist()
+    assert len(none) == 5 and {(x["severity"], x["total_gpus"], x["capacity_coverage"]) for x in none} == {
+        ("Unknown", None, 0.0)}
 
 
 def test_scores_with_fixed_scales_by_hand():
@@ -287,7 +332,8 @@ def test_kueue_borrowing_within_a_cohort_uses_the_lent_quota_up(cluster):
 def test_kueue_demand_without_the_pending_resources_metric(pending):
     """An older Kueue has no pending-resources series: with no pending workload the demand is 0;
     with pending workloads and no GPUs-per-workload it is unknown (null), and an unknown demand
-    is DCR 0, never the cap (least() skipped the null: 1e6 and Critical)."""
+    has no DCR and severity Unknown -- never the cap (least() skipped the null: 1e6 and
+    Critical), nor a DCR 0 that reads Healthy."""
     rows = []
     for m in range(0, 60, 5):
         base = dict(sample_utc=at(10, m), cluster=None, scope="cluster_queue", cluster_queue="cq")
@@ -297,22 +343,34 @@ def test_kueue_demand_without_the_pending_resources_metric(pending):
                       nominal_quota=8.0)]
     row = _kueue_hour(rows)
     assert row["demand_gpus"] == (0.0 if pending == 0 else None) and row["pending_jobs"] == pending
-    assert (row["dcr"], row["dcr_capped"], row["idle_gpus"]) == (0.0, False, 8.0)
-    assert row["severity"] == "Healthy"
+    if pending == 0:
+        assert (row["dcr"], row["dcr_capped"], row["idle_gpus"], row["severity"]) == (0.0, False, 8.0, "Healthy")
+    else:
+        assert (row["dcr"], row["qps"], row["cis"], row["dcr_capped"]) == (None, None, None, False)
+        assert (row["idle_gpus"], row["severity"]) == (8.0, "Unknown")
+    assert row["capacity_coverage"] is None  # Kueue rows exist only for scraped hours
 
 
 def test_kueue_clusters_scraped_at_their_own_instants_are_added_up():
     """Two clusters, each scraped once in the hour at its own instant: the hour is their sum (the
-    mean over the hour's scrapes averaged the clusters: half the demand and capacity)."""
-    rows = []
-    for cluster, minute, pending, usage, quota in (("east", 10, 6.0, 4.0, 8.0), ("west", 40, 4.0, 6.0, 8.0)):
-        base = dict(sample_utc=at(10, minute), cluster=cluster, scope="cluster_queue", cluster_queue="cq")
-        rows += [dict(base, kind="resource", resource="nvidia.com/gpu", resource_pending=pending),
-                 dict(base, kind="resource", resource="nvidia.com/gpu", flavor="a100", resource_usage=usage,
-                      nominal_quota=quota)]
-    row = _kueue_hour(rows)
-    assert (row["demand_gpus"], row["idle_gpus"], row["busy_gpus"], row["total_gpus"]) == (10.0, 6.0, 10.0, 16.0)
-    assert row["dcr"] == pytest.approx(10 / 6)
+    mean over the hour's scrapes averaged the clusters: half the demand and capacity), and so are
+    the top contributors' GPU-hours (they were halved: each queue's pending GPUs were divided by
+    both clusters' scrapes)."""
+    for names in (("cq", "cq"), ("cq-east", "cq-west")):
+        rows = []
+        for cluster, name, minute, pending, usage, quota in (("east", names[0], 10, 6.0, 4.0, 8.0),
+                                                             ("west", names[1], 40, 4.0, 6.0, 8.0)):
+            base = dict(sample_utc=at(10, minute), cluster=cluster, scope="cluster_queue", cluster_queue=name)
+            rows += [dict(base, kind="resource", resource="nvidia.com/gpu", resource_pending=pending),
+                     dict(base, kind="resource", resource="nvidia.com/gpu", flavor="a100", resource_usage=usage,
+                          nominal_quota=quota)]
+        r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
+                               kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema))
+        (row,) = r.capacity.to_pylist()
+        assert (row["demand_gpus"], row["idle_gpus"], row["busy_gpus"], row["total_gpus"]) == (10.0, 6.0, 10.0, 16.0)
+        assert row["dcr"] == pytest.approx(10 / 6)
+        top = {t["key"]: (t["demand_gpu_hours"], t["share"]) for t in r.top.to_pylist()}
+        assert top == ({"cq": (10.0, 1.0)} if names[0] == "cq" else {"cq-east": (6.0, 0.6), "cq-west": (4.0, 0.4)})
 
 
 # -- simulated pool ----------------------------------------------------------------------------

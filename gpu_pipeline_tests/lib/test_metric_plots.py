@@ -7,6 +7,7 @@ import time
 import matplotlib
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from PIL import Image
 
@@ -412,6 +413,30 @@ def test_demand_capacity_panels():
     assert r.numbers["hours_critical_htcondor"] == 12
     assert r.numbers["demand_gpus_kueue"] == pytest.approx(2.0)
     assert r.numbers["coverage_pct"] == pytest.approx(100.0)
+
+
+def test_demand_plots_with_hours_of_unknown_capacity():
+    """Six hours without a slot snapshot: Unknown rows, null capacity and DCR; the plots draw the
+    rest, count the six hours as unknown and leave them out of the coverage."""
+    t = capacity_table()
+    dark = pc.and_(pc.less(t["hour_start_utc"], pa.scalar(T0 + dt.timedelta(hours=6), t["hour_start_utc"].type)),
+                   pc.equal(t["source"], "htcondor"))
+    cols = {c: pc.if_else(dark, pa.scalar(None, t[c].type), t[c])
+            for c in ("idle_gpus", "idle_open_gpus", "busy_gpus", "total_gpus", "allocation_pct", "dcr", "qps",
+                      "cis", "zero_idle")}
+    cols["severity"] = pc.if_else(dark, "Unknown", t["severity"])
+    for c, v in cols.items():
+        t = t.set_column(t.schema.get_field_index(c), c, v)
+    r = M.demand_capacity_panels(t, DAY, TZ)
+    check(r)
+    assert r.numbers["hours_unknown_htcondor"] == 6 and r.numbers["hours_warning_htcondor"] == 6
+    assert r.numbers["idle_gpus_htcondor"] == pytest.approx(5.0)
+    assert r.numbers["coverage_pct"] == pytest.approx(100.0)  # kueue ALL knows every hour
+    only = t.filter(pc.equal(t["source"], "htcondor"))
+    assert M.demand_capacity_panels(only, DAY, TZ).numbers["coverage_pct"] == pytest.approx(100.0 * 18 / 24)
+    h = M.imbalance_heatmap(only, DAY, TZ)
+    check(h)
+    assert h.numbers["hours_dcr_above_1"] == 18 and h.numbers["coverage_pct"] == pytest.approx(75.0)
 
 
 def test_imbalance_heatmap():

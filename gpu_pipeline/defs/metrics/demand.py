@@ -22,6 +22,7 @@ from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.demand import (
     DEMAND_CAPACITY,
     DEMAND_TOP_CONTRIBUTORS,
+    SEVERITIES,
     demand_for_day,
     efficiency_by_class_sql,
 )
@@ -30,7 +31,7 @@ from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
 CAP_KEY, TOP_KEY = table_key(DEMAND_CAPACITY), table_key(DEMAND_TOP_CONTRIBUTORS)
 DEPS = [JOBS_KEY, STATES_KEY, KUEUE_KEY, EFFICIENCY_KEYS[0]]
 FINITE = dg.AssetCheckSpec("dcr_finite_and_shares_in_range", asset=CAP_KEY,
-                           description="DCR is finite everywhere; contributor shares are within [0, 1].")
+                           description="DCR is finite wherever it is known; contributor shares are within [0, 1].")
 
 
 @daily_tables_asset(
@@ -51,7 +52,7 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
         bad[day] = int(pc.sum(pc.invert(pc.is_finite(pc.fill_null(dcr, 0.0)))).as_py() or 0) + int(
             pc.sum(pc.or_(pc.less(share, -1e-9), pc.greater(share, 1 + 1e-9))).as_py() or 0)
         sev = res.capacity["severity"].to_pylist()
-        kpis = {f"hours_{s.lower()}": float(sev.count(s)) for s in ("Critical", "Warning", "Moderate", "Healthy")}
+        kpis = {f"hours_{s.lower()}": float(sev.count(s)) for s in SEVERITIES}
         return {
             CAP_KEY: outcome(day, store.write_partition(DEMAND_CAPACITY, day, res.capacity), res.capacity, **kpis),
             TOP_KEY: outcome(day, store.write_partition(DEMAND_TOP_CONTRIBUTORS, day, res.top), res.top),
