@@ -286,11 +286,15 @@ def allocation_for_day(
     """One partition: (bucket rows, daily rows) from the clean slot snapshots of the day and the day
     before (for the carried-forward first bucket), read straight from their Parquet files."""
     d = dt.date.fromisoformat(day) if isinstance(day, str) else day
-    files = store.files(CLEAN_SLOT_SNAPSHOTS, [(d - dt.timedelta(days=1)).isoformat(), d.isoformat()])
+    days = [(d - dt.timedelta(days=1)).isoformat(), d.isoformat()]
+    files = store.files(CLEAN_SLOT_SNAPSHOTS, days)
     if not files:
         return allocation_from_table(CLEAN_SLOT_SNAPSHOTS.empty(), start_utc, end_utc)
     con = connect()
     try:
+        if store.older_files(CLEAN_SLOT_SNAPSHOTS, files):  # read by name, through a temp table
+            buckets = compute_allocation_buckets(con, *store.relation_sql(CLEAN_SLOT_SNAPSHOTS, days), start_utc, end_utc)
+            return buckets, allocation_daily(buckets, start_utc, end_utc)
         params = {**_params(start_utc, end_utc, BUCKET), "files": files, "lookback_us": _us(LOOKBACK)}
         buckets = conform(con.sql(ALLOCATION_SQL_PARQUET, params=params).to_arrow_table(), ALLOCATION_BUCKETS)
     finally:

@@ -1311,8 +1311,10 @@ def demand_capacity_panels(
         numbers[f"idle_gpus_{s}"] = float(np.nanmean(idle)) if np.isfinite(idle).any() else np.nan
         # Day ratio of the means (the hourly DCR is capped at 1e6 in hours without idle GPUs, so
         # its mean would mean nothing).
-        numbers[f"dcr_{s}"] = (float(np.nanmean(dem) / max(np.nanmean(idle), EPSILON))
-                               if np.isfinite(dem).any() and np.isfinite(idle).any() else np.nan)
+        # over the hours where both are known (an hour without a slot snapshot has demand, no idle)
+        both = np.isfinite(dem) & np.isfinite(idle)
+        numbers[f"dcr_{s}"] = (float(np.mean(dem[both]) / max(np.mean(idle[both]), EPSILON))
+                               if both.any() else np.nan)
         numbers[f"hours_zero_idle_{s}"] = float(np.sum(np.isfinite(idle) & (idle <= 0)))
         numbers[f"cis_max_{s}"] = float(np.nanmax(cis)) if np.isfinite(cis).any() else np.nan
         numbers[f"hours_warning_{s}"] = float((sv == "Warning").sum())
@@ -1397,7 +1399,8 @@ def imbalance_heatmap(
     mat = np.full((len(rows), n_h), np.nan)
     for i, (s, d) in enumerate(rows):
         if d == S.OTHER:
-            m = ok & cls_mask & np.array([label_of.get(x) == S.OTHER for x in dev], dtype=bool)
+            # rows of unknown capacity (no slot snapshot: null idle, null DCR) are left out
+            m = ok & cls_mask & np.isfinite(val) & np.array([label_of.get(x) == S.OTHER for x in dev], dtype=bool)
             for hh in range(n_h):
                 k = m & (h == hh)
                 if k.any():

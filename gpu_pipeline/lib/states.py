@@ -312,11 +312,14 @@ def states_for_day(store: Store, day: dt.date | str, start_utc: dt.datetime, end
     and the day before (for the carried-forward first bucket): the table :func:`compute_gpu_states`
     gives on the same rows, without copying them into a temp table first."""
     d = dt.date.fromisoformat(day) if isinstance(day, str) else day
-    files = store.files(CLEAN_SLOT_SNAPSHOTS, [(d - dt.timedelta(days=1)).isoformat(), d.isoformat()])
+    days = [(d - dt.timedelta(days=1)).isoformat(), d.isoformat()]
+    files = store.files(CLEAN_SLOT_SNAPSHOTS, days)
     if not files:
         return states_from_table(CLEAN_SLOT_SNAPSHOTS.empty(), start_utc, end_utc)
     con = db_connect()
     try:
+        if store.older_files(CLEAN_SLOT_SNAPSHOTS, files):  # read by name, through a temp table
+            return compute_gpu_states(con, *store.relation_sql(CLEAN_SLOT_SNAPSHOTS, days), start_utc, end_utc)
         return _run_state_statements(con, STATE_STATEMENTS_PARQUET,
                                      {**_state_params(start_utc, end_utc, BUCKET), "files": files})
     finally:

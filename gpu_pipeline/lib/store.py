@@ -398,15 +398,19 @@ class Store:
         if not set(names) <= set(have) or (where is not None and where[0] not in have):
             # written by an earlier version, before a column was added: that column reads null
             # (and a filter on it matches nothing)
-            present = [n for n in names if n in have]
+            # at least one column is read, for the row count (a table of no columns loses it)
+            present = [n for n in names if n in have] or [where[0] if where is not None and where[0] in have
+                                                          else have[0]]
             dict_present = [d for d in dictionary or () if d in have]
             if where is not None and where[0] not in have:
                 table = self.read_table(spec, day, present, dict_present).slice(0, 0)
             else:
                 table = self.read_table(spec, day, present, dict_present, where)
+            fields = [spec.schema.field(n).with_type(table[n].type) if n in have else spec.schema.field(n)
+                      for n in names]  # the table's fields, as a file of this version gives them
             return pa.Table.from_arrays(
-                [table[n] if n in have else pa.nulls(table.num_rows, spec.schema.field(n).type) for n in names],
-                names=names)
+                [table[n] if n in have else pa.nulls(table.num_rows, f.type) for n, f in zip(names, fields, strict=True)],
+                schema=pa.schema(fields, metadata=spec.schema.metadata if columns is None else None))
         if where is not None:
             return _read_where(path, spec, columns, where)
         if dictionary:
@@ -448,13 +452,20 @@ class Store:
         files = self.files(spec, days)
         if not files:
             return f"(SELECT {_projection(spec, ())} LIMIT 0)", []
-        present = {_file_columns(Path(f)) for f in files}
         # exactly the table's columns: no ``date`` column guessed from the date=... folders
-        if present == {tuple(spec.schema.names)}:
+        if not self.older_files(spec, files):
             return "read_parquet(?, union_by_name=false, hive_partitioning=false)", [files]
-        every = set().union(*present)
+        every = set().union(*(_file_columns(Path(f)) for f in files))
         return (f"(SELECT {_projection(spec, every)} FROM read_parquet(?, union_by_name=true, hive_partitioning=false))",
                 [files])
+
+    @staticmethod
+    def older_files(spec: TableSpec, files: Sequence[str]) -> bool:
+        """Whether any of the partition ``files`` has other columns than the table (written by an
+        earlier version): a reader must then read them by name (:meth:`relation_sql` does), not
+        by position as ``read_parquet(..., union_by_name=false)`` does."""
+        names = tuple(spec.schema.names)
+        return any(_file_columns(Path(f)) != names for f in files)
 
 
 _WHERE_OPS = {"==": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater,
@@ -527,10 +538,13 @@ def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
             # DDL cannot take parameters; the pattern comes from our own root path (quoted above).
             # By name over every file: partitions written before a column was added read it null
             # (by position, the first file's columns would silently win, or a later file fail).
+            # The table's columns come from an empty typed row set, so a view saved in a catalog
+            # file before any partition had a new column still reads it once later days do.
             scan = f"read_parquet('{pattern}', hive_partitioning=true, union_by_name=true)"
-            present = [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()]
-            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT {_projection(spec, present)}, "
-                        f"CAST(date AS DATE) AS date FROM {scan}")
+            cols = ", ".join(_q(f.name) for f in spec.schema)
+            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT {cols}, CAST(date AS DATE) AS date FROM ("
+                        f"SELECT {_projection(spec, ())}, CAST(NULL AS DATE) AS date WHERE false "
+                        f"UNION ALL BY NAME SELECT * FROM {scan})")
         else:
             con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT {_projection(spec, ())}, CAST(NULL AS DATE) AS date "
                         "LIMIT 0")

@@ -425,18 +425,52 @@ def test_demand_plots_with_hours_of_unknown_capacity():
             for c in ("idle_gpus", "idle_open_gpus", "busy_gpus", "total_gpus", "allocation_pct", "dcr", "qps",
                       "cis", "zero_idle")}
     cols["severity"] = pc.if_else(dark, "Unknown", t["severity"])
+    cols["demand_gpus"] = pc.if_else(dark, 40.0, t["demand_gpus"])  # demand known, capacity not
     for c, v in cols.items():
         t = t.set_column(t.schema.get_field_index(c), c, v)
     r = M.demand_capacity_panels(t, DAY, TZ)
     check(r)
     assert r.numbers["hours_unknown_htcondor"] == 6 and r.numbers["hours_warning_htcondor"] == 6
     assert r.numbers["idle_gpus_htcondor"] == pytest.approx(5.0)
+    # the day's DCR over the hours where demand and idle are both known: 10 / 5, as every such hour
+    # (the outage's demand over the other hours' idle made it (6 x 40 + 18 x 10) / 24 / 5 = 3.5)
+    assert r.numbers["dcr_htcondor"] == pytest.approx(2.0)
     assert r.numbers["coverage_pct"] == pytest.approx(100.0)  # kueue ALL knows every hour
     only = t.filter(pc.equal(t["source"], "htcondor"))
     assert M.demand_capacity_panels(only, DAY, TZ).numbers["coverage_pct"] == pytest.approx(100.0 * 18 / 24)
     h = M.imbalance_heatmap(only, DAY, TZ)
     check(h)
     assert h.numbers["hours_dcr_above_1"] == 18 and h.numbers["coverage_pct"] == pytest.approx(75.0)
+
+
+def test_imbalance_heatmap_other_row_leaves_hours_of_unknown_capacity_blank(monkeypatch):
+    """14 device classes (two folded into "other"), the collector down 05:00-06:00: every row is
+    blank in hour 5, "other" too (its sums took a null idle as 0: DCR 0, or >= 100 with demand)."""
+    from gpu_pipeline.lib.demand import demand_from_tables
+    from gpu_pipeline_tests.lib.test_demand import DAY as D_DAY
+    from gpu_pipeline_tests.lib.test_demand import END as D_END
+    from gpu_pipeline_tests.lib.test_demand import at, job, jobs, states
+
+    def st(g, t):
+        return "no_snapshot" if t.hour == 5 else ("idle_shared" if g % 2 else "busy_shared")
+
+    parts = [states(14 - i, st, device=f"DEV{i:02d}", prefix=f"G{i:02d}-") for i in range(14)]
+    jt = jobs([job("s1#1.0#1", 0, "job", queued=at(4), start=at(9), end=at(10), completion=at(10))])
+    jt = jt.append_column("device_class", pa.array(["DEV13"]))  # a folded class with demand
+    cap = demand_from_tables(jt, pa.concat_tables(parts), D_DAY, D_END).capacity
+    cells = []
+    texts = S.texts
+
+    def capture(ax, xs, ys, labels, styles, **kw):
+        cells.extend(zip(xs, ys, labels, strict=True))
+        return texts(ax, xs, ys, labels, styles, **kw)
+
+    monkeypatch.setattr(S, "texts", capture)
+    check(M.imbalance_heatmap(cap, D_DAY.date(), "UTC"))
+    other = 13.5  # row centres: the pool, 12 classes, other (DEV12 + DEV13)
+    assert [t for x, y, t in cells if x == 5.5] == []
+    # around it: DEV13's 1 GPU of demand over the folded classes' one idle GPU
+    assert [t for x, y, t in cells if y == other and x in (4.5, 6.5)] == ["1.0", "1.0"]
 
 
 def test_imbalance_heatmap():

@@ -238,3 +238,33 @@ def test_parquet_path_equals_the_temp_table_path(sim, tmp_path):
     start, end = sim.window(sim.days[0])
     empty = states_for_day(Store(tmp_path / "nothing"), sim.days[0], start, end)
     assert empty.num_rows == 0 and empty.schema == GPU_STATES.schema
+
+
+def test_a_day_before_written_without_a_column_since_added_is_read_by_name(sim, tmp_path):
+    """After an upgrade that added a column, the day before's clean file lacks it: the states and the
+    allocation read both days by column name (that column null in the old day's rows). By position,
+    DuckDB took the old file's columns and failed on the new one ("does not have a column named")."""
+    import pyarrow.parquet as pq
+
+    from gpu_pipeline.lib.allocation import allocation_for_day, allocation_from_table
+    from gpu_pipeline.lib.states import states_for_day
+    from gpu_pipeline.lib.store import Store
+
+    day = next(d for d in sim.days[1:] if sim.store.has_partition(CLEAN_SLOT_SNAPSHOTS,
+                                                                  (dt.date.fromisoformat(d) - dt.timedelta(days=1)).isoformat()))
+    prev = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
+    store = Store(tmp_path / "upgraded")
+    old = sim.store.read_table(CLEAN_SLOT_SNAPSHOTS, prev).drop_columns(["gpu_usage_pct"])
+    path = store.partition_file(CLEAN_SLOT_SNAPSHOTS, prev)
+    path.parent.mkdir(parents=True)
+    pq.write_table(old, path)
+    store.write_partition(CLEAN_SLOT_SNAPSHOTS, day, sim.store.read_table(CLEAN_SLOT_SNAPSHOTS, day))
+    assert store.older_files(CLEAN_SLOT_SNAPSHOTS, store.files(CLEAN_SLOT_SNAPSHOTS, [prev, day]))
+    rows = pa.concat_tables([store.read_table(CLEAN_SLOT_SNAPSHOTS, d) for d in (prev, day)])
+    assert rows["gpu_usage_pct"].null_count >= old.num_rows
+    start, end = sim.window(day)
+    expected = states_from_table(rows, start, end)
+    assert states_for_day(store, day, start, end).equals(expected)
+    buckets, daily = allocation_for_day(store, day, start, end)
+    e_buckets, e_daily = allocation_from_table(rows, start, end)
+    assert buckets.num_rows > 1_000 and buckets.equals(e_buckets) and daily.equals(e_daily)

@@ -114,6 +114,28 @@ def test_partitions_written_before_a_column_was_added_read_it_as_null(data_root)
         {"source_row": None, "reason": "r"}]
     assert store.read_table(QUARANTINE, "2025-08-05", ["reason"], where=("source_row", "==", 7)).num_rows == 0
     assert store.read_table(QUARANTINE, "2025-08-06", ["reason"], where=("source_row", "==", 7)).num_rows == 1
+    # only the new column asked for, filtered on an old one: the matching rows keep their count
+    assert store.read_table(QUARANTINE, "2025-08-05", ["source_row"], where=("reason", "==", "r")).to_pylist() == [
+        {"source_row": None}]
+
+
+def test_a_saved_catalog_reads_a_column_that_later_days_add(data_root, tmp_path):
+    """``sql --catalog`` saves the views in a DuckDB file. Saved while every day lacked a column, a
+    view must still read it from the days written later (a projection fixed at creation read null)."""
+    store = Store(data_root)
+    old = q_rows(1)  # no source_row: written before the column was added
+    path = store.partition_file(QUARANTINE, "2025-08-05")
+    path.parent.mkdir(parents=True)
+    pq.write_table(old, path)
+    catalog = str(tmp_path / "catalog.duckdb")
+    con = duckdb.connect(catalog)
+    create_catalog(con, store)
+    con.close()
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(1).append_column("source_row", pa.array([9])))
+    con = duckdb.connect(catalog, read_only=True)
+    assert con.sql("SELECT CAST(date AS VARCHAR), source_row FROM quarantine.slot_snapshots ORDER BY 1").fetchall() == [
+        ("2025-08-05", None), ("2025-08-06", 9)]
+    assert [r[0] for r in con.sql("DESCRIBE quarantine.slot_snapshots").fetchall()] == [*QUARANTINE.schema.names, "date"]
 
 
 def test_object_store_roots_are_refused_clearly():
