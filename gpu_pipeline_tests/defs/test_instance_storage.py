@@ -202,3 +202,18 @@ def test_a_forked_child_opens_its_own_connections_and_leaves_the_parents_open(tm
         assert {id(e) for e in instance.event_log_storage._engines.values()} == parents
         assert len(instance.all_logs(run_id)) == events
         _range_run(instance, DAYS[0], DAYS[0])
+
+
+def test_both_instance_templates_queue_one_single_day_run_per_partition(tmp_path, monkeypatch):
+    """The run queue holds a second single-day run of the same partition back (the README's "two
+    runs of the same day"). The PostgreSQL template an operator copies for production must queue
+    runs the same way: it lacked the partition limit, so two runs of one day could run at once."""
+    import yaml
+
+    queues = {name: yaml.safe_load((TEMPLATE.parent / name).read_text())["run_queue"]
+              for name in ("dagster.yaml", "dagster.postgres.yaml")}
+    assert queues["dagster.yaml"] == queues["dagster.postgres.yaml"]
+    _home(tmp_path, monkeypatch)
+    with dg.DagsterInstance.get() as instance:
+        limits = instance.run_coordinator.get_run_queue_config().tag_concurrency_limits
+    assert {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
