@@ -992,8 +992,9 @@ def efficiency_scatter(
     Up to 50,000 points: a scatter colored by ``efficiency_class``; above: a 2-D histogram of
     GPU-hours (log colors), so millions of rows draw in well under a second.
 
-    ``numbers``: ``points``, ``gpu_hours``, ``share_<class>`` (of classified GPU-hours),
-    ``density`` (1 when drawn as a histogram), ``coverage_pct``."""
+    ``numbers``: ``points``, ``gpu_hours`` (of the points), ``share_<class>`` (of all classified
+    GPU-hours, those without a PIF, not drawn, included: as ``efficiency_classes``), ``density``
+    (1 when drawn as a histogram), ``coverage_pct``."""
     name = "GPU efficiency: utilization vs power intensity"
     _require(hourly, ("util_pct", "pif"), "gpu_hourly_efficiency")
     coverage = _hourly_coverage(hourly, day, tz) if coverage_pct is None else coverage_pct
@@ -1052,10 +1053,12 @@ def efficiency_scatter(
                         scalex=False, scaley=False)
     total_w = float(w.sum())
     numbers: dict[str, float] = {"points": float(n), "gpu_hours": total_w, "density": float(density)}
-    classified = float(w[c >= 0].sum())
+    # shares of every classified GPU-hour, the points not drawn included (an hour under 10 %
+    # utilization is Idle without a power reading, so it has no PIF to be drawn at)
+    classified = float(weight[cls >= 0].sum())
     handles = []
     for i, cname in enumerate(S.CLASS_ORDER):
-        share = float(w[c == i].sum()) / classified if classified > 0 else 0.0
+        share = float(weight[cls == i].sum()) / classified if classified > 0 else 0.0
         numbers[f"share_{cname}"] = share
         handles.append(Patch(color=S.CLASS_COLORS[cname], label=f"{cname}: {100 * share:.1f} % of GPU-hours"))
     ax.set_xlim(0, 100)
@@ -1371,8 +1374,8 @@ def imbalance_heatmap(
     whole pool per source first (htcondor ALL, kueue ALL), then device classes by size (more than
     12 folded into "other": DCR = sum demand / sum idle, CIS = max).
 
-    ``numbers``: ``max_dcr`` / ``max_cis`` (pool, htcondor), ``hours_dcr_above_1`` (pool,
-    htcondor), ``device_classes``, ``coverage_pct``."""
+    ``numbers``: ``max_dcr`` / ``max_cis`` (pool, htcondor; the table's value, not the color cap),
+    ``hours_dcr_above_1`` (pool, htcondor), ``device_classes``, ``coverage_pct``."""
     metric = metric.lower()
     if metric not in ("dcr", "cis"):
         raise ValueError(f"metric must be 'dcr' or 'cis', not {metric!r}")
@@ -1478,8 +1481,11 @@ def imbalance_heatmap(
     pool = [i for i, (s, d) in enumerate(rows) if s == "htcondor" and d == "ALL"]
     if pool:
         r = mat[pool[0]]
-        if np.isfinite(r).any():
-            numbers[f"max_{metric}"] = float(np.nanmax(r))
+        # from the table's own values: the matrix is capped for the colors (a DCR of 200 read 100)
+        m = ok & (src == "htcondor") & (dev == "ALL")
+        raw = _num(capacity, metric)[m]
+        if np.isfinite(raw).any():
+            numbers[f"max_{metric}"] = float(np.nanmax(raw))
         if metric == "dcr":
             numbers["hours_dcr_above_1"] = float(np.nansum(r > 1))
     return S.finish(fig, _with_coverage(numbers, coverage))

@@ -652,8 +652,10 @@ class _HeatmapFigure:
         # Time axis in the configured time zone: ticks on local whole hours.
         first_tick = (60 - t0.minute) % 60 / 60.0
         ticks = np.arange(first_tick, hours + 1e-9, 2.0 if hours > 12 else 1.0)
-        set_fixed_ticks(ax.xaxis, ticks, [(t0 + dt.timedelta(hours=float(h))).strftime("%H:%M") for h in ticks],
-                        fontsize=8)
+        # each label from the instant (a timedelta added to a local time keeps the wall clock across
+        # a DST change: every label after 02:00 an hour off on a 23- or 25-hour day)
+        set_fixed_ticks(ax.xaxis, ticks, [dt.datetime.fromtimestamp(start + h * 3600.0, t0.tzinfo).strftime("%H:%M")
+                                          for h in ticks], fontsize=8)
         ax.set_xlabel(f"time of day ({tz})")
         ax.set_ylabel(f"GPUs grouped by host ({n_gpus} GPUs, {len(centers)} hosts)")
 

@@ -353,6 +353,12 @@ def test_efficiency_scatter_shares_by_class():
     assert r.numbers["share_Moderate"] == pytest.approx(1 / 6)
     assert r.numbers["share_Inefficient"] == pytest.approx(1 / 6)
     assert r.numbers["share_Bottlenecked"] == 0
+    # an hour under 10 % utilization is Idle without a power reading: not a point, but its share
+    # counts, as in efficiency_classes (the scatter's legend read Idle 0.0 %)
+    t = table(GPU_HOURLY_EFFICIENCY, [hourly_row(0, 95.0, 0.9, "Efficient"), hourly_row(1, 3.0, None, "Idle")])
+    r = M.efficiency_scatter(t, DAY, TZ)
+    assert (r.numbers["points"], r.numbers["share_Idle"], r.numbers["share_Efficient"]) == (1, 0.5, 0.5)
+    assert r.numbers["share_Idle"] == M.efficiency_classes(t, DAY, TZ).numbers["share_Idle"]
 
 
 def test_efficiency_scatter_bins_two_million_points():
@@ -484,6 +490,11 @@ def test_imbalance_heatmap():
     assert r.numbers["max_cis"] == pytest.approx(0.8)
     with pytest.raises(ValueError, match="metric"):
         M.imbalance_heatmap(capacity_table(), DAY, TZ, metric="qps")
+    # the figure's max is the table's, not the color scale's cap (100)
+    t = capacity_table()
+    pool = pc.and_(pc.equal(t["source"], "htcondor"), pc.equal(t["device_class"], "ALL"))
+    t = t.set_column(t.schema.get_field_index("dcr"), "dcr", pc.if_else(pool, 200.0, t["dcr"]))
+    assert M.imbalance_heatmap(t, DAY, TZ).numbers["max_dcr"] == pytest.approx(200.0)
 
 
 def test_top_contributors():

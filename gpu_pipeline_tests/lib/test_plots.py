@@ -72,3 +72,33 @@ def test_fleet_and_device_images_in_one_call_equal_separate_renders():
         fresh = gpu_timeline_heatmap(rows, DAY, "America/Chicago", title=f"GPU timeline: {device}")
         assert image.png == fresh.png and image.numbers == fresh.numbers
         assert image.numbers["gpus"] == len(set(rows.column("gpu_id").to_pylist()))
+
+
+def test_heatmap_time_labels_are_local_clock_times_on_dst_days(monkeypatch):
+    """On the days the clocks change, each tick reads the local time at its instant (a timedelta
+    added to the local midnight kept the wall clock: every label after 02:00 an hour off)."""
+    from zoneinfo import ZoneInfo
+
+    from gpu_pipeline.lib import plots
+
+    ticks = []
+    real = plots.set_fixed_ticks
+
+    def capture(axis, positions, labels, **kw):
+        if axis.axis_name == "x":
+            ticks.append((list(positions), list(labels)))
+        return real(axis, positions, labels, **kw)
+
+    monkeypatch.setattr(plots, "set_fixed_ticks", capture)
+    zone = ZoneInfo("America/Chicago")
+    for day, hours in ((dt.date(2025, 3, 9), 23), (dt.date(2025, 11, 2), 25)):
+        start = dt.datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(dt.UTC)
+        rows = [{"bucket_start_utc": start + dt.timedelta(minutes=5 * b), "gpu_id": "GPU-1", "host": "h1",
+                 "state": "idle_shared", "n_slot_rows": 1} for b in range(hours * 12)]
+        ticks.clear()
+        gpu_timeline_heatmap(conform(pa.Table.from_pylist(rows), GPU_STATES), day, "America/Chicago")
+        (positions, labels), = ticks
+        expected = [(start + dt.timedelta(hours=h)).astimezone(zone).strftime("%H:%M") for h in positions]
+        assert labels == expected and len(positions) >= 11
+        assert labels[1] == ("03:00" if hours == 23 else "01:00")  # two hours after midnight
+        assert labels[-1] == "23:00"
