@@ -14,7 +14,9 @@ pass ``coverage_pct``. ``min_coverage_pct`` turns a day below that coverage into
 
 Style (titles with date and zone, units on every axis, local time axes, tier / state / device-class
 colors, folding beyond 12 categories) comes from :mod:`gpu_pipeline.lib.plot_style`. Only
-``matplotlib.figure.Figure`` is used (Agg), never pyplot.
+``matplotlib.figure.Figure`` is used (Agg), never pyplot. The figures colored by device class take
+``day_devices``, the day's device classes (``metrics/gpu_states``), so that a class has one color in
+all of them (:func:`~gpu_pipeline.lib.plot_style.device_colors`).
 """
 
 from __future__ import annotations
@@ -724,11 +726,11 @@ def _log_bins(lo: float, hi: float, n: int, min_width: float) -> np.ndarray:
 
 def _duration_figure(
     minutes: np.ndarray, devices: np.ndarray, name: str, day: dt.date, tz: str, quantity: str,
-    note: str, *, histogram: bool = True,
+    note: str, *, histogram: bool = True, day_devices: Sequence[str] = (),
 ) -> tuple[object, dict[str, float]]:
     """Histogram (stacked by device class, log bins) and ECDF per device class + ALL, log x."""
     shown, label = _device_groups(devices)
-    colors = S.device_colors(shown)
+    colors = S.device_colors(shown, day_devices)
     lo = max(0.5, float(np.nanmin(minutes)) * 0.8)
     hi = max(lo * 2, float(np.nanmax(minutes)) * 1.25)
     fig = S.new_figure(13 if histogram else 9.5, 4.8)
@@ -780,7 +782,8 @@ def _duration_figure(
 
 
 def availability_durations(
-    periods: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None
+    periods: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None,
+    day_devices: Sequence[str] = (),
 ) -> Rendered:
     """Durations of the backfill availability periods (``availability_periods`` pieces of the day
     that ended in it, i.e. not ``open``), histogram and ECDF by device class, log x in minutes.
@@ -802,13 +805,15 @@ def availability_durations(
     note = (f"{int(ended.sum())} periods ended in the day; {int((reason == 'open').sum())} still open at the "
             f"day end (not shown); {int(truncated)} began before midnight (durations from midnight)")
     fig, numbers = _duration_figure(dur[ended] / 60.0, _strs(periods, "device_name")[ended], name, day, tz,
-                                    "period duration", note)
+                                    "period duration", note, day_devices=day_devices)
     numbers["open_at_day_end"] = float((reason == "open").sum())
     numbers["available_gpu_hours"] = float(np.nansum(dur) / HOUR_S)
     return S.finish(fig, _with_coverage(numbers, coverage_pct))
 
 
-def time_to_claim(periods: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None) -> Rendered:
+def time_to_claim(
+    periods: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None, day_devices: Sequence[str] = ()
+) -> Rendered:
     """Time from a GPU becoming available to a backfill job claiming it: durations of the periods
     that ended ``backfill_claimed``, histogram and ECDF by device class (log x, minutes).
 
@@ -828,12 +833,14 @@ def time_to_claim(periods: pa.Table, day: dt.date, tz: str, *, coverage_pct: flo
     n = int(claimed.sum())
     note = f"{n} of {ended} ended periods ended with a backfill claim ({100.0 * n / max(ended, 1):.0f} %)"
     fig, numbers = _duration_figure(dur[claimed] / 60.0, _strs(periods, "device_name")[claimed], name, day, tz,
-                                    "time to claim", note)
+                                    "time to claim", note, day_devices=day_devices)
     numbers["claimed_share"] = n / max(ended, 1)
     return S.finish(fig, _with_coverage(numbers, coverage_pct))
 
 
-def runtime_to_eviction(evictions: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None) -> Rendered:
+def runtime_to_eviction(
+    evictions: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None, day_devices: Sequence[str] = ()
+) -> Rendered:
     """ECDF of the runtime of backfill runs before their eviction, by device class (log x in
     minutes). Runtimes that are lower bounds (run already going at the first snapshot read) are
     counted and noted.
@@ -849,13 +856,14 @@ def runtime_to_eviction(evictions: pa.Table, day: dt.date, tz: str, *, coverage_
     lb = int(np.nansum(_num(evictions, "runtime_is_lower_bound")[ok] == 1))
     note = f"{int(ok.sum())} evictions" + (f"; {lb} runtimes are lower bounds" if lb else "")
     fig, numbers = _duration_figure(rt[ok] / 60.0, _strs(evictions, "device_name")[ok], name, day, tz,
-                                    "runtime before eviction", note, histogram=False)
+                                    "runtime before eviction", note, histogram=False, day_devices=day_devices)
     numbers["lower_bound_runtimes"] = float(lb)
     return S.finish(fig, _with_coverage(numbers, coverage_pct))
 
 
 def evictions_by_hour(
-    evictions: pa.Table, rates: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None
+    evictions: pa.Table, rates: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None,
+    day_devices: Sequence[str] = (),
 ) -> Rendered:
     """Evictions (top) and lost GPU-hours (bottom) by local hour of day, stacked by device class;
     the top panel also draws the eviction rate per backfill GPU-hour (``eviction_rates``, device
@@ -883,7 +891,7 @@ def evictions_by_hour(
     hour = _local_hour(_epoch_s(evictions, "evicted_utc"), tz)
     lost = _num(evictions, "lost_gpu_hours")
     shown, label = _device_groups(_strs(evictions, "device_name")) if evictions.num_rows else ([], np.array([]))
-    colors = S.device_colors(shown)
+    colors = S.device_colors(shown, day_devices)
     fig = S.new_figure(12, 7)
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     x = np.arange(24)
@@ -1495,7 +1503,9 @@ _DIM_TITLES = {"device_class": "device class", "owner": "owner", "project": "pro
                "cluster_queue": "Kueue ClusterQueue"}
 
 
-def top_contributors(top: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None) -> Rendered:
+def top_contributors(
+    top: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None, day_devices: Sequence[str] = ()
+) -> Rendered:
     """Who queued the GPU demand: horizontal bars of idle-job GPU-hours for the top 10 keys of each
     dimension (device class, owner, project, schedd; Kueue ClusterQueue), one panel per source x
     dimension, with each key's share of the source's total.
@@ -1534,7 +1544,7 @@ def top_contributors(top: pa.Table, day: dt.date, tz: str, *, coverage_pct: floa
         labels = [str(x) if len(str(x)) <= 30 else str(x)[:29] + "…" for x in key[idx]]
         color = "#6a3d9a" if s == "htcondor" else "#1b7837"
         if d == "device_class":
-            colors = S.device_colors(key[idx].tolist())
+            colors = S.device_colors(key[idx].tolist(), day_devices)
             bar_colors = [colors[x] if x not in ("ANY", "(none)") else "#888888" for x in key[idx]]
         else:
             bar_colors = [color] * len(idx)

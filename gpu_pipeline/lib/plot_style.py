@@ -149,10 +149,11 @@ def tier_style(tier: str) -> dict[str, object]:
     return {"color": TIER_COLORS.get(tier, OTHER_COLOR), "linestyle": "-", "linewidth": 1.4}
 
 
-#: Device-class color cycle (tab10 without its gray, plus navy, dark teal and salmon); gray is "other".
+#: Device-class color cycle (tab10 without its gray, plus navy, dark teal, salmon and plum): 13
+#: colors, as :func:`fold_top` draws up to 13 classes unfolded; gray is "other".
 DEVICE_CYCLE: tuple[str, ...] = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-    "#e377c2", "#bcbd22", "#17becf", "#393b79", "#01665e", "#ff9896",
+    "#e377c2", "#bcbd22", "#17becf", "#393b79", "#01665e", "#ff9896", "#7b4173",
 )
 
 #: Efficiency classes (DESIGN.md 5.5) from best to worst, then Idle.
@@ -174,15 +175,20 @@ SEVERITY_COLORS: dict[str, str] = {
 }
 
 
-def device_colors(names: Iterable[str]) -> dict[str, str]:
-    """A color per device class, stable across figures: each name hashes (crc32) to a slot of
-    :data:`DEVICE_CYCLE`, colliding names take the next free slot (names processed in sorted
-    order, so the result depends only on the set). ``"other"`` is gray, ``"ALL"`` black; beyond
-    12 names the cycle repeats (fold first with :func:`fold_top`)."""
+def device_colors(names: Iterable[str], day_devices: Iterable[str] = ()) -> dict[str, str]:
+    """A color per device class: each name hashes (crc32) to a slot of :data:`DEVICE_CYCLE`,
+    colliding names take the next free slot. The names of ``day_devices`` (the day's device
+    classes, the same for every figure of the day) are placed first, in sorted order, then the
+    other ``names``: so a class has the same color in every figure of the day that passes the
+    same ``day_devices``, whichever classes each figure shows (without it, the colors depend on
+    the set of ``names``: two figures of one day could give one color to two classes).
+    ``"other"`` is gray, ``"ALL"`` black; beyond 13 classes the cycle repeats (fold first with
+    :func:`fold_top`)."""
     out: dict[str, str] = {}
     used: set[int] = set()
     n = len(DEVICE_CYCLE)
-    for name in sorted(set(names)):
+    first = sorted(set(day_devices) - {OTHER, "ALL"})
+    for name in [*first, *sorted(set(names) - set(first))]:
         if name == OTHER:
             out[name] = OTHER_COLOR
             continue

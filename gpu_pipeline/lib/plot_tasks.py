@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpu_pipeline.lib import metric_plots as P
 from gpu_pipeline.lib.allocation import ALLOCATION_BUCKETS, ALLOCATION_DAILY
@@ -33,6 +34,7 @@ class PlotDef:
     inputs: tuple[TableSpec, ...]  # the partition tables, in the function's argument order
     description: str
     columns: dict[str, tuple[str, ...]] | None = None  # input path -> the only columns the plot reads
+    day_devices: bool = False  # colored by device class: gets the day's classes (one color per class)
 
 
 PLOTS: dict[str, PlotDef] = {
@@ -45,11 +47,11 @@ PLOTS: dict[str, PlotDef] = {
                                "One-page daily report: allocation lines, counts, heatmap, distribution, state shares.",
                                columns={GPU_STATES.path: ("state",)}),
     "availability_durations": PlotDef(P.availability_durations, (AVAILABILITY_PERIODS,),
-                                      "Backfill availability period durations: histogram + ECDF by device class."),
-    "time_to_claim": PlotDef(P.time_to_claim, (AVAILABILITY_PERIODS,), "Time until a backfill job claims an idle GPU."),
+                                      "Backfill availability period durations: histogram + ECDF by device class.", day_devices=True),
+    "time_to_claim": PlotDef(P.time_to_claim, (AVAILABILITY_PERIODS,), "Time until a backfill job claims an idle GPU.", day_devices=True),
     "evictions_by_hour": PlotDef(P.evictions_by_hour, (EVICTIONS, EVICTION_RATES),
-                                 "Evictions and lost GPU-hours by local hour of day and device class."),
-    "runtime_to_eviction": PlotDef(P.runtime_to_eviction, (EVICTIONS,), "ECDF of runtime before eviction by device."),
+                                 "Evictions and lost GPU-hours by local hour of day and device class.", day_devices=True),
+    "runtime_to_eviction": PlotDef(P.runtime_to_eviction, (EVICTIONS,), "ECDF of runtime before eviction by device.", day_devices=True),
     "efficiency_scatter": PlotDef(P.efficiency_scatter, (GPU_HOURLY_EFFICIENCY,),
                                   "Utilization vs power intensity (PIF) per GPU-hour with the class thresholds."),
     "efficiency_classes": PlotDef(P.efficiency_classes, (GPU_HOURLY_EFFICIENCY,), "GPU-hours per efficiency class."),
@@ -57,7 +59,7 @@ PLOTS: dict[str, PlotDef] = {
     "demand_capacity_panels": PlotDef(P.demand_capacity_panels, (DEMAND_CAPACITY,),
                                       "Demand vs idle capacity, allocation vs efficiency gap, CIS with thresholds."),
     "imbalance_heatmap": PlotDef(P.imbalance_heatmap, (DEMAND_CAPACITY,), "Hour x device-class demand/capacity ratio."),
-    "top_contributors": PlotDef(P.top_contributors, (DEMAND_TOP_CONTRIBUTORS,), "Top contributors to idle demand."),
+    "top_contributors": PlotDef(P.top_contributors, (DEMAND_TOP_CONTRIBUTORS,), "Top contributors to idle demand.", day_devices=True),
 }
 
 
@@ -68,10 +70,23 @@ class _DayTables:
         self.store = store
         self.day: str | None = None
         self.tables: dict[tuple[str, tuple[str, ...] | None], pa.Table] = {}
+        self.devices: list[str] | None = None
+
+    def _day(self, day: str) -> None:
+        if day != self.day:
+            self.day, self.tables, self.devices = day, {}, None
+
+    def day_devices(self, day: str) -> list[str]:
+        """The day's device classes: every ``device_name`` of its GPU states."""
+        self._day(day)
+        if self.devices is None:
+            names = (self.store.read_table(GPU_STATES, day, ["device_name"], dictionary=["device_name"])["device_name"]
+                     if self.store.has_partition(GPU_STATES, day) else pa.chunked_array([], pa.string()))
+            self.devices = sorted(str(x) for x in pc.unique(names.combine_chunks()).to_pylist() if x is not None)
+        return self.devices
 
     def get(self, spec: TableSpec, day: str, columns: tuple[str, ...] | None = None) -> pa.Table:
-        if day != self.day:
-            self.day, self.tables = day, {}
+        self._day(day)
         key = (spec.path, columns)
         if key not in self.tables:
             if self.store.has_partition(spec, day):
@@ -93,8 +108,9 @@ def render_plot(root: str, name: str, day: str, tz: str) -> Rendered:
         _tables = _DayTables(Store(root))
     plot = PLOTS[name]
     columns = plot.columns or {}
+    extra = {"day_devices": _tables.day_devices(day)} if plot.day_devices else {}
     return plot.render(*(_tables.get(spec, day, columns.get(spec.path)) for spec in plot.inputs),
-                       dt.date.fromisoformat(day), tz)
+                       dt.date.fromisoformat(day), tz, **extra)
 
 
 class PlotRenderer:

@@ -576,7 +576,8 @@ def test_style_helpers():
     assert S.short_device("Tesla V100-SXM2-32GB") == "V100-SXM2-32GB"
     shown, label = S.fold_top({f"m{i:02d}": float(i) for i in range(20)})
     assert len(shown) == 13 and shown[-1] == "other" and label["m00"] == "other" and label["m19"] == "m19"
-    colors = S.device_colors([f"m{i:02d}" for i in range(12)])
-    assert len(set(colors.values())) == 12  # no two shown classes share a color
+    colors = S.device_colors([f"m{i:02d}" for i in range(13)])
+    assert len(set(colors.values())) == 13  # no two shown classes share a color (fold_top draws up to 13)
+    assert len(S.fold_top({f"m{i:02d}": 1.0 for i in range(13)})[0]) == 13
     assert S.device_colors(["m01", "m02"])["m01"] == S.device_colors(["m02", "m01", "other"])["m01"]
     assert S.STATE_COLORS["busy_backfill"] == "#4488ff"  # the DESIGN.md 5.1 palette, re-exported

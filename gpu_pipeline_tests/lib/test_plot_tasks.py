@@ -80,3 +80,45 @@ def test_plot_helpers_from_the_environment(monkeypatch, store):
     with PlotRenderer(store, [DAY], ["time_to_claim"], M.TZ) as r:
         r.day(DAY)
     assert r.rendered == {"here": 1, "helpers": 0}
+
+
+def test_a_device_class_has_one_color_in_every_figure_of_the_day(tmp_path, monkeypatch):
+    """Two classes whose names hash to one color slot: a figure showing only the second gave it
+    that slot's color, a figure showing both gave it the next one. The figures of a day now place
+    the day's classes (its GPU states') first, so each class keeps one color across them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from gpu_pipeline.lib import metric_plots as P
+    from gpu_pipeline.lib import plot_style as S
+    from gpu_pipeline.lib import plot_tasks
+
+    first, second = "NVIDIA Model 0", "NVIDIA Model 3"  # crc32 % 13 == 2 for both
+
+    def devices(table: pa.Table, names: list[str]) -> pa.Table:
+        values = pa.array([names[i % len(names)] for i in range(table.num_rows)], pa.string())
+        return table.set_column(table.schema.get_field_index("device_name"), "device_name", values)
+
+    periods, evictions = devices(M.periods_table(), [second]), devices(M.evictions_table(), [first, second])
+    s = Store(tmp_path / "data")
+    for spec, table in ((GPU_STATES, devices(M.states_table(), [first, second])), (AVAILABILITY_PERIODS, periods),
+                        (EVICTIONS, evictions), (EVICTION_RATES, M.rates_table())):
+        s.write_partition(spec, DAY, table)
+    seen = []
+    real = S.device_colors
+
+    def record(names, day_devices=()):
+        seen.append(real(names, day_devices))
+        return seen[-1]
+
+    monkeypatch.setattr(S, "device_colors", record)
+    # without the day's classes the two figures disagree (the defect this guards against)
+    P.availability_durations(periods, M.DAY, M.TZ)
+    P.evictions_by_hour(evictions, M.rates_table(), M.DAY, M.TZ)
+    assert seen[0][second] != seen[1][second]
+    seen.clear()
+    for name in ("availability_durations", "time_to_claim", "evictions_by_hour", "runtime_to_eviction"):
+        plot_tasks.render_plot(str(s.root), name, DAY, M.TZ)
+    assert len(seen) == 4 and {c[second] for c in seen} == {seen[0][second]} and seen[2][first] != seen[2][second]
+    assert plot_tasks._tables.day_devices(DAY) == [first, second]
+    assert set(pc.unique(s.read_table(GPU_STATES, DAY)["device_name"]).to_pylist()) == {first, second}
