@@ -22,6 +22,7 @@ all of them (:func:`~gpu_pipeline.lib.plot_style.device_colors`).
 from __future__ import annotations
 
 import datetime as dt
+import textwrap
 from collections.abc import Callable, Sequence
 from zoneinfo import ZoneInfo
 
@@ -163,10 +164,18 @@ def _coverage_note(coverage: float | None) -> str | None:
 
 
 def _titled(fig, name: str, day: dt.date, tz: str, *notes: str | None) -> None:
-    """Figure title with the date and zone; notes joined on a second line."""
-    line = "  ·  ".join(n for n in notes if n)
+    """Figure title with the date and zone; notes joined on a second line, wrapped (between notes
+    first) to the figure's width, so that no note runs off the figure's edges."""
+    width = max(20, int(fig.get_figwidth() * 72 / (S.FS_TITLE * 0.62)))  # characters a line holds
+    lines: list[str] = []
+    for note in (n for n in notes if n):
+        for k, part in enumerate(note.split("\n")):  # a note's own line breaks are kept
+            if k == 0 and lines and len(f"{lines[-1]}  ·  {part}") <= width:
+                lines[-1] = f"{lines[-1]}  ·  {part}"
+            else:
+                lines.extend(textwrap.wrap(part, width) or [""])
     text = S.title(name, day, tz)
-    fig.suptitle(f"{text}\n{line}" if line else text, fontsize=S.FS_TITLE)
+    fig.suptitle("\n".join([text, *lines]), fontsize=S.FS_TITLE)
 
 
 def _legend_right(ax: Axes, handles, labels=None, title: str | None = None, fontsize: float = S.FS_NOTE):
@@ -1469,7 +1478,7 @@ def imbalance_heatmap(
     ax.set_ylabel("device class", fontsize=S.FS_LABEL)
     cb = fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
     if metric == "dcr":
-        cb.set_label("DCR = demand / idle GPUs (log; capped at 100)", fontsize=S.FS_LABEL)
+        cb.set_label("DCR = demand / idle GPUs\n(log; capped at 100)", fontsize=S.FS_LABEL)  # two lines: a 1-row figure is short
         cb.set_ticks([0.01, 0.1, 1, 10, 100])
         cb.set_ticklabels(["≤0.01", "0.1", "1", "10", "≥100"])
     else:

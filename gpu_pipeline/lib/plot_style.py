@@ -330,7 +330,7 @@ def no_data(name: str, day: dt.date, tz: str, reason: str, coverage_pct: float |
     """The "No data — coverage N %" figure of :func:`render_no_data`; ``numbers`` holds only
     ``coverage_pct`` when it is known."""
     cov = "unknown" if coverage_pct is None else f"{coverage_pct:.0f} %"
-    rendered = render_no_data(title(name, day, tz), f"No data — coverage {cov}\n{reason}")
+    rendered = render_no_data(title(name, day, tz), f"No data — coverage {cov}\n{reason}", PREVIEW_WIDTH_PX)
     rendered.numbers = {} if coverage_pct is None else {"coverage_pct": float(coverage_pct)}
     return rendered
 

@@ -473,13 +473,15 @@ def _place_axis_label(ax, axis, offset: float, renderer: RendererAgg, labels: li
         axis.set_label_coords(0.0 if side == "left" else 1.0, y, transform=ax.transAxes + shift)
 
 
-def render_no_data(title: str, message: str) -> Rendered:
+def render_no_data(title: str, message: str, preview_width_px: int = HEATMAP_PREVIEW_WIDTH_PX) -> Rendered:
+    """The "No data" figure: the title and the message (its preview as wide as the figure it
+    stands for: the heatmap's by default)."""
     fig = Figure(figsize=(10, 3))
     ax = fig.add_subplot()
     ax.axis("off")
     ax.set_title(title)
     ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=14, color="#555555")
-    png, preview = png_and_preview(fig, 100, HEATMAP_PREVIEW_WIDTH_PX)
+    png, preview = png_and_preview(fig, 100, preview_width_px)
     return Rendered(png=png, preview_png=preview, numbers={})
 
 

@@ -539,6 +539,8 @@ def test_empty_day_gives_the_no_data_figure(name):
     assert is_no_data(r), name
     if "coverage_pct" in r.numbers:
         assert r.numbers["coverage_pct"] == 0
+    # its preview is as wide as the metric plots' (it was the GPU heatmap's 900 px)
+    assert Image.open(io.BytesIO(r.preview_png)).width <= S.PREVIEW_WIDTH_PX
 
 
 def test_rows_without_usable_values_give_the_no_data_figure():
@@ -581,3 +583,43 @@ def test_style_helpers():
     assert len(S.fold_top({f"m{i:02d}": 1.0 for i in range(13)})[0]) == 13
     assert S.device_colors(["m01", "m02"])["m01"] == S.device_colors(["m02", "m01", "other"])["m01"]
     assert S.STATE_COLORS["busy_backfill"] == "#4488ff"  # the DESIGN.md 5.1 palette, re-exported
+
+
+def test_long_title_notes_wrap_within_the_figure():
+    """The notes under a title are wrapped to the figure's width (a partial day's coverage note
+    ran past both edges of the efficiency class figure); a note's own line break is kept."""
+    fig = S.new_figure(8, 3)
+    notes = ("GPU-hours by class over the day's 1,234 GPU-hours, 87 without power readings (no class)",
+             "partial day: coverage 75 % of the day's hours", "no job named a device class\nsecond line")
+    M._titled(fig, "GPU efficiency classes", DAY, TZ, *notes)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    box = fig._suptitle.get_window_extent(canvas.get_renderer())
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width
+    text = fig._suptitle.get_text().split("\n")
+    assert len(text) >= 4 and text[-1] == "second line" and "coverage 75 %" in fig._suptitle.get_text()
+
+
+def test_dcr_heatmap_color_bar_label_fits_a_short_figure(monkeypatch):
+    """With the whole pool as the only row the figure is 2.3 in tall: the color bar's label must
+    fit in it (on one line it ran past the figure's top and bottom)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    t = capacity_table()
+    t = t.filter(pc.and_(pc.equal(t["source"], "htcondor"), pc.equal(t["device_class"], "ALL")))
+    boxes = []
+    finish = S.finish
+
+    def spy(fig, numbers, **kw):
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        boxes.extend((ax.yaxis.label.get_window_extent(canvas.get_renderer()), fig.bbox.height)
+                     for ax in fig.axes if ax.yaxis.label.get_text().startswith("DCR"))
+        return finish(fig, numbers, **kw)
+
+    monkeypatch.setattr(S, "finish", spy)
+    check(M.imbalance_heatmap(t, DAY, TZ))
+    ((box, height),) = boxes
+    assert 0 <= box.y0 and box.y1 <= height
