@@ -54,6 +54,7 @@ from matplotlib.transforms import ScaledTranslation  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from gpu_pipeline.lib.schemas import STATES  # noqa: E402
+from gpu_pipeline.lib.states import BUCKET  # noqa: E402
 
 # DESIGN.md 5.1 palette; idle_backfill (not in the original tool) is a pale orange between
 # idle_shared and na so it reads as "idle capacity".
@@ -82,6 +83,7 @@ HEATMAP_DPI = 100
 #: The ``metrics/gpu_states`` columns :func:`gpu_timeline_heatmaps` reads.
 HEATMAP_COLUMNS = ("bucket_start_utc", "gpu_id", "host", "device_name", "state")
 HEATMAP_PREVIEW_WIDTH_PX = 900
+BUCKET_S = int(BUCKET.total_seconds())  #: a heatmap column: one 5-minute state bucket
 #: zlib level of the full PNGs: 1 encodes several times faster than the default 6; plots are
 #: flat colors and text, so the files grow by well under 2x. Previews are small (and embedded in
 #: the asset metadata): they keep the default level.
@@ -553,6 +555,13 @@ def _encode_states(states: pa.Table) -> _Encoded:
     return _Encoded(bucket=bucket, gpu=gpu, host=host, state=state, gpus=len(gpu_names), host_names=host_names)
 
 
+def _day_grid(day: dt.date, tz: str) -> tuple[float, float]:
+    """The local day's bounds (epoch seconds): the heatmap's columns are its 5-minute buckets."""
+    from gpu_pipeline.lib.plot_style import day_bounds_s  # plot_style imports this module
+
+    return day_bounds_s(day, tz)
+
+
 def gpu_timeline_heatmap(
     states: pa.Table,
     day: dt.date,
@@ -570,7 +579,7 @@ def gpu_timeline_heatmap(
     full_title = f"{title} — {day.isoformat()} ({tz})"
     if states.num_rows == 0:
         return render_no_data(full_title, "No data: no GPU was seen in any snapshot this day")
-    return _HeatmapFigure().render(_encode_states(states), None, tz, full_title, preview)
+    return _HeatmapFigure().render(_encode_states(states), None, _day_grid(day, tz), tz, full_title, preview)
 
 
 def gpu_timeline_heatmaps(
@@ -585,7 +594,8 @@ def gpu_timeline_heatmaps(
         return render_no_data(full_title, "No data: no GPU was seen in any snapshot this day"), {}
     enc = _encode_states(states)
     figure = _HeatmapFigure()
-    main = figure.render(enc, None, tz, full_title, True)
+    grid = _day_grid(day, tz)
+    main = figure.render(enc, None, grid, tz, full_title, True)
     dev = pc.dictionary_encode(states.column("device_name").combine_chunks())
     dev_idx = np.asarray(pc.fill_null(dev.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
     names = dev.dictionary.to_pylist()
@@ -593,7 +603,8 @@ def gpu_timeline_heatmaps(
     for k in sorted(range(len(names)), key=names.__getitem__):
         device = names[k]
         if device:
-            out[device] = figure.render(enc, dev_idx == k, tz, f"{title}: {device} — {day.isoformat()} ({tz})", False)
+            out[device] = figure.render(enc, dev_idx == k, grid, tz, f"{title}: {device} — {day.isoformat()} ({tz})",
+                                        False)
     return main, out
 
 
@@ -614,7 +625,8 @@ class _HeatmapFigure:
         self.canvas = _Canvas(self.fig)
         self.tick_artists: list = []
 
-    def render(self, enc: _Encoded, rows: np.ndarray | None, tz: str, full_title: str, preview: bool) -> Rendered:
+    def render(self, enc: _Encoded, rows: np.ndarray | None, grid: tuple[float, float], tz: str, full_title: str,
+               preview: bool) -> Rendered:
         bucket, gpu, host, state = enc.bucket, enc.gpu, enc.host, enc.state
         if rows is not None:
             bucket, gpu, host, state = bucket[rows], gpu[rows], host[rows], state[rows]
@@ -622,9 +634,14 @@ class _HeatmapFigure:
         pair = np.unique(host * enc.gpus + gpu)
         last = np.full(enc.gpus, -1, dtype=np.int64)
         np.maximum.at(last, pair % enc.gpus, np.arange(pair.size))
-        times, col_of_record = np.unique(bucket, return_inverse=True)
-        mat = np.full((pair.size, times.size), STATES.index("na"), dtype=np.int8)
-        mat[last[gpu], col_of_record] = state
+        # Columns: every 5-minute bucket of the local day, whether the table has it or not (a bucket
+        # missing from the table is drawn na where it is, not squeezed out of the time axis).
+        start, end = grid
+        n_cols = max(1, int(round((end - start) / BUCKET_S)))
+        col = np.floor_divide(bucket - int(start * 1e6), int(BUCKET_S * 1e6))
+        inside = (col >= 0) & (col < n_cols)
+        mat = np.full((pair.size, n_cols), STATES.index("na"), dtype=np.int8)
+        mat[last[gpu][inside], col[inside]] = state[inside]
 
         n_gpus = int(pair.size)
         fig, ax = self.fig, self.ax
@@ -633,8 +650,6 @@ class _HeatmapFigure:
         height = float(np.clip(n_gpus * 0.03, 2.5, 26.0)) + bottom_in + top_in
         fig.set_size_inches(14, height)
         ax.set_position((0.16, bottom_in / height, 0.82, 1 - (bottom_in + top_in) / height))
-        start = times[0] / 1e6
-        end = times[-1] / 1e6 + 300
         hours = (end - start) / 3600.0
         t0 = dt.datetime.fromtimestamp(start, ZoneInfo(tz))
         self.image.set_data(_PALETTE[mat])

@@ -102,3 +102,35 @@ def test_heatmap_time_labels_are_local_clock_times_on_dst_days(monkeypatch):
         assert labels == expected and len(positions) >= 11
         assert labels[1] == ("03:00" if hours == 23 else "01:00")  # two hours after midnight
         assert labels[-1] == "23:00"
+
+
+def test_heatmap_columns_are_the_days_buckets_even_where_the_table_has_none():
+    """Buckets missing from the table are na where they are: the time axis is the local day, not
+    the buckets present squeezed over it (a 6-hour hole drew 12:00 at 08:00, shares without it)."""
+    from gpu_pipeline.lib.plot_style import day_bounds_s
+
+    tz = "America/Chicago"
+    start, _ = day_bounds_s(DAY, tz)
+
+    def rows(buckets):
+        return conform(pa.Table.from_pylist([
+            {"bucket_start_utc": dt.datetime.fromtimestamp(start + 300 * b, dt.UTC), "gpu_id": "GPU-1", "host": "h1",
+             "state": "busy_shared" if b < 144 else "idle_shared", "n_slot_rows": 1} for b in buckets]), GPU_STATES)
+
+    full = gpu_timeline_heatmap(rows(range(288)), DAY, tz)
+    hole = gpu_timeline_heatmap(rows([b for b in range(288) if not 24 <= b < 96]), DAY, tz)
+    late = gpu_timeline_heatmap(rows(range(36, 288)), DAY, tz)
+    assert (full.numbers["share_na"], full.numbers["share_busy_shared"]) == (0.0, 0.5)
+    assert (hole.numbers["share_na"], hole.numbers["share_busy_shared"], hole.numbers["share_idle_shared"]) == (
+        0.25, 0.25, 0.5)
+    assert late.numbers["share_na"] == 36 / 288
+    # where the switch from busy to idle is drawn: the same column, 12:00 local, in both images
+    def switch(png):
+        img = pixels(png)[..., :3]
+        busy, idle = hexrgb(STATE_COLORS["busy_shared"]), hexrgb(STATE_COLORS["idle_shared"])
+        y = np.flatnonzero(np.isclose(img, idle, atol=0.01).all(axis=-1).any(axis=1))[0]
+        row = img[y]
+        last_busy = np.flatnonzero(np.isclose(row, busy, atol=0.01).all(axis=-1))[-1]
+        return last_busy
+
+    assert switch(hole.png) == switch(full.png)
