@@ -38,9 +38,11 @@ LATE_RECORDS_DAYS = 3
     execution_timezone=daily_partitions.timezone,
     default_status=dg.DefaultScheduleStatus.STOPPED,
 )
-def late_records_rerun(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+def late_records_rerun(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
     keys = daily_partitions.get_partition_keys(current_time=context.scheduled_execution_time)
     last = keys[-LATE_RECORDS_DAYS:]
+    if not last:  # the partitions' first day is not complete yet
+        return dg.SkipReason("no complete day yet: the partitions start today")
     return dg.RunRequest(
         run_key=f"late-{last[0]}-{last[-1]}",
         tags={

@@ -240,3 +240,9 @@ def test_late_records_schedule_reruns_the_last_three_days_as_one_range(defs):
     tags = data.run_requests[0].tags
     assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
         "2025-08-04", "2025-08-06")
+    # on the partitions' first day no day is complete: a skip, not an error (last[0] of no days)
+    first = dt.datetime.combine(dt.date.fromisoformat(defs.resolve_job_def("daily_pipeline").partitions_def
+                                                      .get_first_partition_key()), dt.time(5, 45), dt.UTC)
+    with dg.instance_for_test() as instance:
+        data = schedule.evaluate_tick(dg.build_schedule_context(instance=instance, scheduled_execution_time=first))
+    assert data.run_requests == [] and "no complete day" in data.skip_message

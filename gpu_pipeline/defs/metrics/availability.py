@@ -57,12 +57,15 @@ def availability(context: dg.AssetExecutionContext, data_store: DataStoreResourc
             st_sql, st_params = store.relation_sql(GPU_STATES, _days_back(day, 1))
             sn_sql, sn_params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [day])
             periods = compute_availability_periods(con, st_sql, st_params, start, end, sn_sql, sn_params)
-            # the summary reads the day's periods back from the store: write them whenever the
-            # summary is computed, even in a run that selected only the summary
-            result = data_store.store().write_partition(AVAILABILITY_PERIODS, day, periods)
-            # the day's periods are on disk now: summarize with the previous days' pieces
-            p_sql, p_params = store.relation_sql(AVAILABILITY_PERIODS, _days_back(day, LOOKBACK_DAYS))
-            summary = compute_availability_summary(con, p_sql, p_params, start, end)
+            # written only when selected: a run of the summary alone leaves the periods' file as
+            # Dagster recorded it (writing it there replaced it with no materialization)
+            result = store.write_partition(AVAILABILITY_PERIODS, day, periods)
+            # the summary: the previous days' pieces from the store, and the day's from memory
+            prev_sql, p_params = store.relation_sql(AVAILABILITY_PERIODS, _days_back(day, LOOKBACK_DAYS)[:-1])
+            con.register("periods_of_the_day", periods)
+            summary = compute_availability_summary(
+                con, f"(SELECT * FROM {prev_sql} UNION ALL BY NAME SELECT * FROM periods_of_the_day)", p_params,
+                start, end)
         finally:
             con.close()
         s, e = periods["start_utc"], periods["end_utc"]

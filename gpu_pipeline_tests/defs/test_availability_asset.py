@@ -1,0 +1,58 @@
+"""The availability multi-asset through Dagster: a run of the summary alone."""
+
+import datetime as dt
+
+import dagster as dg
+import pyarrow as pa
+
+from gpu_pipeline.defs.metrics.availability import PERIODS_KEY, SUMMARY_KEY, availability
+from gpu_pipeline.defs.resources import DataStoreResource
+from gpu_pipeline.lib.availability import AVAILABILITY_PERIODS, AVAILABILITY_SUMMARY
+from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_STATES, conform
+from gpu_pipeline.lib.store import Store
+
+UTC = dt.UTC
+DAY = dt.date(2025, 8, 6)
+GPU = "GPU-bbbbbbbb"
+
+
+def _write_day(store: Store, idle_until_hour: int) -> None:
+    """One backfill GPU: idle (available) from midnight to ``idle_until_hour``, then claimed."""
+    t, states = dt.datetime.combine(DAY, dt.time(), UTC), []
+    while t.date() == DAY:
+        idle = t.hour < idle_until_hour
+        states.append({"bucket_start_utc": t, "gpu_id": GPU, "host": "h1", "device_name": "NVIDIA A100",
+                       "slot_name": "backfill1@h1", "tier": "backfill",
+                       "state": "idle_backfill" if idle else "busy_backfill", "n_slot_rows": 1})
+        t += dt.timedelta(minutes=5)
+    store.write_partition(GPU_STATES, DAY.isoformat(), conform(pa.Table.from_pylist(states), GPU_STATES))
+    slots = [{"snapshot_utc": r["bucket_start_utc"], "host": "h1", "slot_name": "backfill1@h1", "gpu_id": GPU,
+              "tier": "backfill", "is_backfill_slot": True,
+              "slot_state": "Unclaimed" if r["state"] == "idle_backfill" else "Claimed"} for r in states]
+    store.write_partition(CLEAN_SLOT_SNAPSHOTS, DAY.isoformat(),
+                          conform(pa.Table.from_pylist(slots), CLEAN_SLOT_SNAPSHOTS))
+
+
+def test_a_run_of_the_summary_alone_leaves_the_periods_file_as_dagster_recorded_it(tmp_path):
+    """The summary needs the day's periods: it now takes them from memory. It wrote them to the
+    periods' file, which Dagster had not materialized in that run: the file changed under the
+    recorded materialization (bytes, digest) and the plots reading it were not marked stale."""
+    store = Store(tmp_path / "data")
+    resources = {"data_store": DataStoreResource(data_root=str(store.root))}
+    _write_day(store, idle_until_hour=6)
+    with dg.instance_for_test() as instance:
+        assert dg.materialize([availability], resources=resources, partition_key=DAY.isoformat(),
+                              instance=instance).success
+        path = store.partition_file(AVAILABILITY_PERIODS, DAY.isoformat())
+        before = (path.stat().st_ino, path.stat().st_mtime_ns, path.read_bytes())
+        hours_before = store.read_table(AVAILABILITY_SUMMARY, DAY.isoformat()).to_pylist()
+        _write_day(store, idle_until_hour=9)  # the states change: three more hours available
+        assert dg.materialize([availability], resources=resources, partition_key=DAY.isoformat(),
+                              instance=instance, selection=[SUMMARY_KEY]).success
+        assert (path.stat().st_ino, path.stat().st_mtime_ns, path.read_bytes()) == before
+        events = instance.fetch_materializations(PERIODS_KEY, limit=10).records
+        assert len(events) == 1
+    summary = {(r["device_name"], r["tier"]): r for r in store.read_table(AVAILABILITY_SUMMARY, DAY.isoformat()).to_pylist()}
+    old = {(r["device_name"], r["tier"]): r for r in hours_before}
+    assert old[("ALL", "ALL")]["available_gpu_hours"] == 6.0
+    assert summary[("ALL", "ALL")]["available_gpu_hours"] == 9.0  # from the day's periods in memory
