@@ -171,7 +171,11 @@ class RawStream:
             self.root = Path(telemetry_dir)
             if not self.root.is_dir():
                 raise FileNotFoundError(f"{self.root}: telemetry directory does not exist")
-            self.reader = TelemetryDir(self.root, start_utc, end_utc, source_tz, margin_days=margin_days)
+            # the repeated hour of a DST fall-back by the log's order: a step back inside it starts the
+            # second pass ("earlier" put both passes in the first hour, left the second empty and
+            # dropped the samples whose keys collided as duplicates)
+            self.reader = TelemetryDir(self.root, start_utc, end_utc, source_tz, ambiguous="order",
+                                       margin_days=margin_days)
             self.nvml_paths = nvml_files(self.root, start_utc, end_utc)
         self.gpu_csv = None
         if terapixel_dir:

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pyarrow as pa
 import pytest
@@ -679,3 +680,25 @@ def test_every_telemetry_file_read_is_dropped_from_the_page_cache_after_it(tmp_p
     assert kinds == {"dcgm", "nvidia-smi"}
     assert sorted(a[0] for a in advised) == sorted(str((tmp_path / "telemetry" / f).resolve()) for f in stream.files)
     assert {a[1:] for a in advised} == {(0, 0, os.POSIX_FADV_DONTNEED)}
+
+
+def test_the_raw_step_reads_the_repeated_hour_of_a_fall_back_day_in_log_order(tmp_path):
+    """The pipeline's raw stream resolves the repeated 01:xx of a fall-back day by the log's
+    order: the second pass is the second hour (CST). With the library's "earlier" both passes
+    landed in 06:00-07:00 UTC, 07:00-08:00 UTC had no sample, and samples of the two passes
+    with the same key were dropped as duplicates."""
+
+    from gpu_pipeline.lib.samples import RawStream
+
+    host = tmp_path / "telemetry" / "nvidia-smi" / "gpu1"
+    host.mkdir(parents=True)
+    shutil.copyfile(FIXTURES / "nvidia-smi-dst-fallback-chicago.csv", host / "nvidia-smi-2026-11-01.csv")
+    zone = ZoneInfo("America/Chicago")
+    start = dt.datetime(2026, 11, 1, tzinfo=zone).astimezone(dt.UTC)
+    end = dt.datetime(2026, 11, 2, tzinfo=zone).astimezone(dt.UTC)
+    stream = RawStream(tmp_path / "telemetry", start, end, "America/Chicago")
+    table = pa.concat_tables(list(stream.parts()))
+    gpu0 = sorted((r["sample_utc"], int(r["util_pct"])) for r in table.to_pylist() if r["gpu_index"] == 0)
+    assert [u for _, u in gpu0] == list(range(10, 19))  # the log's order is the time order
+    assert dict((u, t) for t, u in gpu0)[14] == utc(2026, 11, 1, 7, 0)  # second 01:00 = CST
+    assert len({t for t, _ in gpu0}) == 9
