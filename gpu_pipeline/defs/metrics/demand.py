@@ -27,6 +27,7 @@ from gpu_pipeline.lib.demand import (
     efficiency_by_class_sql,
 )
 from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
+from gpu_pipeline.lib.schemas import GPU_STATES
 
 CAP_KEY, TOP_KEY = table_key(DEMAND_CAPACITY), table_key(DEMAND_TOP_CONTRIBUTORS)
 DEPS = [JOBS_KEY, STATES_KEY, KUEUE_KEY, EFFICIENCY_KEYS[0]]
@@ -46,8 +47,12 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
     def one_day(day: str):
         start, end = window(day)
         eff_sql, eff_params = store.relation_sql(GPU_HOURLY_EFFICIENCY, [day])
-        res = demand_for_day(store, day, start, end, efficiency_from_sql=efficiency_by_class_sql(eff_sql),
-                             efficiency_params=eff_params)
+        st_sql, st_params = store.relation_sql(GPU_STATES, [day])
+        # the pool's GPUs only: telemetry-only hosts (a render farm outside HTCondor) have
+        # efficiency rows but are not the capacity these rows compare demand with
+        pool_eff = f"(SELECT * FROM {eff_sql} WHERE gpu_id IN (SELECT gpu_id FROM {st_sql}))"
+        res = demand_for_day(store, day, start, end, efficiency_from_sql=efficiency_by_class_sql(pool_eff),
+                             efficiency_params=[*eff_params, *st_params])
         dcr, share = res.capacity["dcr"], res.top["share"]
         bad[day] = int(pc.sum(pc.invert(pc.is_finite(pc.fill_null(dcr, 0.0)))).as_py() or 0) + int(
             pc.sum(pc.or_(pc.less(share, -1e-9), pc.greater(share, 1 + 1e-9))).as_py() or 0)
