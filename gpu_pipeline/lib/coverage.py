@@ -1,18 +1,25 @@
 """Coverage of a time series source over a window: observed cadence, expected vs seen, gaps.
 
 The cadence is never assumed: it is the median interval between consecutive distinct timestamps
-of each series (a GPU of one source on one host, or the pool for snapshots), and the window's
-cadence the median of the series' cadences. Expected samples = window length / cadence;
-a gap is an interval longer than ``gap_factor`` x cadence without a sample of a series: between two
-of its samples, or at an edge of the window (from the window's start to the series' first sample,
-from its last sample to the window's end), so that a collector that stopped at 06:00 shows an
-18-hour gap, as a day without any sample shows one of the whole window.
+of each series (a GPU of one source on one host, or the pool for snapshots). Series of one source
+(the value of a ``source`` column among the series columns, :data:`CADENCE_GROUP`) share a cadence,
+the median of their series' cadences: a 2-second exporter and a 60-second logger are each measured
+against their own (one cadence over both let the fast series' samples hide an outage of the slow
+ones), and a GPU that sent two samples all day is not read as a series of a 12-hour cadence. A
+series' expected samples = window length / its source's cadence; the window's ``coverage`` is the
+mean over its series of min(1, seen / expected), every GPU weighing the same; ``cadence_s`` is the
+median of all series' cadences. A gap is an interval longer than ``gap_factor`` x the series'
+cadence without a sample of the series: between two of its samples, or at an edge of the window
+(from the window's start to the series' first sample, from its last sample to the window's end), so
+that a collector that stopped at 06:00 shows an 18-hour gap, as a day without any sample shows one
+of the whole window.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +34,9 @@ from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TableSpec
 from gpu_pipeline.lib.store import Store
 from gpu_pipeline.lib.timeutil import epoch_us
+
+#: The series column whose values share a cadence (see the module docstring).
+CADENCE_GROUP = "source"
 
 
 @dataclass(frozen=True)
@@ -68,34 +78,48 @@ def coverage(
         register_columns(con, "_cov_points", table, [time_col, *series_cols])
         # Each series (a distinct value of series_cols, nulls included) gets an integer code first, so
         # that the distinct timestamps and the window over them carry 16 bytes a row, not the text.
+        group = f'"{CADENCE_GROUP}"' if CADENCE_GROUP in series_cols else "NULL"
         if series_cols:
             cols = ", ".join(f'"{c}"' for c in series_cols)
             on = " AND ".join(f'p."{c}" IS NOT DISTINCT FROM s."{c}"' for c in series_cols)
             con.execute(f"CREATE OR REPLACE TEMP TABLE _cov_series AS "
                         f"SELECT row_number() OVER () AS k, {cols} FROM _cov_points GROUP BY ALL")
             points = f'SELECT DISTINCT s.k, epoch_us(p."{time_col}") AS t FROM _cov_points p JOIN _cov_series s ON {on}'
+            groups = f"SELECT k, dense_rank() OVER (ORDER BY {group}) AS g FROM _cov_series"
         else:
             points = f'SELECT DISTINCT 0 AS k, epoch_us("{time_col}") AS t FROM _cov_points'
+            groups = "SELECT 0 AS k, 0 AS g"
         s_us, e_us = epoch_us(start_utc), epoch_us(end_utc)
-        # The intervals: between a series' consecutive distinct times, and its window edges (from the
-        # window's start to its first time, from its last time to the window's end; none below 0).
-        row = con.sql(
+        # Each series' cadence is its source's (the median of its series' cadences; the median of
+        # all series' where a source has none). The intervals: between a series' consecutive distinct
+        # times, and its window edges (from the window's start to its first time, from its last time
+        # to the window's end; none below 0), each a gap when longer than gap_factor x its cadence.
+        con.execute(
             f"""
+            CREATE OR REPLACE TEMP TABLE _cov_per AS
             WITH pts AS ({points}),
             d AS (SELECT k, t, t - lag(t) OVER (PARTITION BY k ORDER BY t) AS dt_us FROM pts),
             per AS (SELECT k, count(*) AS n, median(dt_us) AS cad, min(t) AS t0, max(t) AS t1 FROM d GROUP BY k),
-            cad AS (SELECT median(cad) AS c FROM per WHERE cad IS NOT NULL),
-            iv AS (SELECT dt_us FROM d WHERE dt_us IS NOT NULL
-                   UNION ALL SELECT greatest(t0 - {s_us}, 0) FROM per
-                   UNION ALL SELECT greatest({e_us} - t1, 0) FROM per)
-            SELECT (SELECT count(*) FROM per), (SELECT sum(n) FROM per), (SELECT c FROM cad),
-                   (SELECT count(*) FROM iv, cad WHERE iv.dt_us > {gap_factor} * cad.c),
-                   (SELECT max(dt_us) FROM iv)
+            kg AS ({groups}),
+            allc AS (SELECT median(cad) AS c FROM per WHERE cad IS NOT NULL),
+            grp AS (SELECT kg.g, median(per.cad) AS c FROM per JOIN kg USING (k) WHERE per.cad IS NOT NULL GROUP BY kg.g),
+            per2 AS (SELECT per.*, coalesce(grp.c, allc.c) AS c FROM per JOIN kg USING (k) LEFT JOIN grp USING (g), allc),
+            iv AS (SELECT d.dt_us, per2.c FROM d JOIN per2 USING (k) WHERE d.dt_us IS NOT NULL
+                   UNION ALL SELECT greatest(t0 - {s_us}, 0), c FROM per2
+                   UNION ALL SELECT greatest({e_us} - t1, 0), c FROM per2)
+            SELECT n, c, (SELECT c FROM allc) AS all_c,
+                   (SELECT count(*) FROM iv WHERE iv.dt_us > {gap_factor} * iv.c) AS gaps,
+                   (SELECT max(dt_us) FROM iv) AS longest
+            FROM per2
             """
-        ).fetchall()[0]
+        )
+        per = con.sql("SELECT n, c FROM _cov_per").fetchnumpy()
+        cad_us, gaps, longest = con.sql("SELECT any_value(all_c), any_value(gaps), any_value(longest) "
+                                        "FROM _cov_per").fetchall()[0]
     finally:
-        con.close()  # its temporary table and view go with it
-    return _coverage_of(*row, window_s)
+        con.close()  # its temporary tables and view go with it
+    n = np.asarray(per["n"], dtype=np.int64)
+    return _coverage_of(n, np.asarray(per["c"], dtype=np.float64), cad_us, gaps, longest, window_s)
 
 
 def _no_points(window_s: float) -> Coverage:
@@ -103,17 +127,20 @@ def _no_points(window_s: float) -> Coverage:
     return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
 
 
-def _coverage_of(series: int, samples: int, cad_us: float | None, gaps: int | None, max_gap_us: int | None,
-                 window_s: float) -> Coverage:
-    cad_s = float(cad_us) / 1e6 if cad_us else None
-    expected = series * window_s / cad_s if cad_s else float(series)
-    cov = min(1.0, samples / expected) if expected else 0.0
+def _coverage_of(n: np.ndarray, c_us: np.ndarray, cad_us: float | None, gaps: int | None,
+                 max_gap_us: int | None, window_s: float) -> Coverage:
+    """The figures from each series' distinct samples ``n`` and cadence ``c_us`` (NaN: none known),
+    summed exactly (``math.fsum``), so that the order the series come in changes no bit."""
+    known = np.isfinite(c_us) & (c_us > 0)
+    # a series' expected samples: the window over its cadence; without one, the samples it has
+    expected = np.where(known, window_s * 1e6 / np.where(known, c_us, 1.0), n.astype(np.float64))
+    share = np.minimum(1.0, n / np.maximum(expected, 1e-12))
     return Coverage(
-        series=int(series),
-        samples=int(samples),
-        cadence_s=cad_s,
-        expected=float(expected),
-        coverage=float(cov),
+        series=int(len(n)),
+        samples=int(n.sum()),
+        cadence_s=float(cad_us) / 1e6 if cad_us else None,
+        expected=math.fsum(expected.tolist()),
+        coverage=math.fsum(share.tolist()) / len(n) if len(n) else 0.0,
         gaps=int(gaps or 0),
         longest_gap_s=float(max_gap_us or 0) / 1e6,
     )
@@ -143,11 +170,12 @@ def _median(values: np.ndarray) -> float:
 
 
 def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datetime, end_utc: dt.datetime,
-                       gap_factor: float = 3.0) -> Coverage:
+                       gap_factor: float = 3.0, groups: np.ndarray | None = None) -> Coverage:
     """:func:`coverage` of samples given as their series' numbers (non-negative integers, one per
     distinct series key) and their times (epoch microseconds, none missing), in numpy: the same
-    figures as the SQL, without a database. Besides its inputs it holds about three int64 arrays of
-    their length at once (a 1,000-GPU day of telemetry: 70 MB)."""
+    figures as the SQL, without a database. ``groups[s]`` is the cadence group (source) of series
+    number ``s`` (default: one group). Besides its inputs it holds about three int64 arrays of their
+    length at once (a 1,000-GPU day of telemetry: 70 MB)."""
     window_s = (end_utc - start_utc).total_seconds()
     if len(t_us) == 0:
         return _no_points(window_s)
@@ -157,26 +185,42 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
     k = series[order]
     del order
     same = k[1:] == k[:-1]  # a point after another of its series
+    first, last = np.r_[True, ~same], np.r_[~same, True]
+    ids = k[first].astype(np.int64)  # the series present, in order
     # the window's edges: from its start to each series' first time, from each last time to its end
     s_us, e_us = epoch_us(start_utc), epoch_us(end_utc)
-    edges = np.maximum(np.r_[t[np.r_[True, ~same]] - s_us, e_us - t[np.r_[~same, True]]], 0)
+    edges = np.maximum(np.r_[t[first] - s_us, e_us - t[last]], 0)
     d = np.diff(t)
     del t
     repeated = same & (d == 0)  # the same (series, time) again: one point
     interval = same & (d != 0)  # between two distinct points of a series, one after the other
-    del same
-    n_series, samples = int(np.count_nonzero(k[1:] != k[:-1])) + 1, len(k) - int(np.count_nonzero(repeated))
-    dt_us, dt_k = d[interval], k[1:][interval]
-    del d, k, repeated, interval
+    # distinct points of each series (its rows less its repeats), in the order of ids
+    rows = np.diff(np.r_[np.flatnonzero(first), len(k)])
+    starts = np.flatnonzero(first)
+    rep = np.r_[0, np.cumsum(repeated)]
+    n = rows - (rep[starts + rows - 1] - rep[starts])
+    dt_us, dt_k = d[interval], k[1:][interval].astype(np.int64)
+    del d, k, repeated, interval, same
     longest = int(max(edges.max(), dt_us.max(initial=0)))
+    c = np.full(len(ids), np.nan)
     if len(dt_us) == 0:
-        return _coverage_of(n_series, samples, None, 0, longest, window_s)
+        return _coverage_of(n, c, None, 0, longest, window_s)
     bounds = np.r_[np.flatnonzero(np.r_[True, dt_k[1:] != dt_k[:-1]]), len(dt_k)]
     cads = np.array([_median(dt_us[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
+    with_cad = dt_k[bounds[:-1]]  # the series that have a cadence, in order
     cad_us = _median(cads)
-    limit = gap_factor * cad_us  # compared as float64, as in the SQL
-    gaps = int(np.count_nonzero(dt_us > limit)) + int(np.count_nonzero(edges > limit))
-    return _coverage_of(n_series, samples, cad_us, gaps, longest, window_s)
+    group = (np.zeros(int(ids.max()) + 1, dtype=np.int64) if groups is None
+             else np.asarray(groups, dtype=np.int64))
+    of_group = {}
+    g_of = group[with_cad]
+    for g in np.unique(g_of):
+        of_group[int(g)] = _median(cads[g_of == g])
+    c = np.array([of_group.get(int(g), cad_us) for g in group[ids]], dtype=np.float64)
+    # each series' intervals and edges against its own cadence (compared as float64, as in the SQL)
+    at = np.searchsorted(ids, dt_k)
+    limit = gap_factor * c
+    gaps = int(np.count_nonzero(dt_us > limit[at])) + int(np.count_nonzero(edges > np.r_[limit, limit]))
+    return _coverage_of(n, c, cad_us, gaps, longest, window_s)
 
 
 class SeriesPoints:
@@ -245,7 +289,17 @@ class SeriesPoints:
             series = series.astype(np.uint16)
         times = np.concatenate(self._times)
         self._times = []
-        return coverage_of_points(series, times, start_utc, end_utc, gap_factor)
+        return coverage_of_points(series, times, start_utc, end_utc, gap_factor, self._groups())
+
+    def _groups(self) -> np.ndarray | None:
+        """Each series number's cadence group: its ``source`` value's rank (as the SQL's dense_rank,
+        nulls last), or None without a ``source`` column."""
+        if CADENCE_GROUP not in self.series_cols:
+            return None
+        at = len(self.series_cols) - 1 - self.series_cols.index(CADENCE_GROUP)  # keys are built last column first
+        values = [key[at] for key in self._numbers]  # in series-number order (dicts keep insertion order)
+        rank = {v: i for i, v in enumerate(sorted({v for v in values if v is not None}))}
+        return np.array([rank.get(v, len(rank)) for v in values], dtype=np.int64)
 
 
 def register_columns(con: duckdb.DuckDBPyConnection, name: str, source: pa.Table | Path, columns: list[str]) -> None:
@@ -268,7 +322,7 @@ def source_rows(source: pa.Table | Path) -> int:
 
 #: The partition note that keeps a file's coverage (:func:`partition_coverage`).
 COVERAGE_NOTE = "coverage"
-_NOTE_VERSION = 2  # bump when coverage() changes what it measures (2: the window's edges)
+_NOTE_VERSION = 3  # bump when coverage() changes what it measures (2: the window's edges; 3: per-source cadence)
 
 
 def partition_coverage(store: Store, spec: TableSpec, day: str, time_col: str, series_cols: list[str],

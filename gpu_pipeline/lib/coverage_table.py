@@ -38,11 +38,14 @@ COVERAGE = TableSpec(
             _f("source", pa.string(), "slot_snapshots, gpu_telemetry, job_records or kueue", nullable=False),
             _f("series", pa.int64(), "Series observed (1 for the pool's snapshots; GPUs for telemetry)"),
             _f("samples", pa.int64(), "Distinct sample times seen, summed over series"),
-            _f("expected_samples", pa.float64(), "Window length / observed cadence, summed over series"),
-            _f("coverage_pct", pa.float64(), "100 x samples / expected (capped at 100)"),
-            _f("cadence_s", pa.float64(), "Observed cadence: median interval between samples (s)"),
-            _f("gaps", pa.int64(), "Intervals without a sample of a series longer than 3 x cadence, the window's "
-               "start to a first sample and a last sample to its end included"),
+            _f("expected_samples", pa.float64(), "Window length / the series' cadence (its telemetry "
+               "source's), summed over series"),
+            _f("coverage_pct", pa.float64(), "100 x the mean over series of min(1, samples / expected): "
+               "every GPU weighs the same"),
+            _f("cadence_s", pa.float64(), "Observed cadence: median of the series' median intervals (s); "
+               "each telemetry source is measured against its own"),
+            _f("gaps", pa.int64(), "Intervals without a sample of a series longer than 3 x its cadence, the "
+               "window's start to a first sample and a last sample to its end included"),
             _f("longest_gap_s", pa.float64(), "Longest interval without a sample of a series, the window's edges "
                "included (s)"),
             _f("gpus_in_snapshots", pa.int64(), "GPUs seen in the day's slot snapshots"),

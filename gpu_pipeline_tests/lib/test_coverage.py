@@ -285,3 +285,40 @@ def test_the_raw_step_keeps_the_coverage_of_the_rows_it_wrote(tmp_path, monkeypa
     assert not measured
     assert found == real(store.partition_file(RAW_GPU_TELEMETRY, day), "sample_utc", series, D0, D1)
     assert (found.series, found.samples, found.gaps, found.longest_gap_s) == (2, 2820, 2, 31 * 60)
+
+
+def test_each_source_is_measured_against_its_own_cadence():
+    """Eight GPUs logged every 60 s went silent at noon; two exporter series sample every 2 s all
+    day. With one cadence over all series (the median, 60 s) the fast series' 43,200 samples each
+    filled the slow ones' expected count: coverage 100 % and the outage invisible to the check.
+    Per source: the slow GPUs are half covered and each has a 12-hour gap; every series weighs
+    the same in the day's figure. A GPU that sent two samples all day is measured against its
+    source's cadence, not read as a fully covered series of a 12-hour cadence."""
+    from gpu_pipeline.lib.coverage import SeriesPoints
+
+    rows = {"sample_utc": [], "source": [], "host": [], "gpu_id": []}
+
+    def add(source, gpu, seconds):
+        for s in seconds:
+            rows["sample_utc"].append(D0 + dt.timedelta(seconds=int(s)))
+            rows["source"].append(source)
+            rows["host"].append("h1")
+            rows["gpu_id"].append(gpu)
+
+    for g in range(8):
+        add("nvidia-smi", f"GPU-{g}", range(0, 43200, 60))
+    for g in range(2):
+        add("terapixel", f"GPU-t{g}", range(0, 86400, 2))
+    add("nvidia-smi", "GPU-sparse", [0, 43200])
+    t = pa.table({"sample_utc": pa.array(rows["sample_utc"], pa.timestamp("us", tz="UTC")),
+                  "source": rows["source"], "host": rows["host"], "gpu_id": rows["gpu_id"]})
+    series = ["source", "host", "gpu_id"]
+    cov = coverage(t, "sample_utc", series, D0, D1)
+    assert cov.series == 11
+    assert cov.coverage == pytest.approx((8 * 0.5 + 2 * 1.0 + 2 / 1440) / 11)
+    assert cov.expected == pytest.approx(9 * 1440 + 2 * 43200)
+    assert cov.gaps == 8 + 2  # each silent GPU's last 12 h; the sparse GPU's two halves of the day
+    points = SeriesPoints("sample_utc", series)
+    for batch in t.to_batches(max_chunksize=5000):
+        points.add(batch)
+    assert points.coverage(D0, D1) == cov

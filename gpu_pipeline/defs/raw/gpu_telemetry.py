@@ -27,7 +27,8 @@ HAS_SAMPLES = dg.AssetCheckSpec(
 )
 COVERAGE = dg.AssetCheckSpec(
     "coverage", asset=KEY, blocking=True,
-    description=f"Samples seen >= {MIN_COVERAGE:.0%} of those expected from each GPU's observed cadence.",
+    description=f"Series covered >= {MIN_COVERAGE:.0%} on average: each GPU's samples against those expected "
+                "from its source's observed cadence.",
 )
 
 
