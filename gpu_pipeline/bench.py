@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -825,6 +825,23 @@ def _parquet_rows(files: list[str]) -> int:
 # -- one cluster size --------------------------------------------------------------------------------
 
 
+def space_for(base: Path) -> int:
+    """Bytes a size's simulation may take under ``base``: the disk's free space and what ``base``
+    already holds (an earlier run's simulation, reused or replaced). Free space alone made a
+    second run coarsen the telemetry its own earlier simulation had fitted."""
+    held = sum(e.stat(follow_symlinks=False).st_size for e in _files_under(base))
+    return shutil.disk_usage(base).free + held
+
+
+def _files_under(folder: Path) -> Iterator[os.DirEntry]:
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                yield from _files_under(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                yield entry
+
+
 def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reuse: bool,
                profile_dir: Path | None) -> dict[str, Any]:
     from gpu_pipeline.lib.simulate import SimConfig
@@ -834,7 +851,7 @@ def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reu
     start = cfg.start
     end = start + dt.timedelta(days=cfg.days - 1)
     interval, why = choose_telemetry_interval(gpus, cfg.days, cfg.telemetry_interval_s, cfg.max_telemetry_samples,
-                                              shutil.disk_usage(base).free)
+                                              space_for(base))
     if why:
         notes.append(why)
     sim_cfg = SimConfig(start=start, end=end, gpus=gpus, seed=cfg.seed, timezone=SIM_TZ,

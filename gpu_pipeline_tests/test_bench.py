@@ -400,3 +400,23 @@ def test_a_raw_day_written_as_sampler_files_reads_back_as_the_same_samples(tmp_p
     from_files = files_store.read_table(RAW_GPU_TELEMETRY, DAY)
     # the same rows in the same order (the simulator writes no repeated key), but for the source file
     assert from_files.drop_columns(["source_file"]).equals(from_text.drop_columns(["source_file"]))
+
+
+def test_a_sizes_own_earlier_simulation_counts_as_room_for_it(tmp_path):
+    """The room a size's simulation has: the free space and what its folder already holds (an
+    earlier run's files, reused or replaced), so a second run does not coarsen the telemetry its
+    own first run fitted (free space alone did, once the first run had used the disk)."""
+    import shutil
+
+    from gpu_pipeline.bench import choose_telemetry_interval, space_for
+
+    base = tmp_path / "gpus-10-days-1"
+    (base / "sources" / "telemetry").mkdir(parents=True)
+    (base / "sources" / "telemetry" / "a.prom").write_bytes(b"x" * 300_000)
+    (base / "b.txt").write_bytes(b"y" * 5_000)
+    held = space_for(base) - shutil.disk_usage(base).free
+    assert abs(held - 305_000) < 64_000  # the two files (free space moves a little between the calls)
+    # a 1,000-GPU day at 30 s needs about 4.4 GB: 2 GiB free coarsens it, 2 GiB more held does not
+    samples_30s = 1000 * 86400 // 30
+    assert choose_telemetry_interval(1000, 1, 30, 10 * samples_30s, 2 * 1024**3)[0] > 30
+    assert choose_telemetry_interval(1000, 1, 30, 10 * samples_30s, 6 * 1024**3)[0] == 30
