@@ -3,10 +3,11 @@
 The cadence is never assumed: it is the median interval between consecutive distinct timestamps
 of each series (a GPU of one source on one host, or the pool for snapshots). Series of one source
 (the value of a ``source`` column among the series columns, :data:`CADENCE_GROUP`) share a cadence,
-the median of their series' cadences: a 2-second exporter and a 60-second logger are each measured
-against their own (one cadence over both let the fast series' samples hide an outage of the slow
-ones), and a GPU that sent two samples all day is not read as a series of a 12-hour cadence. A
-series' expected samples = window length / its source's cadence; the window's ``coverage`` is the
+the median of the cadences of their series with at least :data:`MIN_INTERVALS` intervals (a source
+without such a series takes the median over all series): a 2-second exporter and a 60-second
+logger are each measured against their own (one cadence over both let the fast series' samples
+hide an outage of the slow ones), and a GPU that sent two samples all day is not read as a series
+of a 12-hour cadence. A series' expected samples = window length / its source's cadence; the window's ``coverage`` is the
 mean over its series of min(1, seen / expected), every GPU weighing the same; ``cadence_s`` is the
 median of all series' cadences. A gap is an interval longer than ``gap_factor`` x the series'
 cadence without a sample of the series: between two of its samples, or at an edge of the window
@@ -37,6 +38,8 @@ from gpu_pipeline.lib.timeutil import epoch_us
 
 #: The series column whose values share a cadence (see the module docstring).
 CADENCE_GROUP = "source"
+#: Intervals a series needs for its cadence to count towards its source's.
+MIN_INTERVALS = 3
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,8 @@ def coverage(
             per AS (SELECT k, count(*) AS n, median(dt_us) AS cad, min(t) AS t0, max(t) AS t1 FROM d GROUP BY k),
             kg AS ({groups}),
             allc AS (SELECT median(cad) AS c FROM per WHERE cad IS NOT NULL),
-            grp AS (SELECT kg.g, median(per.cad) AS c FROM per JOIN kg USING (k) WHERE per.cad IS NOT NULL GROUP BY kg.g),
+            grp AS (SELECT kg.g, median(per.cad) AS c FROM per JOIN kg USING (k)
+                    WHERE per.cad IS NOT NULL AND per.n > {MIN_INTERVALS} GROUP BY kg.g),
             per2 AS (SELECT per.*, coalesce(grp.c, allc.c) AS c FROM per JOIN kg USING (k) LEFT JOIN grp USING (g), allc),
             iv AS (SELECT d.dt_us, per2.c FROM d JOIN per2 USING (k) WHERE d.dt_us IS NOT NULL
                    UNION ALL SELECT greatest(t0 - {s_us}, 0), c FROM per2
@@ -212,9 +216,10 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
     group = (np.zeros(int(ids.max()) + 1, dtype=np.int64) if groups is None
              else np.asarray(groups, dtype=np.int64))
     of_group = {}
+    enough = np.diff(bounds) >= MIN_INTERVALS  # series whose cadence counts towards their source's
     g_of = group[with_cad]
-    for g in np.unique(g_of):
-        of_group[int(g)] = _median(cads[g_of == g])
+    for g in np.unique(g_of[enough]):
+        of_group[int(g)] = _median(cads[enough & (g_of == g)])
     c = np.array([of_group.get(int(g), cad_us) for g in group[ids]], dtype=np.float64)
     # each series' intervals and edges against its own cadence (compared as float64, as in the SQL)
     at = np.searchsorted(ids, dt_k)

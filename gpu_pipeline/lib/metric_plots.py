@@ -1010,8 +1010,8 @@ def efficiency_scatter(
     GPU-hours (log colors), so millions of rows draw in well under a second.
 
     ``numbers``: ``points``, ``gpu_hours`` (of the points), ``share_<class>`` (of all classified
-    GPU-hours, those without a PIF, not drawn, included: as ``efficiency_classes``), ``density``
-    (1 when drawn as a histogram), ``coverage_pct``."""
+    GPU-hours, those without a PIF, not drawn, included; ``efficiency_classes`` gives shares of all
+    GPU-hours, "no class" among them), ``density`` (1 when drawn as a histogram), ``coverage_pct``."""
     name = "GPU efficiency: utilization vs power intensity"
     _require(hourly, ("util_pct", "pif"), "gpu_hourly_efficiency")
     coverage = _hourly_coverage(hourly, day, tz) if coverage_pct is None else coverage_pct

@@ -181,13 +181,16 @@ def device_colors(names: Iterable[str], day_devices: Iterable[str] = ()) -> dict
     classes, the same for every figure of the day) are placed first, in sorted order, then the
     other ``names``: so a class has the same color in every figure of the day that passes the
     same ``day_devices``, whichever classes each figure shows (without it, the colors depend on
-    the set of ``names``: two figures of one day could give one color to two classes).
+    the set of ``names``: two figures of one day could give one color to two classes). A day of
+    more classes than colors gives up the day's placement: within a figure colors stay distinct.
     ``"other"`` is gray, ``"ALL"`` black; beyond 13 classes the cycle repeats (fold first with
     :func:`fold_top`)."""
     out: dict[str, str] = {}
     used: set[int] = set()
     n = len(DEVICE_CYCLE)
     first = sorted(set(day_devices) - {OTHER, "ALL"})
+    if len(set(first) | (set(names) - {OTHER, "ALL"})) > n:
+        first = []  # more classes than colors: distinct colors within the figure come first
     for name in [*first, *sorted(set(names) - set(first))]:
         if name == OTHER:
             out[name] = OTHER_COLOR

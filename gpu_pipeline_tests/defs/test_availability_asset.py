@@ -56,3 +56,34 @@ def test_a_run_of_the_summary_alone_leaves_the_periods_file_as_dagster_recorded_
     old = {(r["device_name"], r["tier"]): r for r in hours_before}
     assert old[("ALL", "ALL")]["available_gpu_hours"] == 6.0
     assert summary[("ALL", "ALL")]["available_gpu_hours"] == 9.0  # from the day's periods in memory
+
+
+def test_a_range_run_of_the_summary_alone_joins_periods_across_its_days(tmp_path):
+    """A GPU available from 20:00 on the first day of the range to 02:00 on the second: one 6-hour
+    period. A run of the summary alone does not write the first day's periods, so the second
+    day's summary takes them from the run's memory (from the store it found none: one 2-hour
+    period that began before the day)."""
+    store = Store(tmp_path / "data")
+    first, second = "2025-08-05", "2025-08-06"
+    for day, idle in ((first, lambda h: h >= 20), (second, lambda h: h < 2)):
+        t, rows = dt.datetime.fromisoformat(day).replace(tzinfo=UTC), []
+        for _ in range(288):
+            rows.append({"bucket_start_utc": t, "gpu_id": GPU, "host": "h1", "device_name": "NVIDIA A100",
+                         "slot_name": "backfill1@h1", "tier": "backfill",
+                         "state": "idle_backfill" if idle(t.hour) else "busy_backfill", "n_slot_rows": 1})
+            t += dt.timedelta(minutes=5)
+        store.write_partition(GPU_STATES, day, conform(pa.Table.from_pylist(rows), GPU_STATES))
+        store.write_partition(CLEAN_SLOT_SNAPSHOTS, day, conform(pa.Table.from_pylist([
+            {"snapshot_utc": r["bucket_start_utc"], "host": "h1", "slot_name": "backfill1@h1", "gpu_id": GPU,
+             "tier": "backfill", "is_backfill_slot": True,
+             "slot_state": "Unclaimed" if r["state"] == "idle_backfill" else "Claimed"} for r in rows]),
+            CLEAN_SLOT_SNAPSHOTS))
+    with dg.instance_for_test() as instance:
+        assert dg.materialize([availability], resources={"data_store": DataStoreResource(data_root=str(store.root))},
+                              instance=instance, selection=[SUMMARY_KEY],
+                              tags={"dagster/asset_partition_range_start": first,
+                                    "dagster/asset_partition_range_end": second}).success
+    assert not store.has_partition(AVAILABILITY_PERIODS, first)
+    (row,) = [r for r in store.read_table(AVAILABILITY_SUMMARY, second).to_pylist()
+              if r["device_name"] == "ALL" and r["tier"] == "ALL"]
+    assert (row["duration_median_s"], row["periods_start_truncated"]) == (6 * 3600.0, 0)

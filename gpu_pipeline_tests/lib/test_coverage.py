@@ -322,3 +322,29 @@ def test_each_source_is_measured_against_its_own_cadence():
     for batch in t.to_batches(max_chunksize=5000):
         points.add(batch)
     assert points.coverage(D0, D1) == cov
+
+
+def test_a_source_of_only_sparse_series_takes_the_cadence_of_all_series():
+    """The only nvidia-smi GPU sent a sample at 00:00 and 12:00, then stopped: a cadence from one
+    interval is no cadence (its source's 12 hours read it as fully covered, no gap). Its source
+    has no series of three intervals or more, so it is measured against the median of all."""
+    from gpu_pipeline.lib.coverage import SeriesPoints
+
+    times, sources, gpus = [], [], []
+    for g in range(8):
+        for s in range(0, 86400, 60):
+            times.append(D0 + dt.timedelta(seconds=s))
+            sources.append("dcgm")
+            gpus.append(f"GPU-{g}")
+    for s in (0, 43200):
+        times.append(D0 + dt.timedelta(seconds=s))
+        sources.append("nvidia-smi")
+        gpus.append("GPU-smi")
+    t = pa.table({"sample_utc": pa.array(times, pa.timestamp("us", tz="UTC")), "source": sources,
+                  "host": ["h1"] * len(times), "gpu_id": gpus})
+    series = ["source", "host", "gpu_id"]
+    cov = coverage(t, "sample_utc", series, D0, D1)
+    assert cov.coverage == pytest.approx((8 + 2 / 1440) / 9) and cov.gaps == 2
+    points = SeriesPoints("sample_utc", series)
+    points.add(t)
+    assert points.coverage(D0, D1) == cov

@@ -581,6 +581,12 @@ def test_style_helpers():
     colors = S.device_colors([f"m{i:02d}" for i in range(13)])
     assert len(set(colors.values())) == 13  # no two shown classes share a color (fold_top draws up to 13)
     assert len(S.fold_top({f"m{i:02d}": 1.0 for i in range(13)})[0]) == 13
+    # the day's classes placed first never make two classes of one figure share a color: with
+    # more classes in the day (or the figure's) than colors the figure's own come first
+    for day, shown in (([f"NVIDIA Model {i}" for i in range(14)], ["NVIDIA Model 12", "NVIDIA Model 9"]),
+                       ([f"NVIDIA Model {i}" for i in range(13)], ["unknown", "NVIDIA Model 7"])):
+        got = S.device_colors(shown, day)
+        assert got[shown[0]] != got[shown[1]]
     assert S.device_colors(["m01", "m02"])["m01"] == S.device_colors(["m02", "m01", "other"])["m01"]
     assert S.STATE_COLORS["busy_backfill"] == "#4488ff"  # the DESIGN.md 5.1 palette, re-exported
 

@@ -49,6 +49,9 @@ def _days_back(day: str, n: int) -> list[str]:
 def availability(context: dg.AssetExecutionContext, data_store: DataStoreResource):
     store = SelectedStore(data_store.store(), context)
     bad: dict[str, int] = {}
+    # this run's periods by day: the summary reads them from here, not from the store, where a run
+    # of the summary alone does not write them (its earlier days would be missing or stale)
+    computed: dict[str, pa.Table] = {}
 
     def one_day(day: str):
         start, end = window(day)
@@ -60,11 +63,16 @@ def availability(context: dg.AssetExecutionContext, data_store: DataStoreResourc
             # written only when selected: a run of the summary alone leaves the periods' file as
             # Dagster recorded it (writing it there replaced it with no materialization)
             result = store.write_partition(AVAILABILITY_PERIODS, day, periods)
-            # the summary: the previous days' pieces from the store, and the day's from memory
-            prev_sql, p_params = store.relation_sql(AVAILABILITY_PERIODS, _days_back(day, LOOKBACK_DAYS)[:-1])
-            con.register("periods_of_the_day", periods)
+            # the summary: the look-back days' pieces computed in this run from memory, the others
+            # from the store
+            back = _days_back(day, LOOKBACK_DAYS)
+            computed[day] = periods
+            for old_day in [d for d in computed if d not in back]:
+                del computed[old_day]
+            prev_sql, p_params = store.relation_sql(AVAILABILITY_PERIODS, [d for d in back if d not in computed])
+            con.register("periods_of_the_run", pa.concat_tables([computed[d] for d in back if d in computed]))
             summary = compute_availability_summary(
-                con, f"(SELECT * FROM {prev_sql} UNION ALL BY NAME SELECT * FROM periods_of_the_day)", p_params,
+                con, f"(SELECT * FROM {prev_sql} UNION ALL BY NAME SELECT * FROM periods_of_the_run)", p_params,
                 start, end)
         finally:
             con.close()
