@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -829,17 +829,8 @@ def space_for(base: Path) -> int:
     """Bytes a size's simulation may take under ``base``: the disk's free space and what ``base``
     already holds (an earlier run's simulation, reused or replaced). Free space alone made a
     second run coarsen the telemetry its own earlier simulation had fitted."""
-    held = sum(e.stat(follow_symlinks=False).st_size for e in _files_under(base))
+    held = sum(os.lstat(os.path.join(folder, name)).st_size for folder, _, names in os.walk(base) for name in names)
     return shutil.disk_usage(base).free + held
-
-
-def _files_under(folder: Path) -> Iterator[os.DirEntry]:
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                yield from _files_under(Path(entry.path))
-            elif entry.is_file(follow_symlinks=False):
-                yield entry
 
 
 def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reuse: bool,

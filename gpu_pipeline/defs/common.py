@@ -174,18 +174,29 @@ def daily_tables_asset(name: str, specs: list[dg.AssetSpec], check_specs: list[d
     )
 
 
+OWNERS = ["team:gpu-ops"]
+
+
+def _table_fields(spec: TableSpec, deps: list[dg.AssetKey], kinds: set[str] | None,
+                  description: str | None) -> dict[str, Any]:
+    """What every daily table's asset declares: key, layer group, description, upstream tables,
+    the daily partitions, kinds, owners and the column schema."""
+    return {"key": table_key(spec), "group_name": spec.layer, "description": description or spec.description,
+            "deps": deps, "partitions_def": daily_partitions, "kinds": kinds or {"duckdb", "parquet"},
+            "owners": OWNERS, "metadata": table_asset_metadata(spec)}
+
+
 def table_spec_asset(spec: TableSpec, deps: list[dg.AssetKey], kinds: set[str] | None = None) -> dg.AssetSpec:
     """The AssetSpec of a daily table produced inside a multi-asset."""
-    return dg.AssetSpec(
-        key=table_key(spec),
-        group_name=spec.layer,
-        description=spec.description,
-        deps=deps,
-        partitions_def=daily_partitions,
-        kinds=kinds or {"duckdb", "parquet"},
-        owners=["team:gpu-ops"],
-        metadata=table_asset_metadata(spec),
-    )
+    return dg.AssetSpec(**_table_fields(spec, deps, kinds, None))
+
+
+def daily_table_asset(spec: TableSpec, deps: list[dg.AssetKey] | None = None, kinds: set[str] | None = None,
+                      check_specs: list[dg.AssetCheckSpec] | None = None, description: str | None = None):
+    """The decorator of a daily asset writing one table (the fields of :func:`table_spec_asset`),
+    one run per partition range."""
+    return dg.asset(**_table_fields(spec, deps or [], kinds, description), backfill_policy=daily_backfill_policy,
+                    check_specs=check_specs or [])
 
 
 def outcome(day: str, result: WriteResult, table: pa.Table, **metrics: float) -> DayOutcome:

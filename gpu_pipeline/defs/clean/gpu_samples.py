@@ -2,14 +2,19 @@
 
 import dagster as dg
 
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.common import (
+    DayOutcome,
+    daily_table_asset,
+    materialize_result,
+    run_days,
+    table_key,
+)
 from gpu_pipeline.defs.raw.gpu_telemetry import KEY as RAW_KEY
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.samples import write_clean_samples
 from gpu_pipeline.lib.schemas import GPU_SAMPLES as SPEC
 
-KEY = dg.AssetKey(["clean", "gpu_samples"])
+KEY = table_key(SPEC)
 MAX_QUARANTINE_SHARE = 0.01
 RANGES_OK = dg.AssetCheckSpec(
     "values_in_range", asset=KEY,
@@ -18,18 +23,7 @@ RANGES_OK = dg.AssetCheckSpec(
 UNIQUE = dg.AssetCheckSpec("unique_sample_key", asset=KEY, description="(sample_utc, source, host, gpu_id) is unique.")
 
 
-@dg.asset(
-    key=KEY,
-    group_name="clean",
-    description=SPEC.description,
-    deps=[RAW_KEY],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    kinds={"duckdb", "parquet"},
-    owners=["team:gpu-ops"],
-    metadata=table_asset_metadata(SPEC),
-    check_specs=[RANGES_OK, UNIQUE],
-)
+@daily_table_asset(SPEC, deps=[RAW_KEY], check_specs=[RANGES_OK, UNIQUE])
 def gpu_samples(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
     store = data_store.store()
     shares: dict[str, float] = {}

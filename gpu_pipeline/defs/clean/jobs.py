@@ -3,15 +3,21 @@
 import dagster as dg
 import pyarrow.compute as pc
 
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.common import (
+    DayOutcome,
+    daily_table_asset,
+    materialize_result,
+    run_days,
+    table_key,
+    window,
+)
 from gpu_pipeline.defs.raw.job_documents import KEY as RAW_KEY
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.job_source import clean_job_documents
 from gpu_pipeline.lib.schemas import JOBS as SPEC
 from gpu_pipeline.lib.schemas import QUARANTINE_JOBS, RAW_JOB_DOCUMENTS
 
-KEY = dg.AssetKey(["clean", "jobs"])
+KEY = table_key(SPEC)
 UNIQUE = dg.AssetCheckSpec("unique_run_key", asset=KEY, description="(global_job_id, run_index, doc_kind, source) is unique.")
 VALID_INTERVALS = dg.AssetCheckSpec(
     "run_intervals_ordered", asset=KEY, description="queued <= run start <= run end wherever they are known."
@@ -29,17 +35,12 @@ def duplicate_keys(table) -> int:
     return keys.num_rows - keys.group_by(keys.column_names).aggregate([]).num_rows
 
 
-@dg.asset(
-    key=KEY,
-    group_name="clean",
-    description=SPEC.description + " A run crossing midnight appears in each day it overlaps.",
+@daily_table_asset(
+    SPEC,
     deps=[RAW_KEY],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
     kinds={"parquet"},
-    owners=["team:gpu-ops"],
-    metadata=table_asset_metadata(SPEC),
     check_specs=[UNIQUE, VALID_INTERVALS],
+    description=SPEC.description + " A run crossing midnight appears in each day it overlaps.",
 )
 def jobs(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
     store = data_store.store()

@@ -2,27 +2,22 @@
 
 import dagster as dg
 
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.common import (
+    DayOutcome,
+    daily_table_asset,
+    materialize_result,
+    run_days,
+    table_key,
+)
 from gpu_pipeline.defs.raw.kueue_scrapes import KEY as RAW_KEY
 from gpu_pipeline.defs.resources import DataStoreResource, KueueResource
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND as SPEC
 from gpu_pipeline.lib.kueue_source import RAW_KUEUE_SCRAPES, clean_scrapes
 
-KEY = dg.AssetKey(["clean", "kueue_demand"])
+KEY = table_key(SPEC)
 
 
-@dg.asset(
-    key=KEY,
-    group_name="clean",
-    description=SPEC.description,
-    deps=[RAW_KEY],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    kinds={"kubernetes", "parquet"},
-    owners=["team:gpu-ops"],
-    metadata=table_asset_metadata(SPEC),
-)
+@daily_table_asset(SPEC, deps=[RAW_KEY], kinds={"kubernetes", "parquet"})
 def kueue_demand(
     context: dg.AssetExecutionContext, data_store: DataStoreResource, kueue: KueueResource
 ) -> dg.MaterializeResult:

@@ -2,15 +2,20 @@
 
 import dagster as dg
 
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.common import (
+    DayOutcome,
+    daily_table_asset,
+    materialize_result,
+    run_days,
+    table_key,
+)
 from gpu_pipeline.defs.raw.condor_slot_snapshots import KEY as RAW_KEY
 from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS as SPEC
 from gpu_pipeline.lib.schemas import QUARANTINE, RAW_CONDOR_SLOT_SNAPSHOTS
 from gpu_pipeline.lib.slots import CLEAN_INPUT_COLUMNS, DICTIONARY_COLUMNS, clean_slot_rows
 
-KEY = dg.AssetKey(["clean", "slot_snapshots"])
+KEY = table_key(SPEC)
 UNIQUE_KEY = dg.AssetCheckSpec(
     "unique_snapshot_slot_gpu",
     asset=KEY,
@@ -18,18 +23,7 @@ UNIQUE_KEY = dg.AssetCheckSpec(
 )
 
 
-@dg.asset(
-    key=KEY,
-    group_name="clean",
-    description=SPEC.description,
-    deps=[RAW_KEY],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    kinds={"duckdb", "parquet"},
-    owners=["team:gpu-ops"],
-    metadata=table_asset_metadata(SPEC),
-    check_specs=[UNIQUE_KEY],
-)
+@daily_table_asset(SPEC, deps=[RAW_KEY], check_specs=[UNIQUE_KEY])
 def slot_snapshots(
     context: dg.AssetExecutionContext,
     data_store: DataStoreResource,

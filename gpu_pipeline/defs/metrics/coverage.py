@@ -6,9 +6,15 @@ from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
 from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
 from gpu_pipeline.defs.clean.kueue_demand import KEY as KUEUE_KEY
 from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
+from gpu_pipeline.defs.common import (
+    DayOutcome,
+    daily_table_asset,
+    materialize_result,
+    run_days,
+    table_key,
+    window,
+)
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib import schemas as S
 from gpu_pipeline.lib.coverage import partition_coverage
@@ -16,20 +22,10 @@ from gpu_pipeline.lib.coverage_table import COVERAGE as SPEC
 from gpu_pipeline.lib.coverage_table import COVERAGE_COLUMNS, TELEMETRY_SERIES, TELEMETRY_TIME, coverage_rows
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND
 
-KEY = dg.AssetKey(["metrics", "coverage"])
+KEY = table_key(SPEC)
 
 
-@dg.asset(
-    key=KEY,
-    group_name="metrics",
-    description=SPEC.description,
-    deps=[SLOTS_KEY, STATES_KEY, SAMPLES_KEY, JOBS_KEY, KUEUE_KEY],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    kinds={"duckdb", "parquet"},
-    owners=["team:gpu-ops"],
-    metadata=table_asset_metadata(SPEC),
-)
+@daily_table_asset(SPEC, deps=[SLOTS_KEY, STATES_KEY, SAMPLES_KEY, JOBS_KEY, KUEUE_KEY])
 def coverage(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
     store = data_store.store()
 

@@ -4,14 +4,20 @@ import dagster as dg
 import pyarrow.compute as pc
 
 from gpu_pipeline.defs.clean.slot_snapshots import KEY as CLEAN_KEY
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days, table_asset_metadata, window
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
+from gpu_pipeline.defs.common import (
+    DayOutcome,
+    daily_table_asset,
+    materialize_result,
+    run_days,
+    table_key,
+    window,
+)
 from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.schemas import GPU_STATES as SPEC
 from gpu_pipeline.lib.schemas import STATES
 from gpu_pipeline.lib.states import BUCKET, bucket_count, states_for_day
 
-KEY = dg.AssetKey(["metrics", "gpu_states"])
+KEY = table_key(SPEC)
 CONSERVATION = dg.AssetCheckSpec(
     "gpu_hours_conserved",
     asset=KEY,
@@ -19,18 +25,7 @@ CONSERVATION = dg.AssetCheckSpec(
 )
 
 
-@dg.asset(
-    key=KEY,
-    group_name="metrics",
-    description=SPEC.description,
-    deps=[CLEAN_KEY],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    kinds={"duckdb", "parquet"},
-    owners=["team:gpu-ops"],
-    metadata=table_asset_metadata(SPEC),
-    check_specs=[CONSERVATION],
-)
+@daily_table_asset(SPEC, deps=[CLEAN_KEY], check_specs=[CONSERVATION])
 def gpu_states(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
     store = data_store.store()
     bad_days: dict[str, str] = {}

@@ -4,7 +4,7 @@ import datetime as dt
 
 import dagster as dg
 
-from gpu_pipeline.defs.common import DayOutcome, materialize_result, run_days
+from gpu_pipeline.defs.common import OWNERS, DayOutcome, materialize_result, run_days
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
 from gpu_pipeline.defs.partitions import TIMEZONE, daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource
@@ -30,7 +30,7 @@ KEY = dg.AssetKey(["plots", NAME])
     partitions_def=daily_partitions,
     backfill_policy=daily_backfill_policy,
     kinds={"matplotlib", "png"},
-    owners=["team:gpu-ops"],
+    owners=OWNERS,
 )
 def gpu_timeline_heatmap(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
     store = data_store.store()

@@ -3,6 +3,7 @@
 import dagster as dg
 
 from gpu_pipeline.defs.common import (
+    OWNERS,
     DayOutcome,
     materialize_result,
     run_days_multi,
@@ -27,7 +28,7 @@ KEYS = {name: dg.AssetKey(["plots", name]) for name in PLOTS}
             deps=sorted({table_key(s) for s in plot.inputs}, key=lambda k: k.to_user_string()),
             partitions_def=daily_partitions,
             kinds={"matplotlib", "png"},
-            owners=["team:gpu-ops"],
+            owners=OWNERS,
         )
         for name, plot in PLOTS.items()
     ],

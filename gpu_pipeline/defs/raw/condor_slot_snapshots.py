@@ -4,20 +4,20 @@ import dagster as dg
 
 from gpu_pipeline.defs.common import (
     DayOutcome,
+    daily_table_asset,
     gate_check,
     materialize_result,
     run_days,
-    table_asset_metadata,
+    table_key,
     window,
 )
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
 from gpu_pipeline.lib.condor_archive import read_window, rejected_rows
 from gpu_pipeline.lib.schemas import QUARANTINE_CONDOR_RAW as QUARANTINE_RAW
 from gpu_pipeline.lib.schemas import RAW_CONDOR_SLOT_SNAPSHOTS as SPEC
 from gpu_pipeline.lib.schemas import conform
 
-KEY = dg.AssetKey(["raw", "condor_slot_snapshots"])
+KEY = table_key(SPEC)
 HAS_SNAPSHOTS = dg.AssetCheckSpec(
     "has_snapshots",
     asset=KEY,
@@ -27,17 +27,7 @@ HAS_SNAPSHOTS = dg.AssetCheckSpec(
 )
 
 
-@dg.asset(
-    key=KEY,
-    group_name="raw",
-    description=SPEC.description,
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    kinds={"htcondor", "sqlite", "parquet"},
-    owners=["team:gpu-ops"],
-    metadata=table_asset_metadata(SPEC),
-    check_specs=[HAS_SNAPSHOTS],
-)
+@daily_table_asset(SPEC, kinds={"htcondor", "sqlite", "parquet"}, check_specs=[HAS_SNAPSHOTS])
 def condor_slot_snapshots(
     context: dg.AssetExecutionContext,
     data_store: DataStoreResource,

@@ -5,13 +5,13 @@ import dagster as dg
 
 from gpu_pipeline.defs.common import (
     DayOutcome,
+    daily_table_asset,
     gate_check,
     materialize_result,
     run_days,
-    table_asset_metadata,
+    table_key,
     window,
 )
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
 from gpu_pipeline.lib.coverage import partition_coverage
 from gpu_pipeline.lib.coverage_table import TELEMETRY_SERIES, TELEMETRY_TIME
@@ -19,7 +19,7 @@ from gpu_pipeline.lib.samples import RawStream, write_raw_samples
 from gpu_pipeline.lib.schemas import QUARANTINE_GPU_TELEMETRY
 from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY as SPEC
 
-KEY = dg.AssetKey(["raw", "gpu_telemetry"])
+KEY = table_key(SPEC)
 MIN_COVERAGE = 0.8
 HAS_SAMPLES = dg.AssetCheckSpec(
     "has_samples", asset=KEY, blocking=True,
@@ -32,17 +32,7 @@ COVERAGE = dg.AssetCheckSpec(
 )
 
 
-@dg.asset(
-    key=KEY,
-    group_name="raw",
-    description=SPEC.description,
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    kinds={"nvidia", "prometheus", "parquet"},
-    owners=["team:gpu-ops"],
-    metadata=table_asset_metadata(SPEC),
-    check_specs=[HAS_SAMPLES, COVERAGE],
-)
+@daily_table_asset(SPEC, kinds={"nvidia", "prometheus", "parquet"}, check_specs=[HAS_SAMPLES, COVERAGE])
 def gpu_telemetry(
     context: dg.AssetExecutionContext, data_store: DataStoreResource, telemetry: TelemetryResource
 ) -> dg.MaterializeResult:

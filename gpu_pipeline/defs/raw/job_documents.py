@@ -4,18 +4,18 @@ import dagster as dg
 
 from gpu_pipeline.defs.common import (
     DayOutcome,
+    daily_table_asset,
     gate_check,
     materialize_result,
     run_days,
-    table_asset_metadata,
+    table_key,
     window,
 )
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, JobRecordsResource
 from gpu_pipeline.lib.job_source import FileDocsCache, RawDocs, raw_docs_from_es, raw_docs_from_files
 from gpu_pipeline.lib.schemas import RAW_JOB_DOCUMENTS as SPEC
 
-KEY = dg.AssetKey(["raw", "job_documents"])
+KEY = table_key(SPEC)
 HAS_DOCUMENTS = dg.AssetCheckSpec(
     "has_documents",
     asset=KEY,
@@ -24,17 +24,7 @@ HAS_DOCUMENTS = dg.AssetCheckSpec(
 )
 
 
-@dg.asset(
-    key=KEY,
-    group_name="raw",
-    description=SPEC.description,
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    kinds={"elasticsearch", "parquet"},
-    owners=["team:gpu-ops"],
-    metadata=table_asset_metadata(SPEC),
-    check_specs=[HAS_DOCUMENTS],
-)
+@daily_table_asset(SPEC, kinds={"elasticsearch", "parquet"}, check_specs=[HAS_DOCUMENTS])
 def job_documents(
     context: dg.AssetExecutionContext, data_store: DataStoreResource, job_records: JobRecordsResource
 ) -> dg.MaterializeResult:

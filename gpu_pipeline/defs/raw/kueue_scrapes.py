@@ -4,35 +4,25 @@ import dagster as dg
 
 from gpu_pipeline.defs.common import (
     DayOutcome,
+    daily_table_asset,
     gate_check,
     materialize_result,
     run_days,
-    table_asset_metadata,
+    table_key,
     window,
 )
-from gpu_pipeline.defs.partitions import daily_backfill_policy, daily_partitions
 from gpu_pipeline.defs.resources import DataStoreResource, KueueResource
 from gpu_pipeline.lib.kueue_source import RAW_KUEUE_SCRAPES as SPEC
 from gpu_pipeline.lib.kueue_source import raw_scrapes
 
-KEY = dg.AssetKey(["raw", "kueue_scrapes"])
+KEY = table_key(SPEC)
 HAS_SCRAPES = dg.AssetCheckSpec(
     "has_scrapes", asset=KEY, blocking=True,
     description="When a Kueue scrape directory is configured, every day of the run has scrapes.",
 )
 
 
-@dg.asset(
-    key=KEY,
-    group_name="raw",
-    description=SPEC.description,
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    kinds={"kubernetes", "parquet"},
-    owners=["team:gpu-ops"],
-    metadata=table_asset_metadata(SPEC),
-    check_specs=[HAS_SCRAPES],
-)
+@daily_table_asset(SPEC, kinds={"kubernetes", "parquet"}, check_specs=[HAS_SCRAPES])
 def kueue_scrapes(
     context: dg.AssetExecutionContext, data_store: DataStoreResource, kueue: KueueResource
 ) -> dg.MaterializeResult:
