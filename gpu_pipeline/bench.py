@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from gpu_pipeline.lib.db import ENV_THREADS
+
 __all__ = [
     "DEFAULT_DAYS",
     "DEFAULT_GPUS",
@@ -294,6 +296,8 @@ def bench_env(base: Path, start: dt.date) -> dict[str, str]:
 def _child_env(base: Path, start: dt.date, duckdb_memory_limit: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_PIPELINE_", "DAGSTER_"))}
     env.update(bench_env(base, start))
+    if os.environ.get(ENV_THREADS):  # the operator's cap on DuckDB's threads holds for the measured run too
+        env[ENV_THREADS] = os.environ[ENV_THREADS]
     if duckdb_memory_limit:
         env["GPU_PIPELINE_DUCKDB_MEMORY_LIMIT"] = duckdb_memory_limit
     return env
@@ -586,7 +590,15 @@ def _child_main(argv: list[str]) -> int:
             peak = sampler.peak_between(step["started_at"], step["started_at"] + step["wall_s"])
             step["peak_rss_mib"] = None if peak is None else peak / MIB
             step["cpu_s"] = sampler.cpu_between(step["started_at"], step["started_at"] + step["wall_s"])
+    from gpu_pipeline.lib import db
+
+    con = db.connect()  # the settings the run's DuckDB had: the same environment, the same rule
+    duckdb_threads, duckdb_memory = con.execute(
+        "SELECT current_setting('threads'), current_setting('memory_limit')").fetchone()
+    con.close()
     summary.update(
+        duckdb_threads=int(duckdb_threads),
+        duckdb_memory_limit=duckdb_memory,
         success=bool(ok),
         call_wall_s=wall,
         call_cpu_s=cpu,
@@ -900,6 +912,8 @@ def bench_size(gpus: int, cfg: BenchConfig, scratch: Path, notes: list[str], reu
         "status": run.get("status"),
         "call_wall_s": run["call_wall_s"],
         "call_cpu_s": run.get("call_cpu_s"),
+        "duckdb_threads": run.get("duckdb_threads"),
+        "duckdb_memory_limit": run.get("duckdb_memory_limit"),
         "cpu_per_day_s": None if run.get("call_cpu_s") is None else run["call_cpu_s"] / cfg.days,
         "cores": None if run.get("call_cpu_s") is None or not run["call_wall_s"] else run["call_cpu_s"] / run["call_wall_s"],
         "process_wall_s": run["process_wall_s"],
@@ -1485,7 +1499,9 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(f"   run {'SUCCESS' if p['success'] else 'FAILURE'}: {p['run_wall_s']:.1f} s run wall "
                      f"({p['per_day_s']:.1f} s/day, {p['per_day_excl_plots_s']:.1f} s/day without plots), "
                      f"{p['steps_count']} steps, overhead outside steps {p['orchestration_overhead_s']:.1f} s, "
-                     f"launch {p['launch_overhead_s']:.1f} s, peak RSS {peak_rss_mib(p):,.0f} MiB (with helpers)")
+                     f"launch {p['launch_overhead_s']:.1f} s, peak RSS {peak_rss_mib(p):,.0f} MiB (with helpers)"
+                     + (f"; DuckDB {p['duckdb_threads']} thread(s), memory limit {p['duckdb_memory_limit']}"
+                        if p.get("duckdb_threads") else ""))
         if p.get("call_cpu_s") is not None:
             lines.append(f"   CPU (user + system, with helpers): {p['call_cpu_s']:.1f} s ({p['cpu_per_day_s']:.1f} s/day), "
                          f"{_fmt(p['cores'])} of the {result['machine'].get('cpus')} cores on average over the call")
@@ -1636,7 +1652,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-zstd", action="store_true",
                    help="also time the raw telemetry step on the last day's text compressed with zstd")
     p.add_argument("--duckdb-memory-limit", default=DUCKDB_MEMORY_LIMIT,
-                   help="GPU_PIPELINE_DUCKDB_MEMORY_LIMIT of the measured run ('' for DuckDB's default)")
+                   help="GPU_PIPELINE_DUCKDB_MEMORY_LIMIT of the measured run ('' for DuckDB's default); "
+                        "GPU_PIPELINE_DUCKDB_THREADS, when set, holds for it too")
 
 
 if __name__ == "__main__":

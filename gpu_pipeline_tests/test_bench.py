@@ -191,8 +191,9 @@ def test_baseline_reproduces_the_original_tools_reference_figures():
 
 
 @pytest.mark.slow
-def test_bench_smoke_writes_json(tmp_path, capsys):
+def test_bench_smoke_writes_json(tmp_path, capsys, monkeypatch):
     out = tmp_path / "bench.json"
+    monkeypatch.setenv("GPU_PIPELINE_DUCKDB_THREADS", "1")  # the operator's thread count holds for the run
     # 20 GPUs x 144 samples a day at 600 s exceed a budget of 2,000: the run is coarsened to 900 s and
     # the cost at 600 s is measured on a slice of 13 GPUs (13 x 144 <= 2,000)
     args = argparse.Namespace(gpus="20", days=1, out=str(out), work_dir=None, telemetry_interval=600,
@@ -238,6 +239,8 @@ def test_bench_smoke_writes_json(tmp_path, capsys):
     assert steps["raw__gpu_telemetry"]["cpu_s"] > 0
     assert p["call_cpu_s"] >= sum(s["cpu_s"] for s in steps.values()) * 0.9 > 0
     assert p["cpu_per_day_s"] == pytest.approx(p["call_cpu_s"] / size["days"])
+    assert (p["duckdb_threads"], p["duckdb_memory_limit"]) == (1, "953.6 MiB")  # the run's own DuckDB: 1 GB
+    assert "DuckDB 1 thread(s), memory limit 953.6 MiB" in printed
     assert "CPU s/day" in printed and "CPU (user + system, with helpers)" in printed
     sq = result["sqlite_archive"]
     assert sq["archive_rows"] > 0 and sq["day_rows"] > 0 and sq["read_window_s"] > 0 and sq["archive_bytes"] > 0

@@ -3,7 +3,10 @@
 ``GPU_PIPELINE_DUCKDB_MEMORY_LIMIT`` (e.g. ``1GB``) caps DuckDB's buffer memory in the process; sorts,
 joins and aggregates beyond it spill to ``GPU_PIPELINE_DUCKDB_TEMP_DIR`` (default: a folder in the
 system temp directory). ``GPU_PIPELINE_DUCKDB_THREADS`` caps its threads. Unset: DuckDB's defaults
-(80 % of RAM, all cores).
+(80 % of RAM, all cores), except that a memory limit without a thread count gives one thread per
+:data:`MEMORY_PER_THREAD` of it (at least one, at most the cores): all sixteen cores' threads under
+a 1 GB limit, 60 MiB each, under DuckDB's stated minimum of 125 MB a thread, spent 7.5 times the CPU
+of two threads on a 16-core machine, and more wall (:func:`threads_for_memory`; README, Performance).
 
 Each :func:`connect` returns a new connection -- its own session: temporary tables, registered Arrow
 tables and settings such as the time zone are its own and go when it is closed -- to one in-memory
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import tempfile
 import threading
 from pathlib import Path
@@ -39,6 +43,12 @@ ENV_THREADS = "GPU_PIPELINE_DUCKDB_THREADS"
 ENV_TEMP_DIR = "GPU_PIPELINE_DUCKDB_TEMP_DIR"
 ENV_BLOCK_MEMORY = "GPU_PIPELINE_DUCKDB_BLOCK_MEMORY"
 DEFAULT_BLOCK_MEMORY = "512MB"
+#: DuckDB memory a thread gets at least when the memory limit, not the operator, sets the thread count:
+#: two threads under the bench's 1 GB, as on a two-core machine (DuckDB's guide: at least 125 MB a
+#: thread, 1-4 GB for the best speed).
+MEMORY_PER_THREAD = 400 * 2**20
+_UNITS = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
 _lock = threading.Lock()
 # (pid, threads, memory limit, spill folder, block memory) -> database
@@ -64,15 +74,35 @@ def _session(threads: int | None, memory_limit: str | None, spill: str | None,
         if db is None:
             _set_aside_inherited(key[0])
             db = duckdb.connect(":memory:")
-            if threads:
-                db.execute(f"SET threads = {int(threads)}")
             if memory_limit:
                 Path(spill).mkdir(parents=True, exist_ok=True)
                 db.execute("SET memory_limit = ?", [memory_limit])
                 db.execute("SET temp_directory = ?", [spill])
+                if not threads:
+                    threads = threads_for_memory(
+                        _setting_bytes(db.execute("SELECT current_setting('memory_limit')").fetchone()[0]),
+                        int(db.execute("SELECT current_setting('threads')").fetchone()[0]))
+            if threads:
+                db.execute(f"SET threads = {int(threads)}")
             db.execute("SET block_allocator_memory = ?", [block_memory])
             _databases[key] = db
         return db.cursor()
+
+
+def threads_for_memory(limit_bytes: int | None, cores: int) -> int:
+    """DuckDB threads for a memory limit: one per :data:`MEMORY_PER_THREAD`, at least 1, at most
+    ``cores`` (``cores`` when the limit is unknown)."""
+    if not limit_bytes:
+        return cores
+    return max(1, min(cores, limit_bytes // MEMORY_PER_THREAD))
+
+
+def _setting_bytes(text: str) -> int | None:
+    """Bytes of a size as DuckDB prints a setting (``953.6 MiB``, ``1.0 GiB``, ``512 bytes``); None
+    when it reads otherwise."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]+)\s*", text or "")
+    unit = _UNITS.get(m.group(2).lower()) if m else None
+    return None if unit is None else int(float(m.group(1)) * unit)
 
 
 def _mine() -> list[duckdb.DuckDBPyConnection]:

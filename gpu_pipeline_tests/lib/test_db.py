@@ -54,6 +54,27 @@ def test_limits_come_from_the_arguments_or_the_environment(monkeypatch, tmp_path
     assert _setting(connect(), "memory_limit") != "286.1 MiB"
 
 
+def test_a_memory_limit_without_a_thread_count_gives_each_thread_enough_memory(monkeypatch, tmp_path):
+    """DuckDB's default of one thread per core under a small memory limit leaves each thread less
+    than it needs: the limit sets the thread count unless the operator does."""
+    monkeypatch.setenv("GPU_PIPELINE_DUCKDB_TEMP_DIR", str(tmp_path / "spill"))
+    monkeypatch.delenv(ENV_THREADS, raising=False)
+    cores = _setting(connect(), "threads")  # no limit: DuckDB's default, every core
+    assert _setting(connect(memory_limit="300MB"), "threads") == 1  # 286 MiB: one thread
+    big = connect(memory_limit="64GB")
+    assert _setting(big, "threads") == cores  # never more threads than cores
+    monkeypatch.setenv(ENV_THREADS, "2")
+    assert _setting(connect(memory_limit="300MB"), "threads") == 2  # the operator's count wins
+    # The rule itself, on the 16-core machine of README, Performance: 1 GB -> 2 threads, not 16.
+    assert db.threads_for_memory(db._setting_bytes("953.6 MiB"), 16) == 2
+    assert db.threads_for_memory(db._setting_bytes("7.4 GiB"), 16) == 16
+    assert db.threads_for_memory(db._setting_bytes("3.7 GiB"), 16) == 9
+    assert db.threads_for_memory(db._setting_bytes("100 MiB"), 16) == 1
+    assert db.threads_for_memory(None, 16) == 16
+    assert db._setting_bytes("512 bytes") == 512 and db._setting_bytes("1.0 GiB") == 2**30
+    assert db._setting_bytes("unlimited") is None
+
+
 def test_connections_are_sessions_of_one_database_per_process_and_limits(monkeypatch):
     started = []
     real = duckdb.connect
