@@ -76,3 +76,15 @@ def loaded_defs():
 
         _DEFS = defs()
     return _DEFS
+
+
+@pytest.fixture(autouse=True)
+def _close_duckdb_databases():
+    """No test leaves a DuckDB database of ``lib.db`` open behind it. Each one, with the block allocator
+    on, reserves address space of about 80 % of the RAM (not memory in use), and a process holding
+    three of them can no longer fork: the test suite's PostgreSQL helper failed to start ``pg_ctl``
+    with ENOMEM at the end of the run, when tests with other DuckDB settings had left theirs open."""
+    yield
+    from gpu_pipeline.lib.db import close_databases
+
+    close_databases()
