@@ -164,10 +164,11 @@ def _latest_storage_id(instance: dg.DagsterInstance, keys: Iterable[dg.AssetKey]
     minimum_interval_seconds=int(os.environ.get(ENV_INTERVAL) or 300),
     default_status=dg.DefaultSensorStatus.STOPPED,
     description=(
-        "Re-materializes a day whose neighbouring day's input was re-materialized after it (the states "
-        "read the day before's slot snapshots, availability and evictions the day before, efficiency the "
-        "days either side): the stale assets and everything downstream of them, one run per day. "
-        "Reads only finished runs' records; its first tick only sets the cursor."
+        "Re-materializes a day whose neighbouring day's input was re-materialized after it (the states and "
+        "the allocation read the day before's slot snapshots, availability and evictions the day before, "
+        "the demand the job records of two days before, efficiency the days either side): the stale assets "
+        "and everything downstream of them, one run per day. Reads only finished runs' records; its first "
+        "tick only sets the cursor."
     ),
 )
 def neighbour_days_rerun(context: dg.SensorEvaluationContext):
