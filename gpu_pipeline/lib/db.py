@@ -4,9 +4,10 @@
 joins and aggregates beyond it spill to ``GPU_PIPELINE_DUCKDB_TEMP_DIR`` (default: a folder in the
 system temp directory). ``GPU_PIPELINE_DUCKDB_THREADS`` caps its threads. Unset: DuckDB's defaults
 (80 % of RAM, all cores), except that a memory limit without a thread count gives one thread per
-:data:`MEMORY_PER_THREAD` of it (at least one, at most the cores): all sixteen cores' threads under
-a 1 GB limit, 60 MiB each, under DuckDB's stated minimum of 125 MB a thread, spent 7.5 times the CPU
-of two threads on a 16-core machine, and more wall (:func:`threads_for_memory`; README, Performance).
+:data:`MEMORY_PER_THREAD` of it (at least one, at most the cores). On a 16-core machine, all sixteen
+threads under a 1 GB limit (60 MiB each, under DuckDB's stated minimum of 125 MB a thread) made the
+efficiency step spend 7.5 times the CPU of two threads, and more wall (:func:`threads_for_memory`;
+README, Performance).
 
 Each :func:`connect` returns a new connection -- its own session: temporary tables, registered Arrow
 tables and settings such as the time zone are its own and go when it is closed -- to one in-memory
