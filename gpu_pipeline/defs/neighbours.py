@@ -14,11 +14,11 @@ materializations recorded since its cursor of every asset that a neighbour reads
 asset U on day P, and each asset A that reads U at an offset k (A on day P - k reads U on P), it
 compares A's latest materialization of day P - k with U's: when A's is older, that day of A read
 the U that was replaced, and the sensor asks for one run of A and everything downstream of it, on
-that day. Days of A never materialized are left alone (nothing to refresh). The changes go on
-from day to day only as far as the data does: a re-run of the states of D makes D+1's
-availability and evictions stale, and the next tick re-runs those; their re-runs feed no other
-day's reads of those tables, so it stops there (the availability summaries of the week after
-read the periods too: those days are re-run where they were materialized).
+that day. Days of A never materialized are left alone (nothing to refresh). The re-runs go on
+from day to day as far as the reads do (the sensor does not compare contents): a re-run of the
+states of D makes D+1's availability and evictions stale, and the next tick re-runs those; a
+re-run of D's availability periods makes the week after's summaries stale (a summary reads a week
+of periods); nothing reads those in turn, so it ends there.
 
 - A range run that writes U and then A for the same days leaves nothing stale: A's records come
   after U's. Only the records of finished runs are taken (the cursor stops before the first record
