@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import tempfile
 import threading
 from pathlib import Path
@@ -48,8 +47,6 @@ DEFAULT_BLOCK_MEMORY = "512MB"
 #: two threads under the bench's 1 GB, as on a two-core machine (DuckDB's guide: at least 125 MB a
 #: thread, 1-4 GB for the best speed).
 MEMORY_PER_THREAD = 400 * 2**20
-_UNITS = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
 _lock = threading.Lock()
 # (pid, threads, memory limit, spill folder, block memory) -> database
@@ -79,10 +76,10 @@ def _session(threads: int | None, memory_limit: str | None, spill: str | None,
                 Path(spill).mkdir(parents=True, exist_ok=True)
                 db.execute("SET memory_limit = ?", [memory_limit])
                 db.execute("SET temp_directory = ?", [spill])
-                if not threads:
-                    threads = threads_for_memory(
-                        _setting_bytes(db.execute("SELECT current_setting('memory_limit')").fetchone()[0]),
-                        int(db.execute("SELECT current_setting('threads')").fetchone()[0]))
+                if not threads:  # the limit in bytes, however the operator wrote it (1GB, 80%, ...)
+                    limit, cores = db.execute("SELECT parse_formatted_bytes(current_setting('memory_limit')), "
+                                              "current_setting('threads')").fetchone()
+                    threads = threads_for_memory(limit, int(cores))
             if threads:
                 db.execute(f"SET threads = {int(threads)}")
             db.execute("SET block_allocator_memory = ?", [block_memory])
@@ -96,14 +93,6 @@ def threads_for_memory(limit_bytes: int | None, cores: int) -> int:
     if not limit_bytes:
         return cores
     return max(1, min(cores, limit_bytes // MEMORY_PER_THREAD))
-
-
-def _setting_bytes(text: str) -> int | None:
-    """Bytes of a size as DuckDB prints a setting (``953.6 MiB``, ``1.0 GiB``, ``512 bytes``); None
-    when it reads otherwise."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]+)\s*", text or "")
-    unit = _UNITS.get(m.group(2).lower()) if m else None
-    return None if unit is None else int(float(m.group(1)) * unit)
 
 
 def _mine() -> list[duckdb.DuckDBPyConnection]:

@@ -65,10 +65,11 @@ def _wait(what: str, probe, server, timeout_s: float = WAIT_S):
     raise AssertionError(f"{what} within {timeout_s:.0f} s; last {last!r}; dagster dev log:\n{server.log_tail(40)}")
 
 
-def _run(server, run_id: str) -> dict:
+def _finished(server, run_id: str) -> dict | None:
+    """The run once it has ended, else None."""
     run = server.graphql(RUN, {"id": run_id})["runOrError"]
     assert run["__typename"] == "Run", run
-    return run
+    return run if run["status"] in TERMINAL else None
 
 
 def test_the_daemon_reruns_the_day_after_a_day_rematerialized_out_of_order(tmp_path: Path):
@@ -103,14 +104,12 @@ def test_the_daemon_reruns_the_day_after_a_day_rematerialized_out_of_order(tmp_p
         }})["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         manual = launched["run"]["runId"]
-        done = _wait("the re-materialization of the first day's slots",
-                     lambda: _run(server, manual)["status"] in TERMINAL and _run(server, manual), server)
+        done = _wait("the re-materialization of the first day's slots", lambda: _finished(server, manual), server)
         assert done["status"] == "SUCCESS", done
 
         asked = _wait("a tick of the sensor that launched a run", lambda: [t for t in ticks() if t["runIds"]], server)
         (run_id,) = asked[0]["runIds"]
-        rerun = _wait("the sensor's run", lambda: _run(server, run_id)["status"] in TERMINAL and _run(server, run_id),
-                      server)
+        rerun = _wait("the sensor's run", lambda: _finished(server, run_id), server)
         assert rerun["status"] == "SUCCESS", (rerun, server.log_tail(60))
         tags = {t["key"]: t["value"] for t in rerun["tags"]}
         assert tags["dagster/partition"] == demo.days[1]

@@ -66,13 +66,11 @@ def test_a_memory_limit_without_a_thread_count_gives_each_thread_enough_memory(m
     monkeypatch.setenv(ENV_THREADS, "2")
     assert _setting(connect(memory_limit="300MB"), "threads") == 2  # the operator's count wins
     # The rule itself, on the 16-core machine of README, Performance: 1 GB -> 2 threads, not 16.
-    assert db.threads_for_memory(db._setting_bytes("953.6 MiB"), 16) == 2
-    assert db.threads_for_memory(db._setting_bytes("7.4 GiB"), 16) == 16
-    assert db.threads_for_memory(db._setting_bytes("3.7 GiB"), 16) == 9
-    assert db.threads_for_memory(db._setting_bytes("100 MiB"), 16) == 1
+    assert db.threads_for_memory(10**9, 16) == 2
+    assert db.threads_for_memory(8 * 10**9, 16) == 16
+    assert db.threads_for_memory(4 * 10**9, 16) == 9
+    assert db.threads_for_memory(100 * 2**20, 16) == 1
     assert db.threads_for_memory(None, 16) == 16
-    assert db._setting_bytes("512 bytes") == 512 and db._setting_bytes("1.0 GiB") == 2**30
-    assert db._setting_bytes("unlimited") is None
 
 
 def test_connections_are_sessions_of_one_database_per_process_and_limits(monkeypatch):
