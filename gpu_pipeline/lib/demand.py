@@ -90,7 +90,14 @@ Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
 Top contributors (``metrics/demand_top_contributors``): per window (day), the idle GPU-hours by
 ``device_class``, ``owner`` (``user`` = owner@uid_domain, else ``owner``), ``project``, ``schedd``
 (the HTCondor queue) and, for Kueue, ``cluster_queue``; ``share`` of the source's total, ``rank``
-1..10 (ties by key). Missing keys read ``(none)``.
+1..10 (ties by key). Missing keys read ``(none)``. A Kueue queue's GPU-hours follow the hourly
+demand's definition: per scrape its part of the cluster's demand, taken as that demand is (its
+``resource_pending`` when the scrape has the series, 0 without a sample of its own; else its pending
+workloads x ``kueue_gpus_per_workload``; 0 with no pending workload), averaged over the cluster's
+scrapes of the hour whose demand is known (a scrape with neither series, or with pending workloads
+and no GPUs-per-workload, is left out, as the hourly mean leaves it out), x the hour's length. So
+over all queues an hour adds up to its Kueue ``demand_gpus``, and the day to the hours' GPU-hours;
+a cluster-hour whose demand is unknown makes the hour's ``demand_gpus`` null and adds no GPU-hours.
 """
 
 from __future__ import annotations
@@ -403,6 +410,11 @@ LEFT JOIN dem d ON d.h_start = g.h_start AND d.device_class = g.device_class
 
 # The Kueue sums and means, the same on every run (lib.db.exact_sum)
 _GPU_ROWS = f"kind = 'resource' AND resource = '{KUEUE_GPU_RESOURCE}'"
+# A cluster's pending GPUs in one scrape: pending GPUs (the pending-resources series), else pending
+# workloads x GPUs a workload; no pending workload is no demand; else unknown (NULL: the scrape is
+# left out of the hour's mean). The hourly demand and the top contributors both read it.
+_SCRAPE_DEMAND = ("coalesce(pending_gpus, pending_wl * (SELECT gpw FROM params), "
+                  "CASE WHEN pending_wl = 0 THEN 0.0 END)")
 _KUEUE_SUMS = {
     "pending_gpus": exact_sum("resource_pending", _GPU_ROWS),
     "pending_wl": exact_sum("pending_workloads", "kind = 'queue'"),
@@ -417,8 +429,7 @@ _KUEUE_SUMS = {
     "wait_sum": exact_sum("wait_mean_s * wait_count_interval", "kind = 'admission_wait'"),
     "wait_n": exact_sum("wait_count_interval", "kind = 'admission_wait' AND wait_mean_s IS NOT NULL"),
     # pending GPUs, else pending workloads x GPUs a workload; no pending workload is no demand
-    "avg_demand": exact_avg("coalesce(pending_gpus, pending_wl * (SELECT gpw FROM params), "
-                            "CASE WHEN pending_wl = 0 THEN 0.0 END)"),
+    "avg_demand": exact_avg(_SCRAPE_DEMAND),
     "avg_pending_wl": exact_avg("pending_wl"),
     "sum_wait_sum": exact_sum("wait_sum"),
     "sum_wait_n": exact_sum("wait_n"),
@@ -584,29 +595,58 @@ _KUEUE_TOP_SQL = f"""
 WITH
 params AS (
     SELECT epoch_us(CAST($start AS TIMESTAMPTZ)) AS s_us, epoch_us(CAST($end AS TIMESTAMPTZ)) AS e_us,
-           CAST($hour_us AS BIGINT) AS h_us, CAST($top_n AS INTEGER) AS n
+           CAST($hour_us AS BIGINT) AS h_us, CAST($top_n AS INTEGER) AS n,
+           CAST($gpus_per_workload AS DOUBLE) AS gpw
 ),
 cq AS (
     SELECT *, p.s_us + ((epoch_us(sample_utc) - p.s_us) // p.h_us) * p.h_us AS h_start
     FROM kueue_rows, params p
     WHERE scope = 'cluster_queue' AND epoch_us(sample_utc) >= p.s_us AND epoch_us(sample_utc) < p.e_us
 ),
--- each cluster's scrapes of the hour (clusters are scraped at their own instants: counting the
--- hour's scrapes over all clusters divided every queue's mean by the number of clusters)
-scrapes AS (SELECT h_start, cluster, count(DISTINCT sample_utc) AS n FROM cq GROUP BY h_start, cluster),
-k AS (
-    SELECT coalesce(cluster_queue, '{NO_KEY}') AS key, cluster, sample_utc, resource_pending, h_start
+-- each queue in each scrape: its pending GPUs and pending workloads (as the hourly demand sums them)
+per_queue AS (
+    SELECT h_start, cluster, sample_utc, coalesce(cluster_queue, '{NO_KEY}') AS key,
+        {_KUEUE_SUMS['pending_gpus']} AS pending_gpus,
+        {_KUEUE_SUMS['pending_wl']} AS pending_wl
     FROM cq
-    WHERE kind = 'resource' AND resource = '{KUEUE_GPU_RESOURCE}' AND resource_pending IS NOT NULL
+    GROUP BY h_start, cluster, sample_utc, coalesce(cluster_queue, '{NO_KEY}')
+),
+-- each cluster's scrape as the hourly demand reads it (_SCRAPE_DEMAND); NULL = nothing known about
+-- its demand (neither series, or pending workloads without GPUs a workload): left out of the mean
+scrape_sums AS (
+    SELECT h_start, cluster, sample_utc,
+        {exact_sum("pending_gpus")} AS pending_gpus,
+        {exact_sum("pending_wl")} AS pending_wl
+    FROM per_queue
+    GROUP BY h_start, cluster, sample_utc
+),
+scrape_demand AS (SELECT *, {_SCRAPE_DEMAND} AS demand FROM scrape_sums),
+-- each cluster's scrapes of the hour that carry demand (clusters are scraped at their own instants)
+scrapes AS (
+    SELECT h_start, cluster, count(*) AS n FROM scrape_demand WHERE demand IS NOT NULL GROUP BY h_start, cluster
+),
+-- a queue's share of its scrape's demand, taken the way the scrape's demand is: its pending GPUs
+-- when the scrape has the series (0 without a sample of its own), else its pending workloads x GPUs
+-- a workload, else 0 (no pending workload); the shares add up to the scrape's demand
+k AS (
+    SELECT q.key, q.cluster, q.h_start,
+        CASE WHEN s.pending_gpus IS NOT NULL THEN coalesce(q.pending_gpus, 0.0)
+             WHEN s.pending_wl * p.gpw IS NOT NULL THEN coalesce(q.pending_wl, 0.0) * p.gpw
+             ELSE 0.0 END AS pending
+    FROM per_queue q
+    JOIN scrape_demand s  -- a cluster may be NULL (none configured): IS NOT DISTINCT FROM
+      ON s.h_start = q.h_start AND s.sample_utc = q.sample_utc AND s.cluster IS NOT DISTINCT FROM q.cluster
+    CROSS JOIN params p
+    WHERE s.demand IS NOT NULL
 ),
 hours AS (
     SELECT generate_series AS h_start, least(generate_series + p.h_us, p.e_us) - generate_series AS h_len
     FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)
 ),
 per_hour AS (
-    -- mean pending GPUs of the queue over its cluster's scrapes of the hour x the hour's length =
-    -- its GPU-hours (as the hourly demand: a cluster's mean, clusters added up)
-    SELECT k.key, k.cluster, k.h_start, {exact_sum("k.resource_pending")} / any_value(sc.n) AS pending
+    -- mean pending GPUs of the queue over its cluster's scrapes of the hour that carry demand x the
+    -- hour's length = its GPU-hours (as the hourly demand: a cluster's mean, clusters added up)
+    SELECT k.key, k.cluster, k.h_start, {exact_sum("k.pending")} / any_value(sc.n) AS pending
     FROM k JOIN scrapes sc ON sc.h_start = k.h_start AND sc.cluster IS NOT DISTINCT FROM k.cluster
     GROUP BY k.key, k.cluster, k.h_start
 ),
@@ -733,7 +773,8 @@ def compute_demand_capacity(
                 ).to_arrow_table()
             )
             tops.append(
-                con.sql(_KUEUE_TOP_SQL, params={**kp, "top_n": top_n, "day_start": start_utc}).to_arrow_table()
+                con.sql(_KUEUE_TOP_SQL, params={**kp, "top_n": top_n, "day_start": start_utc,
+                                                "gpus_per_workload": kueue_gpus_per_workload}).to_arrow_table()
             )
         base_rows = pa.concat_tables([_cast(p, _BASE_SCHEMA) for p in parts])
         con.register("base_rows", base_rows)

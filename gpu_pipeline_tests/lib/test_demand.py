@@ -18,7 +18,7 @@ from gpu_pipeline.lib.demand import (
     job_days,
 )
 from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
-from gpu_pipeline.lib.kueue import KUEUE_DEMAND
+from gpu_pipeline.lib.kueue import KUEUE_DEMAND, parse_kueue_scrapes
 from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, conform
 from gpu_pipeline.lib.store import connect
 from gpu_pipeline_tests.simdata import build_sim_dataset
@@ -371,6 +371,154 @@ def test_kueue_clusters_scraped_at_their_own_instants_are_added_up():
         assert row["dcr"] == pytest.approx(10 / 6)
         top = {t["key"]: (t["demand_gpu_hours"], t["share"]) for t in r.top.to_pylist()}
         assert top == ({"cq": (10.0, 1.0)} if names[0] == "cq" else {"cq-east": (6.0, 0.6), "cq-west": (4.0, 0.4)})
+
+
+# -- Kueue top contributors against the hourly demand --------------------------------------------
+
+
+def _kueue_scrape_text(queues: dict[str, tuple[float | None, int | None, int | None]]) -> str:
+    """One Kueue ``/metrics`` scrape in the Go client's text format, modeled on
+    ``fixtures/kueue/kueue-metrics-0.prom`` (leader replica, cohort ``gpus``, flavor
+    ``<queue>-80gb``, 8 GPUs of quota, 4 used): per ClusterQueue ``(pending GPUs, active,
+    inadmissible pending workloads)``. A None leaves that series out of the scrape (an older Kueue, or
+    the optional ClusterQueue resource metrics turned off, has no ``kueue_cluster_queue_resource_pending``)."""
+    lines: list[str] = []
+
+    def family(name: str, help_: str, samples: list[str]) -> None:
+        if samples:
+            lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} gauge", *samples])
+
+    def flavored(cq: str) -> str:
+        return (f'cluster_queue="{cq}",cohort="gpus",flavor="{cq.removeprefix("gpu-")}-80gb",'
+                f'replica_role="leader",resource="nvidia.com/gpu"')
+
+    family("kueue_cluster_queue_nominal_quota", "Reports the cluster_queue's resource nominal quota within all "
+           "the flavors", [f"kueue_cluster_queue_nominal_quota{{{flavored(cq)}}} 8" for cq in queues])
+    family("kueue_cluster_queue_resource_pending", "Reports the cluster_queue's total pending resource requests.",
+           [f'kueue_cluster_queue_resource_pending{{cluster_queue="{cq}",replica_role="leader",'
+            f'resource="nvidia.com/gpu"}} {gpus:g}' for cq, (gpus, _, _) in queues.items() if gpus is not None])
+    family("kueue_cluster_queue_resource_usage", "Reports the cluster_queue's total resource usage within all "
+           "the flavors", [f"kueue_cluster_queue_resource_usage{{{flavored(cq)}}} 4" for cq in queues])
+    family("kueue_pending_workloads", "The number of pending workloads, per 'cluster_queue' and 'status'.",
+           [f'kueue_pending_workloads{{cluster_queue="{cq}",replica_role="leader",status="{status}"}} {n}'
+            for cq, (_, active, inadmissible) in queues.items()
+            for status, n in (("active", active), ("inadmissible", inadmissible)) if n is not None])
+    return "\n".join(lines) + "\n"
+
+
+def _kueue_table(scrapes: list[tuple[str, dt.datetime, dict]]) -> pa.Table:
+    """``clean/kueue_demand`` rows of ``(cluster, taken at, queues)`` scrapes, by the real parser."""
+    clusters = sorted({c for c, _, _ in scrapes})
+    return pa.concat_tables([
+        parse_kueue_scrapes([(t, _kueue_scrape_text(q)) for c, t, q in scrapes if c == cluster],
+                            cluster=cluster).table
+        for cluster in clusters
+    ])
+
+
+def _kueue_result(kueue: pa.Table, start: dt.datetime, end: dt.datetime, **kwargs):
+    return demand_from_tables(JOBS.empty(), GPU_STATES.empty(), start, end, kueue=kueue, **kwargs)
+
+
+def _kueue_top(result) -> dict[str, float]:
+    return {t["key"]: t["demand_gpu_hours"] for t in result.top.to_pylist() if t["source"] == "kueue"}
+
+
+def _assert_kueue_top_adds_up_to_the_hourly_demand(kueue: pa.Table, hours: list[int], **kwargs) -> None:
+    """For every hour (a window of that hour alone), the queues' GPU-hours -- all queues, not only
+    the top N -- add up to the hour's Kueue ``demand_gpus``; and over the day, to the hours' sum."""
+    for h in hours:
+        r = _kueue_result(kueue, at(h), at(h + 1), top_n=10_000, **kwargs)
+        (row,) = hourly(r, source="kueue").values()
+        assert row["demand_gpus"] is not None, h
+        assert sum(_kueue_top(r).values()) == pytest.approx(row["demand_gpus"], rel=1e-12), h
+    r = _kueue_result(kueue, DAY, END, top_n=10_000, **kwargs)
+    day_hours = sum(x["demand_gpus"] for x in hourly(r, source="kueue").values())
+    assert sorted(hourly(r, source="kueue")) == sorted(hours)
+    assert sum(_kueue_top(r).values()) == pytest.approx(day_hours, rel=1e-12)
+    assert sum(t["share"] for t in r.top.to_pylist()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("gpus_per_workload", [None, 2.0])
+def test_kueue_top_contributors_take_a_scrape_without_pending_resources_as_the_hourly_demand(gpus_per_workload):
+    """The 10:20 scrape has pending workloads but no pending-resources series: the hourly demand
+    reads it as pending workloads x GPUs a workload, or skips it when that is unknown (the mean of
+    the other two scrapes). The top contributors counted it as 0 pending GPUs and divided by all
+    three scrapes: a100 22/3 and h100 12/3 GPU-hours against an hour of 17 (or 50/3) GPUs."""
+    kueue = _kueue_table([
+        ("k8s", at(10, 0), {"gpu-a100": (10, 3, 1), "gpu-h100": (6, 0, 2)}),
+        ("k8s", at(10, 20), {"gpu-a100": (None, 5, 0), "gpu-h100": (None, 1, 2)}),
+        ("k8s", at(10, 40), {"gpu-a100": (12, 5, 0), "gpu-h100": (6, 1, 2)}),
+    ])
+    r = _kueue_result(kueue, DAY, END, kueue_gpus_per_workload=gpus_per_workload)
+    (row,) = hourly(r, source="kueue").values()
+    if gpus_per_workload is None:  # 10:20 unknown: skipped
+        assert row["demand_gpus"] == 17.0
+        assert _kueue_top(r) == {"gpu-a100": 11.0, "gpu-h100": 6.0}
+    else:  # 10:20: a100 5 x 2, h100 3 x 2 pending GPUs
+        assert row["demand_gpus"] == pytest.approx(50 / 3)
+        assert _kueue_top(r) == pytest.approx({"gpu-a100": 32 / 3, "gpu-h100": 6.0})
+    _assert_kueue_top_adds_up_to_the_hourly_demand(kueue, [10], kueue_gpus_per_workload=gpus_per_workload)
+
+
+def test_kueue_top_contributors_of_an_hour_with_pending_workloads_only():
+    """No scrape of the hour has the pending-resources series: the hourly demand is pending
+    workloads x GPUs a workload, and the top contributors were empty. Without GPUs a workload the
+    hour's demand is unknown (and no queue is a contributor); with no pending workload it is 0."""
+    scrapes = [("k8s", at(11, 0), {"gpu-a100": (None, 3, 1), "gpu-h100": (None, 0, 2)}),
+               ("k8s", at(11, 30), {"gpu-a100": (None, 5, 0), "gpu-h100": (None, 1, 2)})]
+    kueue = _kueue_table(scrapes)
+    r = _kueue_result(kueue, DAY, END, kueue_gpus_per_workload=2.0)
+    (row,) = hourly(r, source="kueue").values()
+    assert (row["demand_gpus"], row["pending_jobs"]) == (14.0, 7.0)
+    assert _kueue_top(r) == {"gpu-a100": 9.0, "gpu-h100": 5.0}
+    assert [(t["key"], t["share"], t["rank"]) for t in r.top.to_pylist()] == [
+        ("gpu-a100", 9 / 14, 1), ("gpu-h100", 5 / 14, 2)]
+    _assert_kueue_top_adds_up_to_the_hourly_demand(kueue, [11], kueue_gpus_per_workload=2.0)
+    # GPUs a workload unknown: the demand is unknown, no contributor
+    r = _kueue_result(kueue, DAY, END)
+    assert hourly(r, source="kueue")[11]["demand_gpus"] is None and _kueue_top(r) == {}
+    # no pending workload: no demand, no contributor
+    idle = _kueue_table([(c, t, {cq: (None, 0, 0) for cq in q}) for c, t, q in scrapes])
+    r = _kueue_result(idle, DAY, END)
+    assert hourly(r, source="kueue")[11]["demand_gpus"] == 0.0 and _kueue_top(r) == {}
+
+
+def test_kueue_top_contributors_add_up_to_the_hourly_demand_every_hour():
+    """Two clusters scraped at their own instants, one queue name in both: hours with the
+    pending-resources series in every scrape, in some, in none; a scrape that says nothing about
+    demand (quota and usage only: skipped by the hourly demand, counted as 0 by the top
+    contributors); a scrape where one queue has the series and the other only pending workloads (the
+    hourly demand takes the series' sum: that queue's workloads are not counted)."""
+    nothing = {"gpu-a100": (None, None, None), "gpu-h100": (None, None, None)}
+    kueue = _kueue_table([
+        # east, hour 9: the series in every scrape
+        ("east", at(9, 5), {"gpu-a100": (4, 2, 0), "gpu-h100": (2, 1, 0)}),
+        ("east", at(9, 35), {"gpu-a100": (6, 3, 0), "gpu-h100": (0, 0, 0)}),
+        # east, hour 10: one scrape without the series, one saying nothing about demand
+        ("east", at(10, 5), {"gpu-a100": (8, 4, 0), "gpu-h100": (2, 1, 0)}),
+        ("east", at(10, 25), {"gpu-a100": (None, 3, 1), "gpu-h100": (None, 0, 1)}),
+        ("east", at(10, 45), nothing),
+        # east, hour 11: pending workloads only
+        ("east", at(11, 5), {"gpu-a100": (None, 1, 0), "gpu-h100": (None, 2, 3)}),
+        ("east", at(11, 35), {"gpu-a100": (None, 0, 0), "gpu-h100": (None, 4, 0)}),
+        # west, hour 10: the series for a100 only in one scrape, a scrape saying nothing
+        ("west", at(10, 15), {"gpu-a100": (3, 1, 0), "gpu-h100": (None, 2, 0)}),
+        ("west", at(10, 30), nothing),
+        ("west", at(10, 50), {"gpu-a100": (1, 1, 0), "gpu-h100": (5, 2, 1)}),
+        # west, hour 11: nothing about demand, then the series
+        ("west", at(11, 15), nothing),
+        ("west", at(11, 45), {"gpu-a100": (7, 3, 1), "gpu-h100": (1, 1, 0)}),
+    ])
+    r = _kueue_result(kueue, DAY, END, kueue_gpus_per_workload=2.0)
+    demand = {h: x["demand_gpus"] for h, x in hourly(r, source="kueue").items()}
+    # east 9: (6 + 6) / 2; 10: (10 + 5 x 2) / 2; 11: (6 x 2 + 4 x 2) / 2; west 10: (3 + 6) / 2 (h100's
+    # workloads at 10:15 are not counted: the scrape has the series); 11: 8
+    assert demand == {9: 6.0, 10: 10.0 + 4.5, 11: 10.0 + 8.0}
+    # a100: east 5 + 8 + 1, west 2 + 7; h100: east 1 + 2 + 9, west 2.5 + 1
+    assert _kueue_top(r) == {"gpu-a100": 23.0, "gpu-h100": 15.5}
+    assert sum(demand.values()) == 38.5
+    _assert_kueue_top_adds_up_to_the_hourly_demand(kueue, [9, 10, 11], kueue_gpus_per_workload=2.0)
 
 
 # -- simulated pool ----------------------------------------------------------------------------
