@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import dagster as dg
 
 from gpu_pipeline.defs.partitions import daily_partitions
@@ -13,12 +16,34 @@ daily_pipeline = dg.define_asset_job(
     description="Every daily asset (raw -> clean -> metrics -> plots) for one day or a range of days.",
 )
 
+ENV_MAX_RUNTIME = "GPU_PIPELINE_RUN_MAX_RUNTIME_S"
+DEFAULT_MAX_RUNTIME_S = 4 * 3600
+
+
+def max_runtime_tags(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The ``dagster/max_runtime`` tag of the runs that the schedules and the sensor launch: with
+    run monitoring on (the ``dagster.yaml`` template), the daemon stops such a run after this many
+    seconds and marks it failed, so a hung run does not hold its day's place in the run queue (one
+    run per partition) or the sensor's cursor for ever. ``GPU_PIPELINE_RUN_MAX_RUNTIME_S``, default
+    4 hours (a 10,000-GPU day takes minutes); ``0`` = no limit. Runs launched by hand (a backfill
+    from the UI, ``gpu-pipeline materialize``) get no limit: a long backfill is not cut short."""
+    text = (environ.get(ENV_MAX_RUNTIME) or "").strip()
+    try:
+        seconds = int(text) if text else DEFAULT_MAX_RUNTIME_S
+    except ValueError:
+        raise ValueError(f"{ENV_MAX_RUNTIME}={text!r}: not a whole number of seconds (0 = no limit)") from None
+    if seconds < 0:
+        raise ValueError(f"{ENV_MAX_RUNTIME}={text!r}: negative (0 = no limit)")
+    return {"dagster/max_runtime": str(seconds)} if seconds else {}
+
+
 nightly_schedule = dg.build_schedule_from_partitioned_job(
     daily_pipeline,
     name="nightly_pipeline",
     description="Materializes yesterday's partition of every daily asset at 02:15 (partition time zone).",
     hour_of_day=2,
     minute_of_hour=15,
+    tags=max_runtime_tags(),
     default_status=dg.DefaultScheduleStatus.STOPPED,
 )
 
@@ -46,6 +71,7 @@ def late_records_rerun(context: dg.ScheduleEvaluationContext) -> dg.RunRequest |
     return dg.RunRequest(
         run_key=f"late-{last[0]}-{last[-1]}",
         tags={
+            **max_runtime_tags(),
             "dagster/asset_partition_range_start": last[0],
             "dagster/asset_partition_range_end": last[-1],
         },

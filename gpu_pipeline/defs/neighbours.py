@@ -22,7 +22,9 @@ of periods); nothing reads those in turn, so it ends there.
 
 - A range run that writes U and then A for the same days leaves nothing stale: A's records come
   after U's. Only the records of finished runs are taken (the cursor stops before the first record
-  of a run still going), so a range run in progress is never raced.
+  of a run still going), so a range run in progress is never raced. A run that hangs would hold
+  the cursor: the sensor's runs, like the schedules', carry ``dagster/max_runtime``
+  (:func:`gpu_pipeline.defs.jobs.max_runtime_tags`), and the daemon's run monitoring ends them.
 - Nightly runs: efficiency of D is computed before D+1's telemetry exists; the next night's run
   writes D+1's samples, and the sensor re-runs D's efficiency (and its plots) with the hour after
   midnight.
@@ -193,7 +195,7 @@ def neighbour_days_rerun(context: dg.SensorEvaluationContext):
             run_key=f"neighbours-{day}-{newest}",
             partition_key=day,
             asset_selection=sorted(keys, key=lambda k: k.to_user_string()),
-            tags={"gpu_pipeline/reason": "neighbour-day-changed",
+            tags={**_jobs.max_runtime_tags(), "gpu_pipeline/reason": "neighbour-day-changed",
                   "gpu_pipeline/stale": ",".join(sorted(k.to_user_string() for k in stale[day]))},
         ))
     return requests or dg.SkipReason("the stale days are outside the partitions")

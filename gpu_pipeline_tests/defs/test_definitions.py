@@ -51,6 +51,8 @@ def test_nightly_schedule_targets_the_previous_day_and_is_stopped_by_default(def
         )
         data = schedule.evaluate_tick(ctx)
     assert [r.partition_key for r in data.run_requests] == ["2025-08-06"]
+    # the daemon's run monitoring stops it after 4 hours (GPU_PIPELINE_RUN_MAX_RUNTIME_S)
+    assert data.run_requests[0].tags["dagster/max_runtime"] == "14400"
 
 
 def _hand_archive(path, days):
@@ -240,9 +242,21 @@ def test_late_records_schedule_reruns_the_last_three_days_as_one_range(defs):
     tags = data.run_requests[0].tags
     assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
         "2025-08-04", "2025-08-06")
+    assert tags["dagster/max_runtime"] == "14400"
     # on the partitions' first day no day is complete: a skip, not an error (last[0] of no days)
     first = dt.datetime.combine(dt.date.fromisoformat(defs.resolve_job_def("daily_pipeline").partitions_def
                                                       .get_first_partition_key()), dt.time(5, 45), dt.UTC)
     with dg.instance_for_test() as instance:
         data = schedule.evaluate_tick(dg.build_schedule_context(instance=instance, scheduled_execution_time=first))
     assert data.run_requests == [] and "no complete day" in data.skip_message
+
+
+def test_the_max_runtime_of_scheduled_runs_is_read_from_its_variable():
+    from gpu_pipeline.defs.jobs import ENV_MAX_RUNTIME, max_runtime_tags
+
+    assert max_runtime_tags({}) == {"dagster/max_runtime": "14400"}
+    assert max_runtime_tags({ENV_MAX_RUNTIME: " 900 "}) == {"dagster/max_runtime": "900"}
+    assert max_runtime_tags({ENV_MAX_RUNTIME: "0"}) == {}  # no limit
+    for bad in ("1.5h", "-60"):
+        with pytest.raises(ValueError, match=ENV_MAX_RUNTIME):
+            max_runtime_tags({ENV_MAX_RUNTIME: bad})

@@ -217,3 +217,17 @@ def test_both_instance_templates_queue_one_single_day_run_per_partition(tmp_path
     with dg.DagsterInstance.get() as instance:
         limits = instance.run_coordinator.get_run_queue_config().tag_concurrency_limits
     assert {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
+
+
+def test_both_instance_templates_monitor_runs_the_same_way(tmp_path, monkeypatch):
+    """Run monitoring (the daemon stops a scheduled run over its ``dagster/max_runtime``;
+    e2e/test_run_monitoring.py) is on in both templates, with the same settings."""
+    import yaml
+
+    got = {name: yaml.safe_load((TEMPLATE.parent / name).read_text())["run_monitoring"]
+           for name in ("dagster.yaml", "dagster.postgres.yaml")}
+    assert got["dagster.yaml"] == got["dagster.postgres.yaml"]
+    _home(tmp_path, monkeypatch)
+    with dg.DagsterInstance.get() as instance:
+        assert instance.run_monitoring_enabled
+        assert instance.run_monitoring_max_resume_run_attempts == 0  # the default launcher cannot resume

@@ -61,6 +61,7 @@ def test_a_day_rematerialized_out_of_order_reruns_the_days_that_read_it(loaded_d
         assert req.partition_key == DAYS[1]  # the next day's states carry the day's last snapshot
         assert req.tags["gpu_pipeline/stale"] == ("metrics/allocation_buckets,metrics/allocation_daily,"
                                                   "metrics/eviction_rates,metrics/evictions,metrics/gpu_states")
+        assert req.tags["dagster/max_runtime"] == "14400"  # a hung re-run is stopped (run monitoring)
         chosen = _names(req.asset_selection)
         assert {"metrics/gpu_states", "metrics/evictions", "metrics/availability_periods",
                 "plots/gpu_timeline_heatmap"} | EFFICIENCY <= chosen  # the stale assets and their downstream
