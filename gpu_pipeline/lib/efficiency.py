@@ -45,6 +45,17 @@ Held but idle
     memory. Samples up to one hour before and after the window are read (when the caller passes them:
     the asset passes the day before and the day after where they exist) so a run crossing midnight
     is judged on its full length and then clipped to the day (``clipped_*`` flags).
+    The state is the bucket's, so a job that ended at 10:02 still names its GPU until 10:05. Where
+    the job records (``jobs_sql``: the runs, as chosen for the job table, overlapping the window or
+    its hour of look-around) give the named job's runs on the GPU -- runs listing the GPU in
+    ``assigned_gpus``, or with no GPU list -- a sample counts only inside one of them
+    (``run_start <= t < run_end``, runs of the job on the GPU merged where they overlap or touch), a
+    held-idle run does not go on from one job run into another, and its last sample stands for its
+    cadence only up to the job run's end: the run ends at ``min(last sample + cadence, job run
+    end)``, so at the job's end exactly when the GPU stayed idle up to it. A job the records do not
+    give on that GPU (no record read, none of its runs in the read range, or runs listing other GPUs
+    only), and every job without ``jobs_sql``, keeps the state's extent: up to the end of the last
+    bucket naming it.
 
 Jobs
     One row per job run overlapping the window, from ``clean/jobs``: the ``epoch`` row of
@@ -205,7 +216,10 @@ HELD_IDLE_INTERVALS = TableSpec(
     name="held_idle_intervals",
     description=(
         "Held-but-idle runs: a claimed GPU (gpu_states busy_*) whose power stayed at idle level "
-        "(<= 1.3 x idle power or PIF <= 0.2) for >= 30 continuous minutes; clipped to the day."
+        "(<= 1.3 x idle power or PIF <= 0.2) for >= 30 continuous minutes; clipped to the day. Where "
+        "clean/jobs has the named job's runs on the GPU (listing it, or with no GPU list), only samples "
+        "inside a run count and a held-idle run ends at the latest at that run's end; otherwise the "
+        "5-minute state decides alone (a job's run then extends to the end of the last bucket naming it)."
     ),
     key=("gpu_id", "start_utc"),
     schema=pa.schema(
@@ -218,12 +232,14 @@ HELD_IDLE_INTERVALS = TableSpec(
             _f("end_utc", TS, "End (clipped to the day)", nullable=False),
             _f("duration_s", pa.float64(), "end - start (s)", nullable=False),
             _f("run_duration_s", pa.float64(), "Length of the run before clipping to the day (s), as far as the "
-               "samples read go: from one hour before the day (a run held longer before midnight reads shorter)",
-               nullable=False),
+               "samples read go: from one hour before the day (a run held longer before midnight reads shorter); "
+               "ends at the latest at the job run's end where clean/jobs gives it", nullable=False),
             _f("mean_power_w", pa.float64(), "Mean power of its samples in the day (W)"),
-            _f("samples", pa.int64(), "Samples in the run, from one hour before the day on", nullable=False),
+            _f("samples", pa.int64(), "Samples in the run, from one hour before the day on (inside the job run "
+               "where clean/jobs gives it)", nullable=False),
             _f("clipped_start", pa.bool_(), "The run started before the day", nullable=False),
-            _f("clipped_end", pa.bool_(), "The run continued after the day (or the data ended)", nullable=False),
+            _f("clipped_end", pa.bool_(), "The run continued after the day (or the data ended); false when the "
+               "job run ended within the day", nullable=False),
         ]
     ),
 )
@@ -410,14 +426,15 @@ def compute_efficiency(
     try:
         groups = _stage_sources(con, samples_sql, list(samples_params), lo, hi, s_us, e_us, counters,
                                 group_samples)
-        if jobs_sql is not None:
+        have_jobs = jobs_sql is not None
+        if have_jobs:
             _stage_jobruns(con, jobs_sql, list(jobs_params), s_us, e_us)
         hourly_parts, held_parts = [], []
         for gids in groups:  # GPU groups in gpu_id order: the parts, each sorted, make sorted tables
             _stage_samples(con, samples_sql, list(samples_params), lo, hi, s_us, e_us, states_sql,
                            list(states_params), counters, gids)
             if have_states:
-                _stage_held(con, states_sql, list(states_params), s_us, e_us)
+                _stage_held(con, states_sql, list(states_params), s_us, e_us, have_jobs)
                 held_parts.append(_held_table(con))
             hourly_parts.append(_hourly(con, s_us, e_us, states_sql, list(states_params)))
             if jobs_sql is not None:
@@ -429,7 +446,7 @@ def compute_efficiency(
     finally:
         _drop_samples(con)
         for t in ("_eff_count", "_eff_src", "_eff_gpu0", "_eff_gpu", "_eff_held", "_eff_jobruns",
-                  "_eff_jobgpu", "_eff_jobpart", "_eff_jg"):
+                  "_eff_jobgpu", "_eff_jobpart", "_eff_jg", "_eff_heldjob", "_eff_jobruns_all"):
             con.execute(f"DROP TABLE IF EXISTS {t}")
         for v in ("_eff_specmap",):
             try:
@@ -676,13 +693,53 @@ def _default(col: str) -> str:
     return repr(float(getattr(UNKNOWN, col)))
 
 
-def _stage_held(con, states_sql, states_params, s_us, e_us):
+_NO_END = 2**63 - 1  #: the end of a run that has not ended (BIGINT max)
+
+
+def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
     bucket_us = int(STATE_BUCKET.total_seconds() * _US)
     lo = s_us - int(LOOKAROUND.total_seconds() * _US) - bucket_us
     hi = e_us + int(LOOKAROUND.total_seconds() * _US)
     # Candidates: samples at idle power whose 5-minute state bucket is busy; a run is a sequence of
     # candidates that are consecutive power readings (pn = running count of readings) of one job
     # with no gap over GAP_FACTOR x cadence.
+    #
+    # The state is the bucket's (a claim in any of its snapshots ranks first), so a job that ended
+    # at 10:02 still names the GPU until 10:05. Where the job records give the job's runs on the GPU
+    # (``_eff_heldjob``: runs listing the GPU, or with no GPU list, overlapping the window and its
+    # look-around), a candidate counts only inside one of them (``rs <= t < re``; the job's runs on
+    # the GPU merged where they overlap or touch), a run of candidates does not go on from one job
+    # run into another, and the last sample stands for its cadence only up to the job run's end:
+    # the held-idle run ends at min(last sample + cadence, job run end). A job the records do not
+    # give on the GPU (no record read, none in the read range, or only runs listing other GPUs)
+    # keeps the state's extent, to the end of the last bucket naming it.
+    bound = clip = ""
+    if have_jobs:
+        bound = f""", hj0 AS (  -- the job runs bounding the group's (GPU, job) pairs
+            SELECT g.gid, j.global_job_id AS job, j.rs, coalesce(j.re, {_NO_END}) AS re
+            FROM _eff_heldjob j JOIN _eff_gpu g ON g.gpu_id = j.gpu
+            UNION ALL
+            SELECT p.gid, j.global_job_id, j.rs, coalesce(j.re, {_NO_END})
+            FROM _eff_heldjob j JOIN (SELECT DISTINCT gid, job FROM st) p ON p.job = j.global_job_id
+            WHERE j.gpu IS NULL
+        ), hj1 AS (
+            SELECT *, max(re) OVER (PARTITION BY gid, job ORDER BY rs, re
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_re
+            FROM hj0
+        ), hj2 AS (
+            SELECT *, sum(CASE WHEN prev_re >= rs THEN 0 ELSE 1 END)
+                          OVER (PARTITION BY gid, job ORDER BY rs, re ROWS UNBOUNDED PRECEDING) AS isl
+            FROM hj1
+        ), hj AS (  -- merged: disjoint per (GPU, job)
+            SELECT gid, job, min(rs) AS rs, max(re) AS re FROM hj2 GROUP BY gid, job, isl
+        ), known AS (
+            SELECT DISTINCT gid, job FROM hj0
+        )"""
+        clip = """
+            LEFT JOIN hj ON hj.gid = low.gid AND hj.job = st.job AND low.t >= hj.rs AND low.t < hj.re
+            LEFT JOIN known k ON k.gid = low.gid AND k.job = st.job
+            WHERE k.job IS NULL OR hj.re IS NOT NULL"""
+    job_end = "hj.re" if have_jobs else "CAST(NULL AS BIGINT)"
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_held AS
@@ -697,17 +754,20 @@ def _stage_held(con, states_sql, states_params, s_us, e_us):
             FROM {states_sql} x JOIN _eff_gpu g ON g.gpu_id = x.gpu_id
             WHERE x.state LIKE 'busy%' AND epoch_us(x.bucket_start_utc) >= {lo} AND epoch_us(x.bucket_start_utc) < {hi}
             GROUP BY ALL
-        ), c AS (
-            SELECT low.*, st.job FROM low JOIN st USING (gid, bt)
+        ){bound}, c AS (
+            SELECT low.*, st.job, {job_end} AS job_end FROM low JOIN st USING (gid, bt){clip}
         ), y AS (
-            SELECT *, lag(pn) OVER w AS ppn, lag(t) OVER w AS pt, lag(job) OVER w AS pjob
+            SELECT *, lag(pn) OVER w AS ppn, lag(t) OVER w AS pt, lag(job) OVER w AS pjob,
+                   lag(job_end) OVER w AS pjob_end
             FROM c WINDOW w AS (PARTITION BY gid ORDER BY t)
         ), z AS (
             SELECT *,
                    sum(CASE WHEN ppn = pn - 1 AND t - pt <= {GAP_FACTOR} * cadence_us
-                                 AND job IS NOT DISTINCT FROM pjob THEN 0 ELSE 1 END)
+                                 AND job IS NOT DISTINCT FROM pjob AND job_end IS NOT DISTINCT FROM pjob_end
+                            THEN 0 ELSE 1 END)
                        OVER (PARTITION BY gid ORDER BY t ROWS UNBOUNDED PRECEDING) AS grp,
-                   CAST(t + least(cadence_us, coalesce(nt - t, cadence_us)) AS BIGINT) AS t_end
+                   CAST(least(t + least(cadence_us, coalesce(nt - t, cadence_us)), coalesce(job_end, {_NO_END}))
+                        AS BIGINT) AS t_end
             FROM y
         ), runs AS (
             SELECT gid, grp, any_value(job) AS job, min(t) AS t0, max(t_end) AS t1, count(*) AS n,
@@ -836,10 +896,14 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
 
 def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
     """``_eff_jobruns`` (one row per job run overlapping the window, clipped to it) and
-    ``_eff_jobgpu`` (its GPUs); ``_eff_jobpart`` collects each GPU group's share of the runs."""
+    ``_eff_jobgpu`` (its GPUs); ``_eff_jobpart`` collects each GPU group's share of the runs.
+    ``_eff_heldjob``: the runs overlapping the window and its look-around, unclipped, once per
+    listed GPU (``gpu`` null for a run whose GPU list is unknown), which bound the held-idle runs
+    (:func:`_stage_held`)."""
+    look_us = int(LOOKAROUND.total_seconds() * _US)
     con.execute(
         f"""
-        CREATE OR REPLACE TEMP TABLE _eff_jobruns AS
+        CREATE OR REPLACE TEMP TABLE _eff_jobruns_all AS
         WITH ranked AS (
             SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot,
                    epoch_us(run_start_utc) AS rs,
@@ -850,14 +914,39 @@ def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
             FROM {jobs_sql}
             WHERE run_start_utc IS NOT NULL
         )
-        SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot AS is_backfill, rs, re,
-               greatest(rs, {s_us}) AS cs, least(coalesce(re, {e_us}), {e_us}) AS ce,
-               rs < {s_us} AS clipped_start, re IS NULL OR re > {e_us} AS clipped_end
+        SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot AS is_backfill, rs, re
         FROM ranked
-        WHERE rn = 1 AND rs < {e_us} AND (re IS NULL OR (re > {s_us} AND re >= rs))
+        WHERE rn = 1 AND rs < {e_us + look_us} AND (re IS NULL OR (re > {s_us - look_us} AND re >= rs))
         """,
         list(jobs_params),
     )
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _eff_jobruns AS
+        SELECT global_job_id, run_index, host, assigned_gpus, is_backfill, rs, re,
+               greatest(rs, {s_us}) AS cs, least(coalesce(re, {e_us}), {e_us}) AS ce,
+               rs < {s_us} AS clipped_start, re IS NULL OR re > {e_us} AS clipped_end
+        FROM _eff_jobruns_all
+        WHERE rs < {e_us} AND (re IS NULL OR re > {s_us})
+        """
+    )
+    # A run with a GPU list (whole GPUs or MIG ids) bounds the jobs on those GPUs; one whose list is
+    # unknown (null or empty) bounds the job on any GPU.
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _eff_heldjob AS
+        WITH listed AS (
+            SELECT DISTINCT global_job_id, run_index, gpu
+            FROM (
+                SELECT global_job_id, run_index, trim(unnest(string_split(assigned_gpus, ','))) AS gpu
+                FROM _eff_jobruns_all WHERE assigned_gpus IS NOT NULL
+            ) WHERE gpu <> ''
+        )
+        SELECT r.global_job_id, l.gpu, r.rs, r.re
+        FROM _eff_jobruns_all r LEFT JOIN listed l USING (global_job_id, run_index)
+        """
+    )
+    con.execute("DROP TABLE IF EXISTS _eff_jobruns_all")
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _eff_jobgpu AS

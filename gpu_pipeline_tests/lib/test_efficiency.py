@@ -567,6 +567,107 @@ def test_held_idle_run_crossing_midnight_is_judged_whole_and_clipped():
     assert h["run_duration_s"] == pytest.approx(2400.0) and h["duration_s"] == pytest.approx(1200.0)
 
 
+# A job holding GPU1 at idle power (40 W; A100-SXM4-40GB idle 52 W) from 10:00 to 10:42:30. The
+# 5-minute state takes the claim of the bucket's snapshot, so the bucket 10:40-10:45 still names the
+# job: its samples at 10:43 and 10:44 (after the job's end, the GPU as idle as before) are candidates
+# by the state alone.
+HELD_JOB = "s#20.0#1"
+
+
+def _held_tail_inputs(gpu: str = "GPU-00000001", job: str = HELD_JOB):
+    rows = series(gpu, at(9, 50), 71, power_w=40.0, util_pct=0.0)  # 9:50 .. 11:00, every minute
+    states = states_table([
+        (gpu, at(9, 50), at(10), "idle_shared", None),
+        (gpu, at(10), at(10, 45), "busy_shared", job),
+        (gpu, at(10, 45), at(11, 5), "idle_shared", None),
+    ])
+    return rows, states
+
+
+@pytest.mark.parametrize("assigned_gpus", ["GPU-00000001", "GPU-00000002, GPU-00000001", None])
+def test_held_idle_run_ends_at_its_jobs_end_not_at_the_state_buckets_end(assigned_gpus):
+    # With the job's record, only samples inside its run count and the last one (10:42) stands for
+    # its cadence only up to the run's end: the interval ends exactly at 10:42:30 (not at 10:45, the
+    # bucket's end, nor at 10:43, the last sample's). A run with no GPU list bounds the job on any GPU.
+    rows, states = _held_tail_inputs()
+    jobs = jobs_table([{"global_job_id": HELD_JOB, "run_start_utc": at(10), "run_end_utc": at(10, 42, 30),
+                        "assigned_gpus": assigned_gpus}])
+    res = run(samples_table(rows), states=states, jobs=jobs)
+    (h,) = res.held_idle.to_pylist()
+    assert (h["start_utc"], h["end_utc"], h["duration_s"]) == (at(10), at(10, 42, 30), 2550.0)
+    assert (h["run_duration_s"], h["samples"]) == (2550.0, 43)  # 10:00 .. 10:42
+    assert h["global_job_id"] == HELD_JOB and not h["clipped_start"] and not h["clipped_end"]
+    r = hour_row(res, "GPU-00000001", 10)
+    assert (r["held_idle_s"], r["held_but_idle"]) == (2550.0, True)
+    (j,) = res.jobs.to_pylist()
+    # held-idle time is attributed to a job through its listed GPUs
+    assert j["held_idle_s"] == pytest.approx(2550.0 if assigned_gpus else 0.0)
+    daily = {r["device_name"]: r for r in res.daily.to_pylist()}
+    assert daily["ALL"]["held_idle_gpu_hours"] == pytest.approx(2550.0 / 3600)
+
+
+@pytest.mark.parametrize("jobs", [
+    None,  # no job records at all
+    [{"global_job_id": "s#21.0#1", "run_start_utc": at(10), "run_end_utc": at(10, 42, 30),
+      "assigned_gpus": "GPU-00000001"}],  # records, but not of the job the state names
+    [{"global_job_id": HELD_JOB, "run_start_utc": at(10), "run_end_utc": at(10, 42, 30),
+      "assigned_gpus": "GPU-00000002"}],  # the job's record names other GPUs only
+    [{"global_job_id": HELD_JOB, "run_start_utc": at(6, day=4), "run_end_utc": at(8, day=4),
+      "assigned_gpus": "GPU-00000001"}],  # its only run read is outside the day and its look-around
+], ids=["no_records", "other_job", "other_gpu", "outside_read_range"])
+def test_held_idle_without_the_jobs_record_keeps_the_state_buckets_extent(jobs):
+    # Where the records do not give the job's run on the GPU, the state alone decides: the run goes
+    # on to the last candidate of the bucket (10:44) plus a cadence, i.e. the bucket's end.
+    rows, states = _held_tail_inputs()
+    res = run(samples_table(rows), states=states, jobs=None if jobs is None else jobs_table(jobs))
+    (h,) = res.held_idle.to_pylist()
+    assert (h["start_utc"], h["end_utc"], h["duration_s"]) == (at(10), at(10, 45), 2700.0)
+    assert (h["run_duration_s"], h["samples"]) == (2700.0, 45)
+    assert hour_row(res, "GPU-00000001", 10)["held_idle_s"] == 2700.0
+
+
+def test_held_idle_runs_are_cut_between_two_runs_of_a_job_and_at_midnight():
+    # GPU1: run 0 of the job 10:00-10:42:30, run 1 from 10:44 to 11:30, the state naming the job all
+    # along: the sample at 10:43 lies in neither run, and each run has its own held-idle interval.
+    # GPU2: a run 23:40 (day before) -> 00:22:30, bucket 00:20 still naming it: judged whole from
+    # the look-around (42.5 min), clipped at midnight. GPU3: a run 23:40 -> 00:22:30 (next day),
+    # cut at the day's end, judged on its length in the look-around after the day.
+    job2, job3 = "s#22.0#1", "s#23.0#1"
+    rows = series("GPU-00000001", at(9, 50), 111, power_w=40.0, util_pct=0.0)  # 9:50 .. 11:40
+    rows += series("GPU-00000002", at(23, 30, day=4), 71, power_w=40.0, util_pct=0.0)  # .. 00:40
+    rows += series("GPU-00000003", at(23, 30), 71, power_w=40.0, util_pct=0.0)  # .. 00:40 (day 6)
+    states = states_table([
+        ("GPU-00000001", at(10), at(11, 30), "busy_shared", HELD_JOB),
+        ("GPU-00000002", at(23, 40, day=4), at(0, 25), "busy_shared", job2),
+        ("GPU-00000003", at(23, 40), at(0, 25, day=6), "busy_shared", job3),
+    ])
+    jobs = jobs_table([
+        {"global_job_id": HELD_JOB, "run_index": 0, "run_start_utc": at(10), "run_end_utc": at(10, 42, 30),
+         "assigned_gpus": "GPU-00000001"},
+        {"global_job_id": HELD_JOB, "run_index": 1, "run_start_utc": at(10, 44), "run_end_utc": at(11, 30),
+         "assigned_gpus": "GPU-00000001"},
+        {"global_job_id": job2, "run_start_utc": at(23, 40, day=4), "run_end_utc": at(0, 22, 30),
+         "assigned_gpus": "GPU-00000002"},
+        {"global_job_id": job3, "run_start_utc": at(23, 40), "run_end_utc": at(0, 22, 30, day=6),
+         "assigned_gpus": "GPU-00000003"},
+    ])
+    res = run(samples_table(rows), states=states, jobs=jobs)
+    held = [(h["gpu_id"], h["start_utc"], h["end_utc"], h["run_duration_s"], h["samples"], h["clipped_start"],
+             h["clipped_end"]) for h in res.held_idle.to_pylist()]
+    assert held == [
+        ("GPU-00000001", at(10), at(10, 42, 30), 2550.0, 43, False, False),
+        ("GPU-00000001", at(10, 44), at(11, 30), 2760.0, 46, False, False),
+        ("GPU-00000002", at(0), at(0, 22, 30), 2550.0, 43, True, False),
+        ("GPU-00000003", at(23, 40), at(0, 0, day=6), 2550.0, 43, False, True),
+    ]
+    got = {(j["global_job_id"], j["run_index"]): j["held_idle_s"] for j in res.jobs.to_pylist()}
+    assert got == {(HELD_JOB, 0): pytest.approx(2550.0), (HELD_JOB, 1): pytest.approx(2760.0),
+                   (job2, 0): pytest.approx(1350.0), (job3, 0): pytest.approx(1200.0)}
+    assert hour_row(res, "GPU-00000001", 10)["held_idle_s"] == pytest.approx(2550.0 + 960.0)
+    assert hour_row(res, "GPU-00000001", 11)["held_idle_s"] == pytest.approx(1800.0)
+    assert hour_row(res, "GPU-00000002", 0)["held_idle_s"] == pytest.approx(1350.0)
+
+
 def test_fleet_rfu_is_capability_weighted():
     # an H100 at full power (646 TFLOPS, PIF 1) and an A10G at PIF 0.1 (35 TFLOPS) for one hour:
     # fleet RFU = (646 x 1 + 35 x 0.1) / (646 + 35) = 95.4 %, not the plain mean (55 %)
@@ -732,6 +833,28 @@ def test_sim_held_idle_jobs_are_detected_and_nothing_else(sim):
     intervals = [h for res in results.values() for h in res.held_idle.to_pylist()]
     assert intervals and all(profile_of.get(h["global_job_id"]) == "held_idle" for h in intervals)
     assert all(h["run_duration_s"] >= 1800 for h in intervals)
+
+
+def test_sim_held_idle_intervals_lie_inside_their_jobs_true_runs(sim):
+    """Every held-idle second is inside a true run of the named job on that GPU: the 5-minute state
+    still names a job up to its bucket's end, and the job records cut the run at the job's end (the
+    simulated dataset: about 2,500 s a day fell after the jobs' ends before)."""
+    _, results, truth = sim
+    runs: dict[tuple[str, str], list[tuple[dt.datetime, dt.datetime | None]]] = {}
+    for r in truth.to_pylist():
+        for gpu in (r["gpu_ids"] or "").split(","):
+            if gpu.strip():
+                runs.setdefault((r["global_job_id"], gpu.strip()), []).append((r["start_utc"], r["end_utc"]))
+    outside = total = 0.0
+    for res in results.values():
+        for h in res.held_idle.to_pylist():
+            inside = sum(max(0.0, (min(h["end_utc"], re or h["end_utc"]) - max(h["start_utc"], rs)).total_seconds())
+                         for rs, re in runs.get((h["global_job_id"], h["gpu_id"]), []))
+            outside += h["duration_s"] - inside
+            total += h["duration_s"]
+    print(f"\nheld-idle GPU-seconds {total:.0f}, outside the jobs' true runs {outside:.3f}")
+    assert total > 1e6
+    assert outside == pytest.approx(0.0, abs=1e-3)
 
 
 def test_sim_hourly_table_limits_coverage_and_energy(sim):
