@@ -6,6 +6,7 @@ always bound; an optional variable is bound only when it is set (otherwise the f
 which disables that source). See README "Configuration".
 """
 
+import math
 import os
 from pathlib import Path
 
@@ -133,14 +134,31 @@ class TelemetryResource(dg.ConfigurableResource):
 
 
 class KueueResource(dg.ConfigurableResource):
-    """A directory of Kueue controller ``/metrics`` scrape files (Kubernetes demand); off when empty."""
+    """A directory of Kueue controller ``/metrics`` scrape files (Kubernetes demand); off when empty.
+
+    ``gpus_per_workload``: GPUs a pending workload asks for, where every workload of the cluster asks
+    for the same number; the demand of a scrape without the pending-resources series is then its
+    pending workloads x this (empty: such a scrape's demand is unknown unless nothing is pending)."""
 
     scrape_dir: str = ""
     cluster: str = ""
+    gpus_per_workload: str = ""
 
     @property
     def enabled(self) -> bool:
         return bool(self.scrape_dir.strip())
+
+    def gpus_per_workload_value(self) -> float | None:
+        text = self.gpus_per_workload.strip()
+        if not text:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"GPU_PIPELINE_KUEUE_GPUS_PER_WORKLOAD={text!r}: not a positive number of GPUs")
+        return value
 
 
 @dg.definitions
@@ -169,6 +187,7 @@ def resources() -> dg.Definitions:
             "kueue": KueueResource(
                 scrape_dir=optional_env("GPU_PIPELINE_KUEUE_DIR"),
                 cluster=optional_env("GPU_PIPELINE_KUEUE_CLUSTER"),
+                gpus_per_workload=optional_env("GPU_PIPELINE_KUEUE_GPUS_PER_WORKLOAD"),
             ),
             "telemetry": TelemetryResource(
                 telemetry_dir=optional_env("GPU_PIPELINE_TELEMETRY_DIR"),

@@ -1,4 +1,4 @@
-"""The demand asset through Dagster: which GPUs its efficiency gap is taken over."""
+"""The demand asset through Dagster: which GPUs its efficiency gap is taken over, and the Kueue setting it reads."""
 
 import datetime as dt
 
@@ -6,9 +6,10 @@ import dagster as dg
 import pyarrow as pa
 
 from gpu_pipeline.defs.metrics.demand import demand_capacity
-from gpu_pipeline.defs.resources import DataStoreResource
-from gpu_pipeline.lib.demand import DEMAND_CAPACITY
+from gpu_pipeline.defs.resources import DataStoreResource, KueueResource
+from gpu_pipeline.lib.demand import DEMAND_CAPACITY, DEMAND_TOP_CONTRIBUTORS
 from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
+from gpu_pipeline.lib.kueue import KUEUE_DEMAND, parse_kueue_scrapes
 from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, conform
 from gpu_pipeline.lib.store import Store
 
@@ -34,8 +35,63 @@ def test_the_efficiency_gap_is_the_pools_gpus_not_telemetry_only_hosts(tmp_path)
         GPU_HOURLY_EFFICIENCY))
     store.write_partition(JOBS, DAY.isoformat(), JOBS.empty())
     with dg.instance_for_test() as instance:
-        assert dg.materialize([demand_capacity], resources={"data_store": DataStoreResource(data_root=str(store.root))},
+        assert dg.materialize([demand_capacity], resources={"data_store": DataStoreResource(data_root=str(store.root)),
+                                                            "kueue": KueueResource()},
                               partition_key=DAY.isoformat(), instance=instance).success
     rows = store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist()
     gaps = {(r["device_class"], r["efficiency_gap_pp"]) for r in rows if r["source"] == "htcondor"}
     assert gaps == {("ALL", 20.0), ("NVIDIA A100", 20.0)} and len(rows) == 48
+
+
+def _kueue_day(store: Store, pending: dict[str, tuple[int, int]]) -> None:
+    """A day of Kueue scrapes every 10 minutes without the pending-resources series (an older Kueue,
+    or its optional ClusterQueue resource metrics off): per queue (active, inadmissible) pending
+    workloads, read by the real parser into ``clean/kueue_demand``."""
+    text = "".join(
+        "# HELP kueue_pending_workloads The number of pending workloads, per 'cluster_queue' and 'status'.\n"
+        "# TYPE kueue_pending_workloads gauge\n"
+        + "".join(f'kueue_pending_workloads{{cluster_queue="{cq}",status="{status}"}} {n}\n'
+                  for cq, (active, inadmissible) in pending.items()
+                  for status, n in (("active", active), ("inadmissible", inadmissible))))
+    start = dt.datetime.combine(DAY, dt.time(), UTC)
+    scrapes = [(start + dt.timedelta(minutes=10 * k), text) for k in range(144)]
+    store.write_partition(KUEUE_DEMAND, DAY.isoformat(), parse_kueue_scrapes(scrapes).table)
+    store.write_partition(GPU_STATES, DAY.isoformat(), GPU_STATES.empty())
+    store.write_partition(GPU_HOURLY_EFFICIENCY, DAY.isoformat(), GPU_HOURLY_EFFICIENCY.empty())
+    store.write_partition(JOBS, DAY.isoformat(), JOBS.empty())
+
+
+def _materialize(store: Store, kueue: KueueResource) -> dg.ExecuteInProcessResult:
+    with dg.instance_for_test() as instance:
+        return dg.materialize([demand_capacity], partition_key=DAY.isoformat(), instance=instance,
+                              resources={"data_store": DataStoreResource(data_root=str(store.root)), "kueue": kueue},
+                              raise_on_error=False)
+
+
+def test_kueue_gpus_per_workload_turns_pending_workloads_into_demand(tmp_path):
+    """``GPU_PIPELINE_KUEUE_GPUS_PER_WORKLOAD`` reaches the demand: scrapes without the pending-resources
+    series count pending workloads x GPUs (3 + 2 workloads x 4 GPUs = 20 GPUs every hour, 480 GPU-hours
+    over the two queues); without it their demand is unknown."""
+    store = Store(tmp_path / "data")
+    _kueue_day(store, {"gpu-a100": (2, 1), "gpu-h100": (2, 0)})
+    assert _materialize(store, KueueResource(scrape_dir=str(tmp_path), gpus_per_workload="4")).success
+    rows = [r for r in store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist() if r["source"] == "kueue"]
+    assert len(rows) == 24 and {r["demand_gpus"] for r in rows} == {20.0}
+    top = {r["key"]: r["demand_gpu_hours"] for r in store.read_table(DEMAND_TOP_CONTRIBUTORS, DAY.isoformat())
+           .to_pylist() if r["source"] == "kueue"}
+    assert top == {"gpu-a100": 12.0 * 24, "gpu-h100": 8.0 * 24}
+
+    assert _materialize(store, KueueResource(scrape_dir=str(tmp_path))).success
+    rows = [r for r in store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist() if r["source"] == "kueue"]
+    assert len(rows) == 24 and all(r["demand_gpus"] is None and r["severity"] == "Unknown" for r in rows)
+
+
+def test_a_kueue_gpus_per_workload_that_is_not_a_positive_number_fails_naming_the_variable(tmp_path):
+    store = Store(tmp_path / "data")
+    _kueue_day(store, {"gpu-a100": (1, 0)})
+    for bad in ("four", "0", "-2", "nan"):
+        result = _materialize(store, KueueResource(scrape_dir=str(tmp_path), gpus_per_workload=bad))
+        assert not result.success
+        (failure,) = [e for e in result.all_events if e.is_step_failure]
+        assert "GPU_PIPELINE_KUEUE_GPUS_PER_WORKLOAD" in str(failure.step_failure_data.error), bad
+    assert not store.has_partition(DEMAND_CAPACITY, DAY.isoformat())

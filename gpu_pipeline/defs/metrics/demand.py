@@ -18,7 +18,7 @@ from gpu_pipeline.defs.common import (
 )
 from gpu_pipeline.defs.metrics.efficiency import KEYS as EFFICIENCY_KEYS
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
-from gpu_pipeline.defs.resources import DataStoreResource
+from gpu_pipeline.defs.resources import DataStoreResource, KueueResource
 from gpu_pipeline.lib.demand import (
     DEMAND_CAPACITY,
     DEMAND_TOP_CONTRIBUTORS,
@@ -40,8 +40,9 @@ FINITE = dg.AssetCheckSpec("dcr_finite_and_shares_in_range", asset=CAP_KEY,
     [table_spec_asset(DEMAND_CAPACITY, DEPS), table_spec_asset(DEMAND_TOP_CONTRIBUTORS, DEPS)],
     [FINITE],
 )
-def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreResource):
+def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreResource, kueue: KueueResource):
     store = SelectedStore(data_store.store(), context)
+    gpus_per_workload = kueue.gpus_per_workload_value()
     bad: dict[str, int] = {}
 
     def one_day(day: str):
@@ -52,7 +53,7 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
         # efficiency rows but are not the capacity these rows compare demand with
         pool_eff = f"(SELECT * FROM {eff_sql} WHERE gpu_id IN (SELECT gpu_id FROM {st_sql}))"
         res = demand_for_day(store, day, start, end, efficiency_from_sql=efficiency_by_class_sql(pool_eff),
-                             efficiency_params=[*eff_params, *st_params])
+                             efficiency_params=[*eff_params, *st_params], kueue_gpus_per_workload=gpus_per_workload)
         dcr, share = res.capacity["dcr"], res.top["share"]
         bad[day] = int(pc.sum(pc.invert(pc.is_finite(pc.fill_null(dcr, 0.0)))).as_py() or 0) + int(
             pc.sum(pc.or_(pc.less(share, -1e-9), pc.greater(share, 1 + 1e-9))).as_py() or 0)
