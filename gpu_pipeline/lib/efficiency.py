@@ -55,7 +55,11 @@ Held but idle
     end)``, so at the job's end exactly when the GPU stayed idle up to it. A job the records do not
     give on that GPU (no record read, none of its runs in the read range, or runs listing other GPUs
     only), and every job without ``jobs_sql``, keeps the state's extent: up to the end of the last
-    bucket naming it.
+    bucket naming it. The other way round, a job that started at 10:02 is named from 10:05 on (the
+    10:00 snapshot saw no claim, or the claim of a job that ended at 10:01): a sample that is no
+    job's by the state (as just bounded), inside a run the records give on the GPU (listing it; a
+    run with no GPU list, for a job the state names on that GPU), is that job's, so a held-idle run
+    starts with the job's first sample (a sample inside runs of two jobs is neither's).
 
 Jobs
     One row per job run overlapping the window, from ``clean/jobs``: the ``epoch`` row of
@@ -218,8 +222,10 @@ HELD_IDLE_INTERVALS = TableSpec(
         "Held-but-idle runs: a claimed GPU (gpu_states busy_*) whose power stayed at idle level "
         "(<= 1.3 x idle power or PIF <= 0.2) for >= 30 continuous minutes; clipped to the day. Where "
         "clean/jobs has the named job's runs on the GPU (listing it, or with no GPU list), only samples "
-        "inside a run count and a held-idle run ends at the latest at that run's end; otherwise the "
-        "5-minute state decides alone (a job's run then extends to the end of the last bucket naming it)."
+        "inside a run count and a held-idle run ends at the latest at that run's end, and a sample inside "
+        "such a run that the state gives no job (its snapshot before the job started) is the job's; "
+        "otherwise the 5-minute state decides alone (a job's run then extends to the end of the last "
+        "bucket naming it)."
     ),
     key=("gpu_id", "start_utc"),
     schema=pa.schema(
@@ -713,7 +719,13 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
     # the held-idle run ends at min(last sample + cadence, job run end). A job the records do not
     # give on the GPU (no record read, none in the read range, or only runs listing other GPUs)
     # keeps the state's extent, to the end of the last bucket naming it.
-    bound = clip = ""
+    #
+    # Likewise a job that started at 10:02 is named from the 10:05 bucket on (the 10:00 bucket's
+    # snapshot saw no claim, or the claim of a job that ended at 10:01): a sample that is no job's
+    # candidate by the state, inside a run the records give on the GPU, is that job's candidate (a
+    # sample inside the runs of two jobs is neither's), so the held-idle run starts with the job's
+    # first sample.
+    bound = clip = records = ""
     if have_jobs:
         bound = f""", hj0 AS (  -- the job runs bounding the group's (GPU, job) pairs
             SELECT g.gid, j.global_job_id AS job, j.rs, coalesce(j.re, {_NO_END}) AS re
@@ -739,6 +751,15 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
             LEFT JOIN hj ON hj.gid = low.gid AND hj.job = st.job AND low.t >= hj.rs AND low.t < hj.re
             LEFT JOIN known k ON k.gid = low.gid AND k.job = st.job
             WHERE k.job IS NULL OR hj.re IS NOT NULL"""
+        records = """
+        ), c AS (
+            SELECT * FROM c1
+            UNION ALL
+            SELECT low.*, hj.job, hj.re FROM low
+            JOIN hj ON hj.gid = low.gid AND low.t >= hj.rs AND low.t < hj.re
+            LEFT JOIN c1 ON c1.gid = low.gid AND c1.t = low.t
+            WHERE c1.gid IS NULL
+            QUALIFY count(*) OVER (PARTITION BY low.gid, low.t) = 1"""
     job_end = "hj.re" if have_jobs else "CAST(NULL AS BIGINT)"
     con.execute(
         f"""
@@ -754,8 +775,8 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
             FROM {states_sql} x JOIN _eff_gpu g ON g.gpu_id = x.gpu_id
             WHERE x.state LIKE 'busy%' AND epoch_us(x.bucket_start_utc) >= {lo} AND epoch_us(x.bucket_start_utc) < {hi}
             GROUP BY ALL
-        ){bound}, c AS (
-            SELECT low.*, st.job, {job_end} AS job_end FROM low JOIN st USING (gid, bt){clip}
+        ){bound}, {"c1" if have_jobs else "c"} AS (
+            SELECT low.*, st.job, {job_end} AS job_end FROM low JOIN st USING (gid, bt){clip}{records}
         ), y AS (
             SELECT *, lag(pn) OVER w AS ppn, lag(t) OVER w AS pt, lag(job) OVER w AS pjob,
                    lag(job_end) OVER w AS pjob_end
