@@ -58,8 +58,9 @@ Held but idle
     bucket naming it. The other way round, a job that started at 10:02 is named from 10:05 on (the
     10:00 snapshot saw no claim, or the claim of a job that ended at 10:01): a sample that is no
     job's by the state (as just bounded), inside a run the records give on the GPU (listing it; a
-    run with no GPU list, for a job the state names on that GPU), is that job's, so a held-idle run
-    starts with the job's first sample (a sample inside runs of two jobs is neither's).
+    run with no GPU list, for a job the state names on that GPU) and in the bucket just before one
+    naming the job, is that job's, so a held-idle run starts with the job's first sample. The
+    records never make a GPU held where the state saw it unclaimed later on.
 
 Jobs
     One row per job run overlapping the window, from ``clean/jobs``: the ``epoch`` row of
@@ -223,7 +224,8 @@ HELD_IDLE_INTERVALS = TableSpec(
         "(<= 1.3 x idle power or PIF <= 0.2) for >= 30 continuous minutes; clipped to the day. Where "
         "clean/jobs has the named job's runs on the GPU (listing it, or with no GPU list), only samples "
         "inside a run count and a held-idle run ends at the latest at that run's end, and a sample inside "
-        "such a run that the state gives no job (its snapshot before the job started) is the job's; "
+        "such a run that the state gives no job, in the bucket just before one naming the job (its snapshot "
+        "before the job started), is the job's; "
         "otherwise the 5-minute state decides alone (a job's run then extends to the end of the last "
         "bucket naming it)."
     ),
@@ -722,9 +724,12 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
     #
     # Likewise a job that started at 10:02 is named from the 10:05 bucket on (the 10:00 bucket's
     # snapshot saw no claim, or the claim of a job that ended at 10:01): a sample that is no job's
-    # candidate by the state, inside a run the records give on the GPU, is that job's candidate (a
-    # sample inside the runs of two jobs is neither's), so the held-idle run starts with the job's
-    # first sample.
+    # candidate by the state, inside a run the records give on the GPU and in the bucket just before
+    # one naming that job, is that job's candidate (one job at most: the state names one a bucket,
+    # and a job's runs on a GPU are merged), so the held-idle run starts with the job's first
+    # sample. Only that bucket: the
+    # records do not overrule a state that saw the GPU unclaimed later (a run record without an
+    # end, from a queue snapshot, would otherwise hold the GPU for the rest of the data).
     bound = clip = records = ""
     if have_jobs:
         bound = f""", hj0 AS (  -- the job runs bounding the group's (GPU, job) pairs
@@ -751,15 +756,15 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
             LEFT JOIN hj ON hj.gid = low.gid AND hj.job = st.job AND low.t >= hj.rs AND low.t < hj.re
             LEFT JOIN known k ON k.gid = low.gid AND k.job = st.job
             WHERE k.job IS NULL OR hj.re IS NOT NULL"""
-        records = """
+        records = f"""
         ), c AS (
             SELECT * FROM c1
             UNION ALL
             SELECT low.*, hj.job, hj.re FROM low
             JOIN hj ON hj.gid = low.gid AND low.t >= hj.rs AND low.t < hj.re
+            JOIN st nx ON nx.gid = low.gid AND nx.bt = low.bt + {bucket_us} AND nx.job = hj.job
             LEFT JOIN c1 ON c1.gid = low.gid AND c1.t = low.t
-            WHERE c1.gid IS NULL
-            QUALIFY count(*) OVER (PARTITION BY low.gid, low.t) = 1"""
+            WHERE c1.gid IS NULL"""
     job_end = "hj.re" if have_jobs else "CAST(NULL AS BIGINT)"
     con.execute(
         f"""

@@ -655,11 +655,51 @@ def test_held_idle_run_starts_with_its_jobs_first_sample_not_at_the_first_bucket
     # that ended, that job's bucket too, which is too short to be held)
     (h,) = run(samples_table(rows), states=states).held_idle.to_pylist()
     assert (h["global_job_id"], h["start_utc"], h["end_utc"]) == (HELD_JOB, at(10, 5), at(10, 45))
-    # a sample inside the runs of two jobs on the GPU is neither's: the overlap 10:02:30-10:10 is cut
-    overlap = [*runs, {"global_job_id": "s#24.0#1", "run_start_utc": at(9), "run_end_utc": at(10, 10),
-                       "assigned_gpus": "GPU-00000001"}]
-    (h,) = run(samples_table(rows), states=states, jobs=jobs_table(overlap)).held_idle.to_pylist()
-    assert (h["global_job_id"], h["start_utc"], h["end_utc"]) == (HELD_JOB, at(10, 5), at(10, 42, 30))
+    # the bucket before the first one naming the job only: a record of another job on the GPU that
+    # the state never names (09:00-10:10 here) takes nothing, and the job's own record does not
+    # reach back past that bucket (its run from 09:40 on: still from 10:00 on)
+    other = [{**runs[0], "run_start_utc": at(9, 40)}, *runs[1:],
+             {"global_job_id": "s#24.0#1", "run_start_utc": at(9), "run_end_utc": at(10, 10),
+              "assigned_gpus": "GPU-00000001"}]
+    (h,) = run(samples_table(rows), states=states, jobs=jobs_table(other)).held_idle.to_pylist()
+    assert (h["global_job_id"], h["start_utc"]) == (HELD_JOB, at(10) if before == "idle" else at(10, 2))
+
+
+@pytest.mark.parametrize("run_end", [None, (12, 0)], ids=["open_run", "closed_run"])
+def test_job_records_do_not_make_a_gpu_held_where_the_state_saw_it_unclaimed(run_end):
+    # The state names the job 08:00-09:00 and sees the GPU unclaimed after; the job's record says
+    # it ran from 08:00 on, with no end (a queue snapshot of a job later evicted) or to 12:00. The
+    # records bound the state, they do not extend it: held 08:00-09:00, as without the records.
+    rows = series("GPU-00000001", at(7), 361, power_w=40.0, util_pct=0.0)  # 07:00 .. 13:00
+    states = states_table([
+        ("GPU-00000001", at(7), at(8), "idle_shared", None),
+        ("GPU-00000001", at(8), at(9), "busy_shared", HELD_JOB),
+        ("GPU-00000001", at(9), at(13, 5), "idle_shared", None),
+    ])
+    jobs = jobs_table([{"global_job_id": HELD_JOB, "run_start_utc": at(8),
+                        "run_end_utc": at(*run_end) if run_end else None, "assigned_gpus": "GPU-00000001"}])
+    res = run(samples_table(rows), states=states, jobs=jobs)
+    (h,) = res.held_idle.to_pylist()
+    assert (h["start_utc"], h["end_utc"], h["duration_s"]) == (at(8), at(9), 3600.0)
+    assert hour_row(res, "GPU-00000001", 10)["held_idle_s"] == 0.0
+    daily = {r["device_name"]: r for r in res.daily.to_pylist()}
+    assert daily["ALL"]["held_idle_gpu_hours"] == pytest.approx(1.0)
+
+
+def test_touching_runs_of_a_job_make_one_held_idle_interval():
+    # run 0 ends at 08:29 when run 1 begins (a restart in place): one held-idle interval 08:00-09:00;
+    # with two minutes between them, two runs of 29 minutes, each too short: none
+    rows = series("GPU-00000001", at(7, 50), 81, power_w=40.0, util_pct=0.0)  # 07:50 .. 09:10
+    states = states_table([("GPU-00000001", at(8), at(9), "busy_shared", HELD_JOB)])
+    for gap, want in ((0, [(at(8), at(9))]), (2, [])):
+        jobs = jobs_table([
+            {"global_job_id": HELD_JOB, "run_index": 0, "run_start_utc": at(8), "run_end_utc": at(8, 29),
+             "assigned_gpus": "GPU-00000001"},
+            {"global_job_id": HELD_JOB, "run_index": 1, "run_start_utc": at(8, 29 + gap), "run_end_utc": at(9),
+             "assigned_gpus": "GPU-00000001"},
+        ])
+        held = run(samples_table(rows), states=states, jobs=jobs).held_idle.to_pylist()
+        assert [(h["start_utc"], h["end_utc"]) for h in held] == want, gap
 
 
 def test_held_idle_runs_are_cut_between_two_runs_of_a_job_and_at_midnight():
