@@ -86,6 +86,27 @@ def test_kueue_gpus_per_workload_turns_pending_workloads_into_demand(tmp_path):
     assert len(rows) == 24 and all(r["demand_gpus"] is None and r["severity"] == "Unknown" for r in rows)
 
 
+def test_the_kueue_gpus_per_workload_variable_reaches_the_demand(tmp_path, monkeypatch):
+    """The resources as the code location binds them (``GPU_PIPELINE_*`` variables, resolved when the
+    run starts): the variable set, the workloads become demand; unset, none."""
+    from gpu_pipeline.defs.resources import resources
+
+    store = Store(tmp_path / "data")
+    _kueue_day(store, {"gpu-a100": (2, 1), "gpu-h100": (2, 0)})
+    monkeypatch.setenv("GPU_PIPELINE_DATA_ROOT", str(store.root))
+    monkeypatch.setenv("GPU_PIPELINE_CONDOR_ARCHIVE", str(tmp_path / "archive"))
+    for value, want in (("4", {20.0}), (None, {None})):
+        if value is None:
+            monkeypatch.delenv("GPU_PIPELINE_KUEUE_GPUS_PER_WORKLOAD")
+        else:
+            monkeypatch.setenv("GPU_PIPELINE_KUEUE_GPUS_PER_WORKLOAD", value)
+        with dg.instance_for_test() as instance:
+            assert dg.materialize([demand_capacity], partition_key=DAY.isoformat(), instance=instance,
+                                  resources=resources().resources).success
+        rows = store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist()
+        assert {r["demand_gpus"] for r in rows if r["source"] == "kueue"} == want, value
+
+
 def test_a_kueue_gpus_per_workload_that_is_not_a_positive_number_fails_naming_the_variable(tmp_path):
     store = Store(tmp_path / "data")
     _kueue_day(store, {"gpu-a100": (1, 0)})
