@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import dagster as dg
 
 from gpu_pipeline.defs.partitions import daily_partitions
+from gpu_pipeline.lib.envutil import whole_number_env
 
 daily_pipeline = dg.define_asset_job(
     name="daily_pipeline",
@@ -27,13 +28,7 @@ def max_runtime_tags(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     run per partition) or the sensor's cursor for ever. ``GPU_PIPELINE_RUN_MAX_RUNTIME_S``, default
     4 hours (a 10,000-GPU day takes minutes); ``0`` = no limit. Runs launched by hand (a backfill
     from the UI, ``gpu-pipeline materialize``) get no limit: a long backfill is not cut short."""
-    text = (environ.get(ENV_MAX_RUNTIME) or "").strip()
-    try:
-        seconds = int(text) if text else DEFAULT_MAX_RUNTIME_S
-    except ValueError:
-        raise ValueError(f"{ENV_MAX_RUNTIME}={text!r}: not a whole number of seconds (0 = no limit)") from None
-    if seconds < 0:
-        raise ValueError(f"{ENV_MAX_RUNTIME}={text!r}: negative (0 = no limit)")
+    seconds = whole_number_env(ENV_MAX_RUNTIME, DEFAULT_MAX_RUNTIME_S, "seconds", "no limit", environ)
     return {"dagster/max_runtime": str(seconds)} if seconds else {}
 
 

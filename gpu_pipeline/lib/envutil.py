@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 
 @contextlib.contextmanager
@@ -19,3 +19,17 @@ def scoped_env(key: str, value: str) -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = previous
+
+
+def whole_number_env(name: str, default: int, unit: str, zero: str,
+                     environ: Mapping[str, str] = os.environ) -> int:
+    """The variable ``name`` as a whole number >= 0 (``default`` when unset or blank); anything else
+    raises ValueError naming the variable, its value, the ``unit`` and what ``zero`` means."""
+    text = (environ.get(name) or "").strip()
+    try:
+        value = int(text) if text else default
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected a whole number of {unit} (0: {zero})") from None
+    if value < 0:
+        raise ValueError(f"{name}={text!r}: negative (0: {zero})")
+    return value

@@ -24,9 +24,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 
 import pyarrow as pa
+
+from gpu_pipeline.lib.envutil import whole_number_env
 
 ENV_HEAP_ARENAS = "GPU_PIPELINE_MALLOC_ARENAS"
 DEFAULT_HEAP_ARENAS = 2
@@ -57,11 +58,7 @@ def limit_heap_arenas(arenas: int | None = None) -> bool:
     ``GPU_PIPELINE_MALLOC_ARENAS``, else 2 (``0``: leave glibc's choice). It holds for threads that
     have no arena yet, as long as the process has not yet made more than eight. True when set."""
     if arenas is None:
-        raw = (os.environ.get(ENV_HEAP_ARENAS) or "").strip()
-        try:
-            arenas = int(raw) if raw else DEFAULT_HEAP_ARENAS
-        except ValueError:
-            raise ValueError(f"{ENV_HEAP_ARENAS}={raw!r}: expected a whole number of arenas (0: glibc's choice)") from None
+        arenas = whole_number_env(ENV_HEAP_ARENAS, DEFAULT_HEAP_ARENAS, "arenas", "glibc's choice")
     if arenas < 0:
         raise ValueError(f"heap arenas must be >= 0, got {arenas}")
     mallopt = _libc_function("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
