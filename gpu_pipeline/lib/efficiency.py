@@ -727,9 +727,9 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
     # candidate by the state, inside a run the records give on the GPU and in the bucket just before
     # one naming that job, is that job's candidate (one job at most: the state names one a bucket,
     # and a job's runs on a GPU are merged), so the held-idle run starts with the job's first
-    # sample. Only that bucket: the
-    # records do not overrule a state that saw the GPU unclaimed later (a run record without an
-    # end, from a queue snapshot, would otherwise hold the GPU for the rest of the data).
+    # sample. Only that bucket: the records do not overrule a state that saw the GPU unclaimed
+    # later (a run record without an end, from a queue snapshot, would otherwise hold the GPU for
+    # the rest of the data).
     bound = clip = records = ""
     if have_jobs:
         bound = f""", hj0 AS (  -- the job runs bounding the group's (GPU, job) pairs
@@ -750,7 +750,7 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
         ), hj AS (  -- merged: disjoint per (GPU, job)
             SELECT gid, job, min(rs) AS rs, max(re) AS re FROM hj2 GROUP BY gid, job, isl
         ), known AS (
-            SELECT DISTINCT gid, job FROM hj0
+            SELECT DISTINCT gid, job FROM hj
         )"""
         clip = """
             LEFT JOIN hj ON hj.gid = low.gid AND hj.job = st.job AND low.t >= hj.rs AND low.t < hj.re
@@ -922,7 +922,8 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
 
 def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
     """``_eff_jobruns`` (one row per job run overlapping the window, clipped to it) and
-    ``_eff_jobgpu`` (its GPUs); ``_eff_jobpart`` collects each GPU group's share of the runs.
+    ``_eff_jobgpu`` (the GPUs of those runs and of the look-around's, which its users leave out by
+    joining ``_eff_jobruns``); ``_eff_jobpart`` collects each GPU group's share of the runs.
     ``_eff_heldjob``: the runs overlapping the window and its look-around, unclipped, once per
     listed GPU (``gpu`` null for a run whose GPU list is unknown), which bound the held-idle runs
     (:func:`_stage_held`)."""
@@ -949,30 +950,14 @@ def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_jobruns AS
-        SELECT global_job_id, run_index, host, assigned_gpus, is_backfill, rs, re,
+        SELECT global_job_id, run_index, host, is_backfill, rs, re,
                greatest(rs, {s_us}) AS cs, least(coalesce(re, {e_us}), {e_us}) AS ce,
                rs < {s_us} AS clipped_start, re IS NULL OR re > {e_us} AS clipped_end
         FROM _eff_jobruns_all
         WHERE rs < {e_us} AND (re IS NULL OR re > {s_us})
         """
     )
-    # A run with a GPU list (whole GPUs or MIG ids) bounds the jobs on those GPUs; one whose list is
-    # unknown (null or empty) bounds the job on any GPU.
-    con.execute(
-        """
-        CREATE OR REPLACE TEMP TABLE _eff_heldjob AS
-        WITH listed AS (
-            SELECT DISTINCT global_job_id, run_index, gpu
-            FROM (
-                SELECT global_job_id, run_index, trim(unnest(string_split(assigned_gpus, ','))) AS gpu
-                FROM _eff_jobruns_all WHERE assigned_gpus IS NOT NULL
-            ) WHERE gpu <> ''
-        )
-        SELECT r.global_job_id, l.gpu, r.rs, r.re
-        FROM _eff_jobruns_all r LEFT JOIN listed l USING (global_job_id, run_index)
-        """
-    )
-    con.execute("DROP TABLE IF EXISTS _eff_jobruns_all")
+    # The runs' GPUs, split once for every run read (the users below join the window's runs).
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _eff_jobgpu AS
@@ -980,10 +965,20 @@ def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
                (gpu LIKE 'MIG-%' OR gpu LIKE 'GPU-MIG-%' OR contains(gpu, '/')) AS is_mig
         FROM (
             SELECT global_job_id, run_index, trim(unnest(string_split(assigned_gpus, ','))) AS gpu
-            FROM _eff_jobruns WHERE assigned_gpus IS NOT NULL
+            FROM _eff_jobruns_all WHERE assigned_gpus IS NOT NULL
         ) WHERE gpu <> ''
         """
     )
+    # A run with a GPU list (whole GPUs or MIG ids) bounds the jobs on those GPUs; one whose list is
+    # unknown (null or empty) bounds the job on any GPU.
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _eff_heldjob AS
+        SELECT r.global_job_id, jg.gpu, r.rs, r.re
+        FROM _eff_jobruns_all r LEFT JOIN _eff_jobgpu jg USING (global_job_id, run_index)
+        """
+    )
+    con.execute("DROP TABLE IF EXISTS _eff_jobruns_all")
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _eff_jobpart (
