@@ -9,22 +9,22 @@ and rewrites that day's GPU states.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
-from gpu_pipeline_tests.e2e.ui_helpers import child_env, dagster_dev, materialize_days, prepare_demo
+from gpu_pipeline_tests.e2e.ui_helpers import (
+    LAUNCH,
+    REPOS,
+    child_env,
+    dagster_dev,
+    finished_run,
+    materialize_days,
+    prepare_demo,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-WAIT_S = 300.0  # the daemon's ticks and two runs on a busy 2-core machine
-
-REPOS = """
-{ repositoriesOrError { __typename
-    ... on RepositoryConnection { nodes { name location { name } sensors { name } } }
-    ... on PythonError { message } } }
-"""
 
 START_SENSOR = """
 mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename
@@ -37,39 +37,6 @@ query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
     ... on Sensor { sensorState { status ticks(limit: 20) { status cursor skipReason runIds error { message } } } }
     ... on PythonError { message } } }
 """
-
-LAUNCH = """
-mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
-    ... on LaunchRunSuccess { run { runId } }
-    ... on PythonError { message } ... on InvalidSubsetError { message } ... on InvalidStepError { invalidStepKey }
-    ... on RunConfigValidationInvalid { errors { message } } ... on UnauthorizedError { message } } }
-"""
-
-RUN = """
-query($id: ID!) { runOrError(runId: $id) { __typename
-    ... on Run { runId status tags { key value } assetSelection { path } }
-    ... on RunNotFoundError { message } ... on PythonError { message } } }
-"""
-
-TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
-
-
-def _wait(what: str, probe, server, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(2.0)
-    raise AssertionError(f"{what} within {timeout_s:.0f} s; last {last!r}; dagster dev log:\n{server.log_tail(40)}")
-
-
-def _finished(server, run_id: str) -> dict | None:
-    """The run once it has ended, else None."""
-    run = server.graphql(RUN, {"id": run_id})["runOrError"]
-    assert run["__typename"] == "Run", run
-    return run if run["status"] in TERMINAL else None
 
 
 def test_the_daemon_reruns_the_day_after_a_day_rematerialized_out_of_order(tmp_path: Path):
@@ -94,7 +61,7 @@ def test_the_daemon_reruns_the_day_after_a_day_rematerialized_out_of_order(tmp_p
             assert got["__typename"] == "Sensor", got
             return got["sensorState"]["ticks"]
 
-        first = _wait("the sensor's first tick", lambda: [t for t in ticks() if t["cursor"]], server)
+        first = wait_for("the sensor's first tick", lambda: [t for t in ticks() if t["cursor"]], server)
         assert "started" in (first[-1]["skipReason"] or ""), first[-1]  # the history is not re-run
 
         launched = server.graphql(LAUNCH, {"p": {
@@ -104,12 +71,12 @@ def test_the_daemon_reruns_the_day_after_a_day_rematerialized_out_of_order(tmp_p
         }})["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         manual = launched["run"]["runId"]
-        done = _wait("the re-materialization of the first day's slots", lambda: _finished(server, manual), server)
+        done = wait_for("the re-materialization of the first day's slots", lambda: finished_run(server, manual), server)
         assert done["status"] == "SUCCESS", done
 
-        asked = _wait("a tick of the sensor that launched a run", lambda: [t for t in ticks() if t["runIds"]], server)
+        asked = wait_for("a tick of the sensor that launched a run", lambda: [t for t in ticks() if t["runIds"]], server)
         (run_id,) = asked[0]["runIds"]
-        rerun = _wait("the sensor's run", lambda: _finished(server, run_id), server)
+        rerun = wait_for("the sensor's run", lambda: finished_run(server, run_id), server)
         assert rerun["status"] == "SUCCESS", (rerun, server.log_tail(60))
         tags = {t["key"]: t["value"] for t in rerun["tags"]}
         assert tags["dagster/partition"] == demo.days[1]

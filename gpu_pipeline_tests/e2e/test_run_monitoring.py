@@ -17,8 +17,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from gpu_pipeline.defs.jobs import ENV_MAX_RUNTIME, max_runtime_tags
-from gpu_pipeline_tests.e2e.test_neighbour_sensor import LAUNCH, REPOS, _finished, _wait
-from gpu_pipeline_tests.e2e.ui_helpers import child_env, dagster_dev, prepare_demo
+from gpu_pipeline_tests.e2e.ui_helpers import (
+    LAUNCH,
+    REPOS,
+    child_env,
+    dagster_dev,
+    finished_run,
+    prepare_demo,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -59,7 +66,7 @@ def test_the_daemon_stops_a_run_over_its_max_runtime_and_the_day_runs_again(tmp_
         where = {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"]}
 
         run_id = _launch(server, where, demo.days, limit)
-        stopped = _wait("the limited run to end", lambda: _finished(server, run_id), server)
+        stopped = wait_for("the limited run to end", lambda: finished_run(server, run_id), server)
         assert stopped["status"] in {"FAILURE", "CANCELED"}, (stopped, server.log_tail(60))
         logs = server.graphql(EVENTS, {"id": run_id})["logsForRun"]
         assert logs["__typename"] == "EventConnection", logs
@@ -69,7 +76,7 @@ def test_the_daemon_stops_a_run_over_its_max_runtime_and_the_day_runs_again(tmp_
         assert not any('Finished execution of step "metric_plots"' in m for m in messages), messages[-15:]
 
         again = _launch(server, where, demo.days, {})
-        done = _wait("the days' run without a limit", lambda: _finished(server, again), server)
+        done = wait_for("the days' run without a limit", lambda: finished_run(server, again), server)
         assert done["status"] == "SUCCESS", (done, server.log_tail(60))
 
     assert all(demo.heatmap_file(day).is_file() for day in demo.days)

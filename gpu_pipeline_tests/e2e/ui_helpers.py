@@ -1,5 +1,6 @@
-"""Helpers for the browser test of the Dagster UI: a small demo data directory, ``dagster dev`` as a
-child process group, GraphQL, and headless Debian chromium driven by Python playwright.
+"""Helpers for the tests of the Dagster UI and daemon: a small demo data directory, ``dagster dev`` as
+a child process group, GraphQL (runs launched and awaited), and headless Debian chromium driven by
+Python playwright.
 
 Facts these helpers rely on (measured with dagster 1.13.27 / playwright 1.65):
 
@@ -329,6 +330,52 @@ def dagster_dev(env: dict[str, str], cwd: Path, log_path: Path) -> Iterator[Dags
         yield server
     finally:
         server.stop()
+
+
+# ----------------------------------------------------------------------------------------------
+# The webserver's GraphQL API (what the UI sends), for the daemon's tests
+
+RUN_WAIT_S = 300.0  # the daemon's ticks and two runs on a busy 2-core machine
+
+REPOS = """
+{ repositoriesOrError { __typename
+    ... on RepositoryConnection { nodes { name location { name } sensors { name } } }
+    ... on PythonError { message } } }
+"""
+
+LAUNCH = """
+mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message } ... on InvalidSubsetError { message } ... on InvalidStepError { invalidStepKey }
+    ... on RunConfigValidationInvalid { errors { message } } ... on UnauthorizedError { message } } }
+"""
+
+RUN = """
+query($id: ID!) { runOrError(runId: $id) { __typename
+    ... on Run { runId status tags { key value } assetSelection { path } }
+    ... on RunNotFoundError { message } ... on PythonError { message } } }
+"""
+
+TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
+
+
+def wait_for(what: str, probe, server, timeout_s: float = RUN_WAIT_S):
+    """What ``probe()`` gives once it is truthy (tried every 2 s), else an error with the server's log."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(2.0)
+    raise AssertionError(f"{what} within {timeout_s:.0f} s; last {last!r}; dagster dev log:\n{server.log_tail(40)}")
+
+
+def finished_run(server, run_id: str) -> dict | None:
+    """The run once it has ended, else None."""
+    run = server.graphql(RUN, {"id": run_id})["runOrError"]
+    assert run["__typename"] == "Run", run
+    return run if run["status"] in TERMINAL else None
 
 
 # ----------------------------------------------------------------------------------------------
