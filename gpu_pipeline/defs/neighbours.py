@@ -3,8 +3,8 @@
 Some assets of day D read other days' partitions (:data:`NEIGHBOUR_READS`): the GPU states and
 the allocation read the clean slot snapshots of D-1 (the first bucket carries the last snapshot
 before midnight), availability and evictions read D-1, the availability summary up to a week back,
-the demand the job records of the two days before, efficiency D-1 and D+1 (a segment or held-idle
-run across midnight is judged on its whole length). Dagster knows
+the demand the job records of the two days before, efficiency the samples, states and job records of
+D-1 and D+1 (a segment or held-idle run across midnight is judged on its whole length). Dagster knows
 only the same-day dependencies: declaring these (partition mappings with offsets) made a range
 backfill one run per asset over a widened range instead of one run. So Dagster does not mark D
 stale when a neighbour is re-materialized.
@@ -58,7 +58,7 @@ from gpu_pipeline.defs.partitions import daily_partitions
 from gpu_pipeline.lib.demand import JOBS_LOOKBACK_DAYS
 
 _EVICTIONS_READ = {STATES_KEY: (-1,), JOBS_KEY: (-1,), SLOTS_KEY: (-1,)}
-_EFFICIENCY_READ = {SAMPLES_KEY: (-1, 1), STATES_KEY: (-1, 1)}
+_EFFICIENCY_READ = {SAMPLES_KEY: (-1, 1), STATES_KEY: (-1, 1), JOBS_KEY: (-1, 1)}
 _DEMAND_READ = {JOBS_KEY: tuple(range(-JOBS_LOOKBACK_DAYS, 0))}
 
 #: asset A -> {asset U: offsets k}: A's partition of day D reads U's partitions of days D + k (k != 0;

@@ -57,3 +57,60 @@ def test_a_held_idle_run_across_midnight_is_in_both_days(tmp_path):
     midnight = dt.datetime(2025, 8, 6, tzinfo=UTC)
     assert held["2025-08-05"] == [(idle_from, midnight, False, True)]
     assert held["2025-08-06"] == [(midnight, idle_to + dt.timedelta(minutes=1), True, False)]
+
+
+def test_the_job_records_of_the_days_around_bound_held_idle_runs_across_midnight(tmp_path):
+    """Two GPUs, each claimed by one job and at idle power for an hour across a midnight, the job's
+    record split into two runs that touch (a restart in place): the runs merge into one held-idle
+    run of 59.5 minutes, of which day 6 gets its part. The run before midnight on GPU A (ending
+    23:59:30 on day 5) and the one after midnight on GPU B (from 00:00:30 on day 7) are in the
+    neighbour days' job partitions only: reading the day's records alone, day 6 saw a 19.5- and a
+    20.5-minute run, each too short to be held."""
+    store = Store(tmp_path / "data")
+    days = [dt.date(2025, 8, 5), dt.date(2025, 8, 6), dt.date(2025, 8, 7)]
+
+    def t(day: int, h: int, m: int, s: int = 0) -> dt.datetime:
+        return dt.datetime(2025, 8, day, h, m, s, tzinfo=UTC)
+
+    gpus = {  # GPU -> (job, idle from, idle to (last idle sample), its two runs)
+        "GPU-aaaaaaaa": ("s#1.0#1", t(5, 23, 20), t(6, 0, 19), [(t(5, 23, 20), t(5, 23, 59, 30)),
+                                                                 (t(5, 23, 59, 30), t(6, 0, 19, 30))]),
+        "GPU-bbbbbbbb": ("s#2.0#1", t(6, 23, 40), t(7, 0, 39), [(t(6, 23, 40), t(7, 0, 0, 30)),
+                                                                 (t(7, 0, 0, 30), t(7, 0, 39, 30))]),
+    }
+    for day in days:
+        key = day.isoformat()
+        lo, hi = dt.datetime.combine(day, dt.time(), UTC), dt.datetime.combine(day, dt.time(), UTC) + dt.timedelta(days=1)
+        samples, states, slots, jobs = [], [], [], []
+        for gpu, (job, idle_from, idle_to, runs) in gpus.items():
+            samples += _day_rows(day, dt.timedelta(minutes=1), lambda t, a=idle_from, b=idle_to, g=gpu: {
+                "sample_utc": t, "source": "nvidia-smi", "host": "h1", "gpu_id": g,
+                "device_name": "NVIDIA A100-SXM4-40GB", "util_pct": 0.0 if a <= t <= b else 90.0,
+                "power_w": 55.0 if a <= t <= b else 350.0, "power_limit_w": 400.0})
+            gpu_states = _day_rows(day, dt.timedelta(minutes=5), lambda t, g=gpu, j=job: {
+                "bucket_start_utc": t, "gpu_id": g, "host": "h1", "state": "busy_shared",
+                "global_job_id": j, "n_slot_rows": 1})
+            states += gpu_states
+            slots += [{"snapshot_utc": r["bucket_start_utc"], "host": "h1", "slot_name": f"slot{gpu}@h1",
+                       "gpu_id": gpu, "tier": "shared", "is_backfill_slot": False, "slot_state": "Claimed"}
+                      for r in gpu_states]
+            # a run is in the partition of every day it overlaps, as the clean job records are
+            jobs += [{"global_job_id": job, "run_index": i, "run_start_utc": rs, "run_end_utc": re,
+                      "assigned_gpus": gpu, "doc_kind": "epoch", "source": "ndjson", "host": "h1",
+                      "is_backfill_slot": False}
+                     for i, (rs, re) in enumerate(runs) if rs < hi and re > lo]
+        store.write_partition(GPU_SAMPLES, key, conform(pa.Table.from_pylist(samples), GPU_SAMPLES))
+        store.write_partition(GPU_STATES, key, conform(pa.Table.from_pylist(states), GPU_STATES))
+        store.write_partition(CLEAN_SLOT_SNAPSHOTS, key, conform(pa.Table.from_pylist(slots), CLEAN_SLOT_SNAPSHOTS))
+        store.write_partition(JOBS, key, conform(pa.Table.from_pylist(jobs), JOBS))
+    assert [r["run_index"] for r in store.read_table(JOBS, "2025-08-06").to_pylist()] == [1, 0]
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([efficiency], resources={"data_store": DataStoreResource(data_root=str(store.root))},
+                                partition_key="2025-08-06", instance=instance)
+        assert result.success
+    held = [(r["gpu_id"], r["global_job_id"], r["start_utc"], r["end_utc"], r["run_duration_s"], r["clipped_start"],
+             r["clipped_end"]) for r in store.read_table(HELD_IDLE_INTERVALS, "2025-08-06").to_pylist()]
+    assert held == [
+        ("GPU-aaaaaaaa", "s#1.0#1", t(6, 0, 0), t(6, 0, 19, 30), 3570.0, True, False),
+        ("GPU-bbbbbbbb", "s#2.0#1", t(6, 23, 40), t(7, 0, 0), 3570.0, False, True),
+    ]

@@ -46,15 +46,17 @@ def efficiency(context: dg.AssetExecutionContext, data_store: DataStoreResource)
     def one_day(day: str):
         start, end = window(day)
         # the hour before the day and the hour after it, where they exist: a segment or a held-idle run
-        # crossing midnight is judged on its whole length (the late-records re-run recomputes the day
-        # once the next day is there)
+        # crossing midnight is judged on its whole length (the neighbour sensor recomputes the day
+        # once the next day is there). The job records of those days too: a run of the job that ends
+        # before midnight or starts after it bounds that held-idle run in the look-around (each run
+        # read once: the record the job table would choose, whichever day holds it)
         d = dt.date.fromisoformat(day)
         days = [(d - dt.timedelta(days=1)).isoformat(), day, (d + dt.timedelta(days=1)).isoformat()]
         con = connect()
         try:
             s_sql, s_params = store.relation_sql(GPU_SAMPLES, days)
             st_sql, st_params = store.relation_sql(GPU_STATES, days)
-            j_sql, j_params = store.relation_sql(JOBS, [day])
+            j_sql, j_params = store.relation_sql(JOBS, days)
             res = compute_efficiency(con, s_sql, s_params, start, end, states_sql=st_sql, states_params=st_params,
                                      jobs_sql=j_sql, jobs_params=j_params)
             slots_sql, slots_params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [day])
