@@ -24,6 +24,38 @@ def _day_rows(day: dt.date, every: dt.timedelta, make) -> list[dict]:
     return out
 
 
+def _write_inputs(store: Store, days: list[dt.date], gpus: dict[str, tuple[str, dt.datetime, dt.datetime]],
+                  runs: dict[str, list[tuple[dt.datetime, dt.datetime]]] | None = None) -> None:
+    """Each day's samples (every minute), GPU states (every 5 minutes, busy with the GPU's job all
+    along), slot snapshots and job records, for ``gpus``: GPU -> (its job, the first and the last
+    sample at idle power; busy power otherwise). ``runs``: GPU -> its job's runs, each in the job
+    partition of every day it overlaps, as the clean job records are."""
+    for day in days:
+        key = day.isoformat()
+        lo = dt.datetime.combine(day, dt.time(), UTC)
+        hi = lo + dt.timedelta(days=1)
+        samples, states, slots, jobs = [], [], [], []
+        for n, (gpu, (job, idle_from, idle_to)) in enumerate(gpus.items(), 1):
+            samples += _day_rows(day, dt.timedelta(minutes=1), lambda t, a=idle_from, b=idle_to, g=gpu: {
+                "sample_utc": t, "source": "nvidia-smi", "host": "h1", "gpu_id": g,
+                "device_name": "NVIDIA A100-SXM4-40GB", "util_pct": 0.0 if a <= t <= b else 90.0,
+                "power_w": 55.0 if a <= t <= b else 350.0, "power_limit_w": 400.0})
+            gpu_states = _day_rows(day, dt.timedelta(minutes=5), lambda t, g=gpu, j=job: {
+                "bucket_start_utc": t, "gpu_id": g, "host": "h1", "state": "busy_shared",
+                "global_job_id": j, "n_slot_rows": 1})
+            states += gpu_states
+            slots += [{"snapshot_utc": r["bucket_start_utc"], "host": "h1", "slot_name": f"slot{n}@h1", "gpu_id": gpu,
+                       "tier": "shared", "is_backfill_slot": False, "slot_state": "Claimed"} for r in gpu_states]
+            jobs += [{"global_job_id": job, "run_index": i, "run_start_utc": rs, "run_end_utc": re,
+                      "assigned_gpus": gpu, "doc_kind": "epoch", "source": "ndjson", "host": "h1",
+                      "is_backfill_slot": False}
+                     for i, (rs, re) in enumerate((runs or {}).get(gpu, [])) if rs < hi and re > lo]
+        store.write_partition(GPU_SAMPLES, key, conform(pa.Table.from_pylist(samples), GPU_SAMPLES))
+        store.write_partition(GPU_STATES, key, conform(pa.Table.from_pylist(states), GPU_STATES))
+        store.write_partition(CLEAN_SLOT_SNAPSHOTS, key, conform(pa.Table.from_pylist(slots), CLEAN_SLOT_SNAPSHOTS))
+        store.write_partition(JOBS, key, conform(pa.Table.from_pylist(jobs), JOBS) if jobs else JOBS.empty())
+
+
 def test_a_held_idle_run_across_midnight_is_in_both_days(tmp_path):
     """The GPU is claimed all along and sits at idle power from 23:40 to 00:25 (45 minutes, a
     held-idle run): the day before midnight gets its 20 minutes, 23:40 to midnight, because the
@@ -32,21 +64,7 @@ def test_a_held_idle_run_across_midnight_is_in_both_days(tmp_path):
     store = Store(tmp_path / "data")
     days = [dt.date(2025, 8, 5), dt.date(2025, 8, 6)]
     idle_from, idle_to = dt.datetime(2025, 8, 5, 23, 40, tzinfo=UTC), dt.datetime(2025, 8, 6, 0, 25, tzinfo=UTC)
-    for day in days:
-        key = day.isoformat()
-        samples = _day_rows(day, dt.timedelta(minutes=1), lambda t: {
-            "sample_utc": t, "source": "nvidia-smi", "host": "h1", "gpu_id": GPU,
-            "device_name": "NVIDIA A100-SXM4-40GB", "util_pct": 0.0 if idle_from <= t <= idle_to else 90.0,
-            "power_w": 55.0 if idle_from <= t <= idle_to else 350.0, "power_limit_w": 400.0})
-        store.write_partition(GPU_SAMPLES, key, conform(pa.Table.from_pylist(samples), GPU_SAMPLES))
-        states = _day_rows(day, dt.timedelta(minutes=5), lambda t: {
-            "bucket_start_utc": t, "gpu_id": GPU, "host": "h1", "state": "busy_shared",
-            "global_job_id": "s#1.0#1", "n_slot_rows": 1})
-        store.write_partition(GPU_STATES, key, conform(pa.Table.from_pylist(states), GPU_STATES))
-        slots = [{"snapshot_utc": r["bucket_start_utc"], "host": "h1", "slot_name": "slot1@h1", "gpu_id": GPU,
-                  "tier": "shared", "is_backfill_slot": False, "slot_state": "Claimed"} for r in states]
-        store.write_partition(CLEAN_SLOT_SNAPSHOTS, key, conform(pa.Table.from_pylist(slots), CLEAN_SLOT_SNAPSHOTS))
-        store.write_partition(JOBS, key, JOBS.empty())
+    _write_inputs(store, days, {GPU: ("s#1.0#1", idle_from, idle_to)})
     with dg.instance_for_test() as instance:
         for day in days:  # one day at a time, the next day's samples already there
             result = dg.materialize([efficiency], resources={"data_store": DataStoreResource(data_root=str(store.root))},
@@ -72,37 +90,10 @@ def test_the_job_records_of_the_days_around_bound_held_idle_runs_across_midnight
     def t(day: int, h: int, m: int, s: int = 0) -> dt.datetime:
         return dt.datetime(2025, 8, day, h, m, s, tzinfo=UTC)
 
-    gpus = {  # GPU -> (job, idle from, idle to (last idle sample), its two runs)
-        "GPU-aaaaaaaa": ("s#1.0#1", t(5, 23, 20), t(6, 0, 19), [(t(5, 23, 20), t(5, 23, 59, 30)),
-                                                                 (t(5, 23, 59, 30), t(6, 0, 19, 30))]),
-        "GPU-bbbbbbbb": ("s#2.0#1", t(6, 23, 40), t(7, 0, 39), [(t(6, 23, 40), t(7, 0, 0, 30)),
-                                                                 (t(7, 0, 0, 30), t(7, 0, 39, 30))]),
-    }
-    for day in days:
-        key = day.isoformat()
-        lo, hi = dt.datetime.combine(day, dt.time(), UTC), dt.datetime.combine(day, dt.time(), UTC) + dt.timedelta(days=1)
-        samples, states, slots, jobs = [], [], [], []
-        for gpu, (job, idle_from, idle_to, runs) in gpus.items():
-            samples += _day_rows(day, dt.timedelta(minutes=1), lambda t, a=idle_from, b=idle_to, g=gpu: {
-                "sample_utc": t, "source": "nvidia-smi", "host": "h1", "gpu_id": g,
-                "device_name": "NVIDIA A100-SXM4-40GB", "util_pct": 0.0 if a <= t <= b else 90.0,
-                "power_w": 55.0 if a <= t <= b else 350.0, "power_limit_w": 400.0})
-            gpu_states = _day_rows(day, dt.timedelta(minutes=5), lambda t, g=gpu, j=job: {
-                "bucket_start_utc": t, "gpu_id": g, "host": "h1", "state": "busy_shared",
-                "global_job_id": j, "n_slot_rows": 1})
-            states += gpu_states
-            slots += [{"snapshot_utc": r["bucket_start_utc"], "host": "h1", "slot_name": f"slot{gpu}@h1",
-                       "gpu_id": gpu, "tier": "shared", "is_backfill_slot": False, "slot_state": "Claimed"}
-                      for r in gpu_states]
-            # a run is in the partition of every day it overlaps, as the clean job records are
-            jobs += [{"global_job_id": job, "run_index": i, "run_start_utc": rs, "run_end_utc": re,
-                      "assigned_gpus": gpu, "doc_kind": "epoch", "source": "ndjson", "host": "h1",
-                      "is_backfill_slot": False}
-                     for i, (rs, re) in enumerate(runs) if rs < hi and re > lo]
-        store.write_partition(GPU_SAMPLES, key, conform(pa.Table.from_pylist(samples), GPU_SAMPLES))
-        store.write_partition(GPU_STATES, key, conform(pa.Table.from_pylist(states), GPU_STATES))
-        store.write_partition(CLEAN_SLOT_SNAPSHOTS, key, conform(pa.Table.from_pylist(slots), CLEAN_SLOT_SNAPSHOTS))
-        store.write_partition(JOBS, key, conform(pa.Table.from_pylist(jobs), JOBS))
+    gpus = {"GPU-aaaaaaaa": ("s#1.0#1", t(5, 23, 20), t(6, 0, 19)), "GPU-bbbbbbbb": ("s#2.0#1", t(6, 23, 40), t(7, 0, 39))}
+    runs = {"GPU-aaaaaaaa": [(t(5, 23, 20), t(5, 23, 59, 30)), (t(5, 23, 59, 30), t(6, 0, 19, 30))],
+            "GPU-bbbbbbbb": [(t(6, 23, 40), t(7, 0, 0, 30)), (t(7, 0, 0, 30), t(7, 0, 39, 30))]}
+    _write_inputs(store, days, gpus, runs)
     assert [r["run_index"] for r in store.read_table(JOBS, "2025-08-06").to_pylist()] == [1, 0]
     with dg.instance_for_test() as instance:
         result = dg.materialize([efficiency], resources={"data_store": DataStoreResource(data_root=str(store.root))},
