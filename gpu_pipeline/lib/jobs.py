@@ -91,6 +91,7 @@ import itertools
 import json
 import math
 import re
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -751,10 +752,12 @@ def _paths(path: str | Path | Iterable[str | Path]) -> list[Path]:
     return [Path(p) for p in path]
 
 
-def _open_text(path: Path):
+def _open_text(path: Path, errors: str = "strict"):
+    """The file's text (``.gz``: through gzip); a byte-order mark at its start is skipped, as editors
+    on Windows write one."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")  # noqa: SIM115
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors=errors, newline="")
+    return open(path, encoding="utf-8-sig", errors=errors, newline="")  # noqa: SIM115
 
 
 def _read_text(path: Path) -> str:
@@ -766,24 +769,44 @@ def _read_text(path: Path) -> str:
 
 
 def _iter_ndjson(path: Path, unwrap_hits: bool) -> Iterator[_Item]:
+    """The documents of a file of one JSON value a line. A line that is not JSON, or whose bytes are
+    not UTF-8 (JSON text is UTF-8), is quarantined with its line number and the other lines are
+    read; a file that cannot be read to its end (a truncated ``.gz``, an I/O error) raises
+    :class:`JobsFileError` naming it and the last line read whole."""
+    lineno = 0
     try:
-        fh = _open_text(path)
-    except OSError as exc:
-        raise JobsFileError(f"{path}: cannot read: {exc}") from exc
-    with fh:
-        for lineno, line in enumerate(fh, start=1):
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                yield _Item(str(path), lineno, text, f"invalid_json: line {lineno}: {exc.msg} (column {exc.colno})")
-                continue
-            if unwrap_hits or (isinstance(obj, dict) and "_source" in obj and "_index" in obj):
-                yield from _hits(obj, str(path), lineno)
-            else:
-                yield _Item(str(path), lineno, obj)
+        with _open_text(path, errors="surrogateescape") as fh:  # a bad byte stays in its line
+            for lineno, line in enumerate(fh, start=1):
+                text = line.strip()
+                if not text:
+                    continue
+                if not text.isascii() and (bad := _first_undecodable(text)) is not None:
+                    shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                    yield _Item(str(path), lineno, shown,
+                                f"invalid_json: line {lineno}: not UTF-8 (byte {bad[1]:#04x} at column {bad[0]})")
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    yield _Item(str(path), lineno, text, f"invalid_json: line {lineno}: {exc.msg} (column {exc.colno})")
+                    continue
+                if unwrap_hits or (isinstance(obj, dict) and "_source" in obj and "_index" in obj):
+                    yield from _hits(obj, str(path), lineno)
+                else:
+                    yield _Item(str(path), lineno, obj)
+    except (OSError, EOFError, zlib.error) as exc:
+        where = f" past line {lineno}" if lineno else ""
+        raise JobsFileError(f"{path}: cannot read{where}: {exc}") from exc
+
+
+def _first_undecodable(text: str) -> tuple[int, int] | None:
+    """(1-based column, byte) of the first byte of ``text`` (read with ``surrogateescape``) that was
+    not UTF-8, or None when it all was."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start + 1, ord(text[exc.start]) - 0xDC00
+    return None
 
 
 def read_ndjson(path: str | Path | Iterable[str | Path], source: str = "ndjson") -> NormalizeResult:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import codecs
 import gzip
 import json
 from pathlib import Path
@@ -555,3 +556,43 @@ def test_duplicates_found_from_the_raw_text_as_from_the_parsed_documents(tmp_pat
     assert by_text.table.num_rows > 0 and by_text.table.equals(by_doc.table)
     assert by_text.quarantine.equals(by_doc.quarantine)
     assert by_text.duplicates == by_doc.duplicates > 0
+
+
+def test_ndjson_line_that_is_not_utf8_is_quarantined_and_the_others_read(tmp_path):
+    # a Latin-1 byte in one line (an export written in another encoding): that line is quarantined
+    # with its line number; the lines around it are read (the bad byte failed the whole file, with a
+    # decoder message naming neither the file nor the line)
+    good = b'{"GlobalJobId": "s#%d.0#1", "QDate": 1754400000, "JobStatus": 1}\n'
+    path = tmp_path / "jobs.ndjson"
+    path.write_bytes(good % 1 + b'{"GlobalJobId": "s#2.0#1", "Owner": "caf\xe9"}\n' + good % 3)
+    res = read_ndjson(path)
+    assert sorted(res.table["global_job_id"].to_pylist()) == ["s#1.0#1", "s#3.0#1"]
+    (q,) = res.quarantine
+    assert q.position == 2 and q.reason == "invalid_json: line 2: not UTF-8 (byte 0xe9 at column 41)"
+    assert q.raw == '{"GlobalJobId": "s#2.0#1", "Owner": "caf\ufffd"}'  # shown as text, the byte replaced
+    assert res.quarantined_by_reason == {"invalid_json": 1}
+    # UTF-8 beyond ASCII is read as before
+    path.write_bytes(good % 1 + '{"GlobalJobId": "s#2.0#1", "Owner": "café"}\n'.encode())
+    res = read_ndjson(path)
+    assert res.table.num_rows == 2 and not res.quarantine
+    assert "café" in res.table["owner"].to_pylist()
+
+
+def test_ndjson_with_a_byte_order_mark_reads_its_first_line(tmp_path):
+    line = '{"GlobalJobId": "s#1.0#1", "QDate": 1754400000, "JobStatus": 1}\n'
+    path = tmp_path / "jobs.ndjson"
+    path.write_bytes(codecs.BOM_UTF8 + (line * 2).encode())
+    res = read_ndjson(path)
+    assert res.docs_in == 2 and res.duplicates == 1 and not res.quarantine
+    assert res.table["global_job_id"].to_pylist() == ["s#1.0#1"]
+
+
+def test_truncated_ndjson_gz_fails_naming_the_file(tmp_path):
+    lines = "".join(f'{{"GlobalJobId": "s#{i}.0#1", "QDate": 1754400000, "JobStatus": 1}}\n' for i in range(5000))
+    whole = gzip.compress(lines.encode())
+    path = tmp_path / "jobs-2025-08-06.ndjson.gz"
+    path.write_bytes(whole[: len(whole) // 2])  # a copy cut short
+    with pytest.raises(JobsFileError, match=r"jobs-2025-08-06\.ndjson\.gz: cannot read past line \d+: "):
+        read_ndjson(path)
+    path.write_bytes(whole)
+    assert read_ndjson(path).table.num_rows == 5000
