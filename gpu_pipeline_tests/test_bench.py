@@ -123,6 +123,37 @@ def test_baseline_allocation_equals_the_pipeline(pool):
     assert compare_with_pipeline(pool["states"], p, pd_, pool["b_states"], b, bd)["equal"]
 
 
+def test_baseline_states_equal_the_pipeline_at_fifteen_minute_cadence(pool):
+    """The pool's snapshots thinned to every third (a 15-minute archive), then one of those lost and
+    two in a row lost: the buckets carried (one missed snapshot bridged) and those left no_snapshot
+    are the same in the baseline and in the pipeline."""
+    store = Store(pool["base"] / "data")
+    table = pa.concat_tables([store.read_table(CLEAN_SLOT_SNAPSHOTS, d) for d in (PREV, DAY)])
+    snaps = sorted(set(table.column("snapshot_utc").to_pylist()))
+    thinned = snaps[::3]
+    start_i = next(i for i, t in enumerate(thinned) if t >= pool["start"])
+    lost = {thinned[start_i + 20], thinned[start_i + 40], thinned[start_i + 41]}
+    kept = [t for t in thinned if t not in lost]
+    table = table.filter(pc.is_in(table.column("snapshot_utc"), pa.array(kept, table.schema.field("snapshot_utc").type)))
+    con = connect()
+    try:
+        con.register("rows_15", table)
+        p = compute_gpu_states(con, "rows_15", [], pool["start"], pool["end"]).to_pandas()
+    finally:
+        con.close()
+    path = pool["base"] / "rows_15.parquet"
+    pq.write_table(table, path)
+    b = baseline.states_baseline(baseline.load_clean_parquet([path]), pool["start"], pool["end"])
+    for col in ("gpu_id", "bucket_start_utc", "state", "snapshot_utc", "na_reason"):
+        assert _nullable(p[col]) == _nullable(b[col]), col
+    per_bucket = p.groupby("bucket_start_utc")["na_reason"].agg(lambda r: (r == "no_snapshot").all())
+    blank = set(per_bucket.index[per_bucket])
+    # 15-minute snapshots: the single loss is bridged (no blank bucket up to the next snapshot); the
+    # two in a row are not (blank buckets before the next snapshot)
+    assert not any(thinned[start_i + 19] < t < thinned[start_i + 21] for t in blank)
+    assert sum(thinned[start_i + 39] < t < thinned[start_i + 42] for t in blank) >= 2
+
+
 def test_the_tools_loop_nesting_gives_the_same_allocation(pool):
     store = Store(pool["base"] / "data")
     rows = baseline.load_clean_parquet(store.files(CLEAN_SLOT_SNAPSHOTS, [PREV, DAY]))

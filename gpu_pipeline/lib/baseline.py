@@ -190,7 +190,8 @@ def _round_half_away(x: float) -> int:
 
 class _Buckets:
     """Which rows feed each bucket: its own snapshots, else the latest earlier snapshot younger
-    than ``STALE_FACTOR`` x the observed cadence (median gap between snapshots)."""
+    than the larger of ``STALE_FACTOR`` x the observed cadence (median gap between snapshots) and
+    2 x cadence - half a bucket, as the pipeline's states take them."""
 
     def __init__(self, df: pd.DataFrame, start_utc: dt.datetime, end_utc: dt.datetime):
         self.df = df
@@ -200,7 +201,9 @@ class _Buckets:
         gaps = (self.snaps[1:] - self.snaps[:-1]) / pd.Timedelta(microseconds=1)
         gaps = gaps[gaps > 0]
         cadence_us = float(np.median(gaps)) if len(gaps) else BUCKET / dt.timedelta(microseconds=1)
-        self.stale = pd.Timedelta(microseconds=_round_half_away(cadence_us * STALE_FACTOR))
+        bucket_us = BUCKET // dt.timedelta(microseconds=1)
+        self.stale = pd.Timedelta(microseconds=max(_round_half_away(cadence_us * STALE_FACTOR),
+                                                   _round_half_away(2 * cadence_us) - bucket_us // 2))
         self.buckets = pd.date_range(start_utc, end_utc, freq=BUCKET, inclusive="left")
 
     def rows(self, bucket: pd.Timestamp) -> pd.DataFrame | None:

@@ -2,9 +2,11 @@
 
 For each bucket of the day:
 1. The bucket's snapshots are those whose time falls in it. A bucket with none takes the latest
-   earlier snapshot if it is younger than ``stale_factor`` x the observed cadence (so 15-minute
-   archives fill 5-minute buckets, and a single missed snapshot does not blank the pool); otherwise
-   every GPU is ``na`` with reason ``no_snapshot``.
+   earlier snapshot if the bucket starts less than the larger of ``stale_factor`` x the observed
+   cadence and 2 x cadence - half a bucket after it (so 15-minute archives fill 5-minute buckets,
+   and a single missed snapshot does not blank the pool: at 5-minute cadence both give 7.5 minutes,
+   at 15-minute cadence the second gives 27.5, where 1.5 x cadence, 22.5, left the last bucket
+   before the next snapshot blank); otherwise every GPU is ``na`` with reason ``no_snapshot``.
 2. Every slot row of those snapshots that names a GPU is ranked:
    claimed primary (5) > claimed backfill (4) > unclaimed primary (3) > other primary state (2)
    > unclaimed backfill (1) > other backfill state (0); within equal rank the latest snapshot wins
@@ -64,9 +66,9 @@ carried AS (
     SELECT b.b_start_us, max(s.t_us) AS t_us
     FROM buckets b
     JOIN snaps s ON s.t_us < b.b_start_us
-    CROSS JOIN cadence c
+    CROSS JOIN cadence c CROSS JOIN params p
     WHERE b.b_start_us NOT IN (SELECT b_start_us FROM in_bucket)
-      AND s.t_us >= b.b_start_us - CAST(c.c_us * $stale_factor AS BIGINT)
+      AND s.t_us >= b.b_start_us - greatest(CAST(c.c_us * $stale_factor AS BIGINT), 2 * c.c_us - p.b_us // 2)
     GROUP BY b.b_start_us
 ),
 bucket_snaps AS (

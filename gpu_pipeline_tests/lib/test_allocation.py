@@ -138,8 +138,8 @@ def test_claimed_dynamic_slot_beats_partitionable_unclaimed_and_other_states_are
 
 def test_buckets_use_the_state_snapshot_assignment():
     # 15-minute archive: each snapshot fills three 5-minute buckets by carrying forward (cadence 15
-    # min, stale after 22.5 min); the gap from 45 to 120 leaves buckets uncovered -- no rows, not
-    # zeros -- exactly where the states say no_snapshot.
+    # min, stale after 2 x 15 - 2.5 = 27.5 min: one missed snapshot is bridged); the gap from 45 to
+    # 120 leaves buckets uncovered -- no rows, not zeros -- exactly where the states say no_snapshot.
     rows = [row(0, "slot1_1", "GPU-11111111", "Claimed", "shared", "h1")]
     rows += [row(m, "slot1", "GPU-11111111", "Unclaimed", "shared", "h1") for m in (15, 30, 45, 120)]
     end = DAY0 + 130 * MIN
@@ -149,12 +149,12 @@ def test_buckets_use_the_state_snapshot_assignment():
     states = {r["bucket_start_utc"]: r for r in states_from_table(clean(rows), DAY0, end).to_pylist()}
     covered = {t for t, r in states.items() if r["na_reason"] != "no_snapshot"}
     assert set(total) == covered
-    assert [int((t - DAY0) / MIN) for t in sorted(total)] == [*range(0, 70, 5), 120, 125]
+    assert [int((t - DAY0) / MIN) for t in sorted(total)] == [*range(0, 75, 5), 120, 125]
     for t, claimed in total.items():
         assert claimed == (1 if states[t]["state"].startswith("busy") else 0)
     d = by_key(daily, "tier", "device_name")[("TOTAL", "ALL")]
-    assert (d["buckets"], d["buckets_with_capacity"], d["buckets_expected"]) == (16, 16, 26)
-    assert d["allocation_pct"] == pytest.approx(100 * 3 / 16)  # claimed in the 3 buckets of snapshot 0
+    assert (d["buckets"], d["buckets_with_capacity"], d["buckets_expected"]) == (17, 17, 26)
+    assert d["allocation_pct"] == pytest.approx(100 * 3 / 17)  # claimed in the 3 buckets of snapshot 0
 
 
 def test_empty_input_gives_empty_tables_with_schema():

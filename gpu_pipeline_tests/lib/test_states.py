@@ -130,6 +130,20 @@ def test_fifteen_minute_cadence_fills_five_minute_buckets():
     assert all(out[("GPU-aaaaaaaa", m)]["state"] == "idle_shared" for m in range(0, 60, 5))
 
 
+def test_one_missed_snapshot_at_fifteen_minute_cadence_is_bridged_two_are_not():
+    # the 15:07 snapshot is missing: 00:07 fills the buckets up to 30, the last of them (25) starting
+    # 24m53s after it (1.5 x cadence, 22.5 min, left it no_snapshot, and availability ended every
+    # idle period there as a dropout); with 15:07 and 30:07 both missing, 35 and 40 are no_snapshot
+    one = [row(snap(m), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared") for m in (0, 30, 45, 60)]
+    out = states(one, minutes=75)
+    assert [out[("GPU-aaaaaaaa", m)]["state"] for m in range(0, 75, 5)] == ["idle_shared"] * 15
+    assert out[("GPU-aaaaaaaa", 25)]["snapshot_utc"] == snap(0)
+    two = [row(snap(m), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared") for m in (0, 45, 60, 75)]
+    out = states(two, minutes=90)
+    reasons = {m: out[("GPU-aaaaaaaa", m)]["na_reason"] for m in range(0, 90, 5)}
+    assert [m for m, r in reasons.items() if r == "no_snapshot"] == [30, 35, 40]
+
+
 def test_every_gpu_gets_every_bucket_gpu_hours_conserved():
     rows = [row(snap(0), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared"),
             row(snap(50), "slot1", "GPU-cccccccc", "Unclaimed", "shared", host="h2")]
