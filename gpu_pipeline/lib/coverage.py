@@ -13,7 +13,8 @@ median of all series' cadences. A gap is an interval longer than ``gap_factor`` 
 cadence without a sample of the series: between two of its samples, or at an edge of the window
 (from the window's start to the series' first sample, from its last sample to the window's end), so
 that a collector that stopped at 06:00 shows an 18-hour gap, as a day without any sample shows one
-of the whole window.
+of the whole window. A window where no series has two samples has no cadence to expect samples
+from: its coverage is 0, as a window without samples.
 """
 
 from __future__ import annotations
@@ -134,7 +135,13 @@ def _no_points(window_s: float) -> Coverage:
 def _coverage_of(n: np.ndarray, c_us: np.ndarray, cad_us: float | None, gaps: int | None,
                  max_gap_us: int | None, window_s: float) -> Coverage:
     """The figures from each series' distinct samples ``n`` and cadence ``c_us`` (NaN: none known),
-    summed exactly (``math.fsum``), so that the order the series come in changes no bit."""
+    summed exactly (``math.fsum``), so that the order the series come in changes no bit. Where no
+    series has two samples (``cad_us`` unknown), nothing says how many were expected: the coverage
+    is 0 and the expected samples 0, as for a window without samples, not 100 % (each series
+    measured against its own single sample), which passed a day where a broken collector sent one
+    sample a GPU."""
+    if not cad_us:
+        return Coverage(int(len(n)), int(n.sum()), None, 0.0, 0.0, 0, float(max_gap_us or 0) / 1e6)
     known = np.isfinite(c_us) & (c_us > 0)
     # a series' expected samples: the window over its cadence; without one, the samples it has
     expected = np.where(known, window_s * 1e6 / np.where(known, c_us, 1.0), n.astype(np.float64))

@@ -348,3 +348,26 @@ def test_a_source_of_only_sparse_series_takes_the_cadence_of_all_series():
     points = SeriesPoints("sample_utc", series)
     points.add(t)
     assert points.coverage(D0, D1) == cov
+
+
+def test_a_window_where_no_series_has_two_samples_has_no_coverage():
+    """Three GPUs with one sample each all day (a collector that sent one scrape and stopped): no
+    cadence, so no expected samples -- coverage 0 as for a window without samples, in the SQL and
+    the batch-by-batch figures alike (each series counted against its own single sample made it
+    100 %, and the blocking coverage check of the raw telemetry passed the day)."""
+    from gpu_pipeline.lib.coverage import SeriesPoints
+
+    t = pa.table({"sample_utc": pa.array([D0 + dt.timedelta(minutes=1)] * 3, pa.timestamp("us", tz="UTC")),
+                  "gpu_id": pa.array(["GPU-1", "GPU-2", "GPU-3"])})
+    got = coverage(t, "sample_utc", ["gpu_id"], D0, D1)
+    assert (got.series, got.samples, got.cadence_s, got.expected, got.coverage) == (3, 3, None, 0.0, 0.0)
+    assert got.longest_gap_s == (D1 - D0).total_seconds() - 60
+    points = SeriesPoints("sample_utc", ["gpu_id"])
+    points.add(t.to_batches()[0])
+    assert points.coverage(D0, D1) == got
+    # a second sample of one series gives the cadence every series is measured against
+    two = pa.concat_tables([t, pa.table({"sample_utc": pa.array([D0 + dt.timedelta(minutes=2)],
+                                                                pa.timestamp("us", tz="UTC")),
+                                         "gpu_id": pa.array(["GPU-1"])})])
+    got = coverage(two, "sample_utc", ["gpu_id"], D0, D1)
+    assert got.cadence_s == 60.0 and got.coverage == pytest.approx((2 + 1 + 1) / 1440 / 3)
