@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import codecs
+import datetime as dt
 import gzip
 import json
 from pathlib import Path
