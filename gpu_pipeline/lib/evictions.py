@@ -323,21 +323,18 @@ cadence AS (
 ),
 {jr_sql},
 {sn_sql},
--- device and host tier: one cheap aggregate over the states (host and device are constant per
--- GPU and day); the host's tier by the rule the rates use (_host_tier) over the day's rows, else
--- over the previous day's (a host seen only before midnight)
+-- device: one cheap aggregate over the states (host and device are constant per GPU and day); the
+-- host's tier (_ev_hosttier: its primary slots' tiers) by the rule the rates use (_host_tier) over
+-- the day's rows, else over the previous day's (a host seen only before midnight)
 gpu_info AS (
-    SELECT gpu_id, arg_max(host, bucket_start_utc) AS host, max(device_name) AS device_name,
-           bool_or(tier = 'priority') FILTER (WHERE bucket_start_utc >= params.s) AS day_priority,
-           bool_or(tier = 'shared') FILTER (WHERE bucket_start_utc >= params.s) AS day_shared,
-           bool_or(tier = 'priority') AS any_priority, bool_or(tier = 'shared') AS any_shared
-    FROM _ev_states, params GROUP BY gpu_id
+    SELECT gpu_id, arg_max(host, bucket_start_utc) AS host, max(device_name) AS device_name
+    FROM _ev_states GROUP BY gpu_id
 ),
 host_info AS (
-    SELECT host,
-           coalesce({day_tier}, {any_tier}) AS tier_of_host,
-           max(device_name) AS device_name
-    FROM gpu_info GROUP BY host
+    SELECT g.host,
+           any_value(coalesce({day_tier}, {any_tier})) AS tier_of_host,
+           max(g.device_name) AS device_name
+    FROM gpu_info g LEFT JOIN _ev_hosttier ht USING (host) GROUP BY g.host
 ),
 pairs AS (
     SELECT jr.global_job_id, jr.run_index, jr.evicted_utc AS jr_evicted, sn.gpu_id AS sn_gpu,
@@ -476,10 +473,12 @@ def compute_evictions(
             "CREATE OR REPLACE TEMP TABLE _ev_slots (snapshot_utc TIMESTAMPTZ, gpu_id VARCHAR, global_job_id VARCHAR)"
         )
     try:
+        _stage_host_tiers(con, "_ev_hosttier", snapshots_from_sql, list(snapshots_params or []),
+                          start_utc - lookback, start_utc, end_utc, states="_ev_states")
         sql = _MERGE_SQL.format(jr_sql=_JOB_EVICTIONS_SQL.strip(), sn_sql=_SNAPSHOT_EVICTIONS_SQL.strip(),
                                 lost_sum=exact_sum("epoch(evicted_utc) - epoch(started_utc)"),
-                                day_tier=_host_tier("bool_or(day_priority)", "bool_or(day_shared)"),
-                                any_tier=_host_tier("bool_or(any_priority)", "bool_or(any_shared)"))
+                                day_tier=_host_tier("ht.day_priority", "ht.day_shared"),
+                                any_tier=_host_tier("ht.any_priority", "ht.any_shared"))
         table = con.sql(
             sql,
             params={
@@ -493,6 +492,7 @@ def compute_evictions(
         con.execute("DROP TABLE IF EXISTS _ev_states")
         con.execute("DROP TABLE IF EXISTS _ev_jobs")
         con.execute("DROP TABLE IF EXISTS _ev_slots")
+        con.execute("DROP TABLE IF EXISTS _ev_hosttier")
     return conform(table, EVICTIONS)
 
 
@@ -523,6 +523,39 @@ def evictions_from_tables(
         con.close()
 
 
+def _stage_host_tiers(con: duckdb.DuckDBPyConnection, table: str, slots_sql: str | None, slots_params: list,
+                      lo: dt.datetime, day_start: dt.datetime, end: dt.datetime, states: str) -> None:
+    """``table`` (host, day_priority, day_shared, any_priority, any_shared): whether a primary slot of
+    the host was prioritized / open capacity in [day_start, end) and in [lo, end). From the slot
+    snapshots (``slots_sql``) where given: every primary slot row, whichever row won its GPU's
+    bucket, so that a prioritized host whose primary slots sat Unclaimed while its backfill slots
+    ran jobs all day is still priority (its states' winning rows are all backfill). Else from the
+    tiers of the states' winning rows (``states``, a table with ``bucket_start_utc, host, tier``)."""
+    if slots_sql is not None:
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE {table} AS
+                SELECT host,
+                       bool_or(tier = 'priority') FILTER (WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ)) AS day_priority,
+                       bool_or(tier = 'shared') FILTER (WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ)) AS day_shared,
+                       bool_or(tier = 'priority') AS any_priority, bool_or(tier = 'shared') AS any_shared
+                FROM {slots_sql}
+                WHERE NOT coalesce(is_backfill_slot, false) AND host IS NOT NULL
+                  AND snapshot_utc >= CAST(? AS TIMESTAMPTZ) AND snapshot_utc < CAST(? AS TIMESTAMPTZ)
+                GROUP BY host""",
+            [day_start, day_start, *slots_params, lo, end],
+        )
+        return
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {table} AS
+            SELECT host,
+                   bool_or(tier = 'priority') FILTER (WHERE bucket_start_utc >= CAST(? AS TIMESTAMPTZ)) AS day_priority,
+                   bool_or(tier = 'shared') FILTER (WHERE bucket_start_utc >= CAST(? AS TIMESTAMPTZ)) AS day_shared,
+                   bool_or(tier = 'priority') AS any_priority, bool_or(tier = 'shared') AS any_shared
+            FROM {states} GROUP BY host""",
+        [day_start, day_start],
+    )
+
+
 def _host_tier(any_priority: str, any_shared: str) -> str:
     """SQL of a host's tier, one rule for the evictions and their rates: priority when any primary
     slot of the host was prioritized (PrioritizedProjects), else shared."""
@@ -532,8 +565,8 @@ def _host_tier(any_priority: str, any_shared: str) -> str:
 _RATES_SQL = """
 WITH
 params AS (SELECT CAST($start AS TIMESTAMPTZ) AS s, CAST($end AS TIMESTAMPTZ) AS e),
-host_tier AS (  -- the rule of the evictions' tier_of_host (_host_tier)
-    SELECT host, {host_tier} AS tier FROM _rate_states GROUP BY host
+host_tier AS (  -- the rule of the evictions' tier_of_host (_host_tier), over the day
+    SELECT host, {host_tier} AS tier FROM _rate_hosttier
 ),
 bf AS (
     SELECT st.device_name, ht.tier,
@@ -598,7 +631,7 @@ FROM joined
 WHERE NOT (evictions = 0 AND backfill_gpu_hours = 0 AND NOT (device_name = 'ALL' AND tier = 'ALL' AND all_hours))
 ORDER BY device_name = 'ALL', device_name, tier = 'ALL', tier, hour_local NULLS LAST
 """.format(lost_sum=exact_sum("lost_gpu_hours"),
-           host_tier=_host_tier("bool_or(tier = 'priority')", "bool_or(tier = 'shared')"))
+           host_tier=_host_tier("day_priority", "day_shared"))
 
 
 def compute_eviction_rates(
@@ -611,6 +644,8 @@ def compute_eviction_rates(
     end_utc: dt.datetime,
     tz: str = "UTC",
     bucket: dt.timedelta = BUCKET,
+    snapshots_from_sql: str | None = None,
+    snapshots_params: list | None = None,
 ) -> pa.Table:
     """Eviction rates of the day ``[start_utc, end_utc)`` per device x host tier x local hour.
 
@@ -620,7 +655,9 @@ def compute_eviction_rates(
     bucket start in ``tz`` (on a 25-hour DST day the repeated hour is one group). Rows: every
     combination of device_name / tier / hour with 'ALL' (hour null) for aggregates; combinations
     without evictions and without backfill hours are left out, except the overall row, which is
-    always present (an empty day gives one all-zero row).
+    always present (an empty day gives one all-zero row). ``snapshots_from_sql`` /
+    ``snapshots_params`` (optional, as for :func:`compute_evictions`): ``clean/slot_snapshots`` of the
+    day, which give the host tier (its primary slots'); without them, the states' winning rows do.
     """
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE _rate_states AS SELECT {_RATE_STATE_COLUMNS} FROM {states_from_sql} "
@@ -633,6 +670,8 @@ def compute_eviction_rates(
         [*evictions_params, start_utc, end_utc],
     )
     try:
+        _stage_host_tiers(con, "_rate_hosttier", snapshots_from_sql, list(snapshots_params or []),
+                          start_utc, start_utc, end_utc, states="_rate_states")
         table = con.sql(
             _RATES_SQL,
             params={"start": start_utc, "end": end_utc, "tz": tz, "bucket_s": bucket.total_seconds()},
@@ -640,6 +679,7 @@ def compute_eviction_rates(
     finally:
         con.execute("DROP TABLE IF EXISTS _rate_states")
         con.execute("DROP TABLE IF EXISTS _rate_evictions")
+        con.execute("DROP TABLE IF EXISTS _rate_hosttier")
     return conform(table, EVICTION_RATES)
 
 

@@ -275,6 +275,39 @@ def test_a_hosts_evictions_and_backfill_hours_are_in_one_tier():
     assert ("ALL", "shared", None) not in rates
 
 
+def test_a_prioritized_host_backfilled_all_day_is_priority_by_its_primary_slots():
+    """Host h1's primary slot is prioritized and Unclaimed all day while its backfill slot runs J
+    (evicted at 12:00, run again at once): every state's winning row is the backfill slot, so the
+    states alone give the host no tier. The clean snapshots' primary rows do: the eviction and the
+    24 backfill hours are in the priority tier (they were in none: a null tier)."""
+    t = states(gpu_rows("GPU-aaaaaaaa", DAY0, ["B:J"] * 288))
+    j = jobs(job("J", 0, at(0), at(12)), job("J", 1, at(12), None, vacate=None))
+    clean = conform(pa.Table.from_pylist([
+        dict(snapshot_utc=snap(DAY0, k), host="h1", slot_name=f"{name}@h1", gpu_id="GPU-aaaaaaaa", tier=tier,
+             is_backfill_slot=name.startswith("backfill"), slot_state=state, global_job_id=jid)
+        for k in range(288)
+        for name, tier, state, jid in (("slot1", "priority", "Unclaimed", None), ("backfill2_1", "backfill", "Claimed", "J"))
+    ]), CLEAN_SLOT_SNAPSHOTS)
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        for name, table in (("st", t), ("jb", j), ("cl", clean)):
+            con.register(name, table)
+        ev = compute_evictions(con, DAY0, DAY1, "st", [], "jb", [], snapshots_from_sql="cl", snapshots_params=[])
+        assert [(r["global_job_id"], r["tier_of_host"]) for r in ev.to_pylist()] == [("J", "priority")]
+        con.register("ev", ev)
+        rates = {(r["device_name"], r["tier"], r["hour_local"]): r
+                 for r in compute_eviction_rates(con, "ev", [], "st", [], DAY0, DAY1, snapshots_from_sql="cl",
+                                                 snapshots_params=[]).to_pylist()}
+        row = rates[("ALL", "priority", None)]
+        assert (row["evictions"], row["backfill_gpu_hours"]) == (1, 24.0)
+        # without the snapshots, the states' winning rows: no tier (the rule cannot see the primary slot)
+        without = compute_evictions(con, DAY0, DAY1, "st", [], "jb", [])
+        assert without.column("tier_of_host").to_pylist() == [None]
+    finally:
+        con.close()
+
+
 def test_a_run_seen_first_after_a_hole_in_the_gpus_rows_has_a_lower_bound_runtime():
     """A GPU with no rows for some buckets (absent from the grid, not 'na'): the row after the hole
     has no bucket before it, so a backfill run first seen there may have started in the hole (its

@@ -53,7 +53,8 @@ def evictions(context: dg.AssetExecutionContext, data_store: DataStoreResource):
                                    snapshots_from_sql=sn_sql, snapshots_params=sn_params)
             con.register("day_evictions", ev)
             d_sql, d_params = store.relation_sql(GPU_STATES, [day])
-            rates = compute_eviction_rates(con, "day_evictions", [], d_sql, d_params, start, end, tz=TIMEZONE)
+            rates = compute_eviction_rates(con, "day_evictions", [], d_sql, d_params, start, end, tz=TIMEZONE,
+                                           snapshots_from_sql=sn_sql, snapshots_params=sn_params)
         finally:
             con.close()
         r = rates["evictions_per_backfill_gpu_hour"]
