@@ -532,27 +532,19 @@ def _stage_host_tiers(con: duckdb.DuckDBPyConnection, table: str, slots_sql: str
     ran jobs all day is still priority (its states' winning rows are all backfill). Else from the
     tiers of the states' winning rows (``states``, a table with ``bucket_start_utc, host, tier``)."""
     if slots_sql is not None:
-        con.execute(
-            f"""CREATE OR REPLACE TEMP TABLE {table} AS
-                SELECT host,
-                       bool_or(tier = 'priority') FILTER (WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ)) AS day_priority,
-                       bool_or(tier = 'shared') FILTER (WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ)) AS day_shared,
-                       bool_or(tier = 'priority') AS any_priority, bool_or(tier = 'shared') AS any_shared
-                FROM {slots_sql}
-                WHERE NOT coalesce(is_backfill_slot, false) AND host IS NOT NULL
-                  AND snapshot_utc >= CAST(? AS TIMESTAMPTZ) AND snapshot_utc < CAST(? AS TIMESTAMPTZ)
-                GROUP BY host""",
-            [day_start, day_start, *slots_params, lo, end],
-        )
-        return
+        source, t, params = slots_sql, "snapshot_utc", [*slots_params, lo, end]
+        where = ("NOT coalesce(is_backfill_slot, false) AND host IS NOT NULL "
+                 "AND snapshot_utc >= CAST(? AS TIMESTAMPTZ) AND snapshot_utc < CAST(? AS TIMESTAMPTZ)")
+    else:
+        source, t, params, where = states, "bucket_start_utc", [], "true"
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {table} AS
             SELECT host,
-                   bool_or(tier = 'priority') FILTER (WHERE bucket_start_utc >= CAST(? AS TIMESTAMPTZ)) AS day_priority,
-                   bool_or(tier = 'shared') FILTER (WHERE bucket_start_utc >= CAST(? AS TIMESTAMPTZ)) AS day_shared,
+                   bool_or(tier = 'priority') FILTER (WHERE {t} >= CAST(? AS TIMESTAMPTZ)) AS day_priority,
+                   bool_or(tier = 'shared') FILTER (WHERE {t} >= CAST(? AS TIMESTAMPTZ)) AS day_shared,
                    bool_or(tier = 'priority') AS any_priority, bool_or(tier = 'shared') AS any_shared
-            FROM {states} GROUP BY host""",
-        [day_start, day_start],
+            FROM {source} WHERE {where} GROUP BY host""",
+        [day_start, day_start, *params],
     )
 
 
