@@ -134,24 +134,22 @@ def _no_points(window_s: float) -> Coverage:
 
 def _coverage_of(n: np.ndarray, c_us: np.ndarray, cad_us: float | None, gaps: int | None,
                  max_gap_us: int | None, window_s: float) -> Coverage:
-    """The figures from each series' distinct samples ``n`` and cadence ``c_us`` (NaN: none known),
-    summed exactly (``math.fsum``), so that the order the series come in changes no bit. Where no
-    series has two samples (``cad_us`` unknown), nothing says how many were expected: the coverage
-    is 0 and the expected samples 0, as for a window without samples, not 100 % (each series
-    measured against its own single sample), which passed a day where a broken collector sent one
-    sample a GPU."""
+    """The figures from each series' distinct samples ``n`` and cadence ``c_us``, summed exactly
+    (``math.fsum``), so that the order the series come in changes no bit. Every series has a
+    cadence once any has (its source's, else the median of all, ``cad_us``). Where no series has two
+    samples (``cad_us`` unknown), nothing says how many were expected: the coverage is 0 and the
+    expected samples 0, as for a window without samples, not 100 % (each series measured against
+    its own single sample), which passed a day where a broken collector sent one sample a GPU."""
     if not cad_us:
         return Coverage(int(len(n)), int(n.sum()), None, 0.0, 0.0, 0, float(max_gap_us or 0) / 1e6)
-    known = np.isfinite(c_us) & (c_us > 0)
-    # a series' expected samples: the window over its cadence; without one, the samples it has
-    expected = np.where(known, window_s * 1e6 / np.where(known, c_us, 1.0), n.astype(np.float64))
-    share = np.minimum(1.0, n / np.maximum(expected, 1e-12))
+    expected = window_s * 1e6 / c_us  # a series' expected samples: the window over its cadence
+    share = np.minimum(1.0, n / expected)
     return Coverage(
         series=int(len(n)),
         samples=int(n.sum()),
-        cadence_s=float(cad_us) / 1e6 if cad_us else None,
+        cadence_s=float(cad_us) / 1e6,
         expected=math.fsum(expected.tolist()),
-        coverage=math.fsum(share.tolist()) / len(n) if len(n) else 0.0,
+        coverage=math.fsum(share.tolist()) / len(n),
         gaps=int(gaps or 0),
         longest_gap_s=float(max_gap_us or 0) / 1e6,
     )
@@ -213,9 +211,8 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
     dt_us, dt_k = d[interval], k[1:][interval].astype(np.int64)
     del d, k, repeated, interval, same
     longest = int(max(edges.max(), dt_us.max(initial=0)))
-    c = np.full(len(ids), np.nan)
-    if len(dt_us) == 0:
-        return _coverage_of(n, c, None, 0, longest, window_s)
+    if len(dt_us) == 0:  # no series has two points: no cadence
+        return _coverage_of(n, np.full(len(ids), np.nan), None, 0, longest, window_s)
     bounds = np.r_[np.flatnonzero(np.r_[True, dt_k[1:] != dt_k[:-1]]), len(dt_k)]
     cads = np.array([_median(dt_us[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
     with_cad = dt_k[bounds[:-1]]  # the series that have a cadence, in order
