@@ -284,8 +284,8 @@ _WRITE_AHEAD = 4
 
 
 def _out_of_range(table: pa.Table) -> dict[str, np.ndarray]:
-    """Per checked column with some violation: which rows hold a value outside ``RANGES`` (NaN
-    included; null is not a violation)."""
+    """Per checked column with some violation: which rows hold a value outside ``RANGES`` (NaN and
+    ±inf included, also where the range is open on that side; null is not a violation)."""
     masks = {}
     for col, (lo, hi) in RANGES.items():
         if col not in table.column_names:
@@ -293,7 +293,7 @@ def _out_of_range(table: pa.Table) -> dict[str, np.ndarray]:
         column = table[col]
         values = column.to_numpy()  # float64; nulls read as NaN and are masked out below
         with np.errstate(invalid="ignore"):
-            out = np.isnan(values)
+            out = ~np.isfinite(values)
             if lo is not None:
                 out |= values < lo
             if hi is not None:
@@ -350,7 +350,7 @@ def _out_of_order(table: pa.Table, columns: tuple[str, ...]) -> bool:
 CLEAN_CHECK_NOTE = "clean-check"
 #: Bump when the cleaning's rules change in a way RANGES, _KEY and RAW_ORDER do not show: a note
 #: made under other rules is not used.
-_CHECK_VERSION = 1
+_CHECK_VERSION = 2  # 2: ±inf is out of range
 _RULES = hashlib.sha256(repr((_CHECK_VERSION, sorted(RANGES.items()), _KEY, RAW_ORDER)).encode()).hexdigest()[:16]
 
 

@@ -1,6 +1,7 @@
 """clean_samples: range quarantine, duplicate keys, output order; and the sort helper it uses."""
 
 import datetime as dt
+import math
 import hashlib
 import json
 import threading
@@ -111,7 +112,7 @@ def test_output_is_sorted_on_time_host_gpu_source_with_null_hosts_one_key_and_la
 def _sql_oracle(t: pa.Table) -> tuple[pa.Table, int, dict[str, int]]:
     checks = []
     for col, (lo, hi) in RANGES.items():
-        conds = [f"isnan({col})"] + ([f"{col} < {lo}"] if lo is not None else []) + (
+        conds = [f"NOT isfinite({col})"] + ([f"{col} < {lo}"] if lo is not None else []) + (
             [f"{col} > {hi}"] if hi is not None else [])
         checks.append(f"CASE WHEN {col} IS NOT NULL AND ({' OR '.join(conds)}) THEN '{col}' END")
     con = duckdb.connect()
@@ -144,10 +145,24 @@ def faulty_rows(seed: int, n: int = 4000) -> pa.Table:
             "gpu_id": f"GPU-{rng.integers(0, 4):08x}",
             "source": ["dcgm", "nvidia-smi"][int(rng.integers(0, 2))],
             "util_pct": [float(rng.uniform(0, 100)), 150.0, float("nan"), None][int(rng.choice(4, p=[.9, .04, .03, .03]))],
-            "power_w": float(rng.uniform(-5, 300)),
+            "power_w": [float(rng.uniform(-5, 300)), float("inf"), float("-inf")][
+                int(rng.choice(3, p=[.96, .02, .02]))],
             "source_file": None if rng.random() < 0.2 else f"f{rng.integers(0, 50)}.prom",
         })
     return raw(rows)
+
+
+def test_an_infinite_value_is_quarantined_where_its_range_is_open():
+    # nvidia-smi prints "inf W" for a value it cannot represent; power has no upper bound, and an
+    # infinite power read as a value made the hour's power, PIF and energy infinite downstream
+    t = raw([
+        {"sample_utc": T0, "host": "h1", "power_w": float("inf"), "energy_mj": 1e9},
+        {"sample_utc": T0, "host": "h2", "power_w": 250.0, "energy_mj": float("inf")},
+        {"sample_utc": T0, "host": "h3", "power_w": 250.0, "energy_mj": 1e9},
+    ])
+    out = clean_samples(t)
+    assert out.table["host"].to_pylist() == ["h3"]
+    assert out.quarantined_by_reason == {"energy_mj out of range": 1, "power_w out of range": 1}
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -160,7 +175,8 @@ def test_matches_the_sql_formulation_on_shuffled_rows_with_faults(seed):
     assert out.quarantined_by_reason == reasons
     assert out.quarantine.num_rows == sum(1 for r in t.to_pylist()
                                           if any(r[c] is not None and not (
-                                              (RANGES[c][0] is None or r[c] >= RANGES[c][0])
+                                              math.isfinite(r[c])
+                                              and (RANGES[c][0] is None or r[c] >= RANGES[c][0])
                                               and (RANGES[c][1] is None or r[c] <= RANGES[c][1]))
                                                  for c in RANGES))
 
