@@ -18,9 +18,14 @@ Seed definitions (exact; users compare with them)
 
 Samples and time weighting
     MIG instances are skipped (their power is the parent board's; counted in ``counters``). When one
-    GPU is reported by several sources, the source with the most samples in the loaded range is used
-    (no double counting). The cadence of a GPU is the median interval between its consecutive samples.
-    Two consecutive samples ``(t0, v0)``, ``(t1, v1)`` with ``t1 - t0 <= 3 x cadence`` form a
+    GPU is reported by several sources, each UTC hour uses the source with the most samples of the
+    GPU in that hour (no double counting; a GPU whose collector stopped at 06:00 while another went
+    on is measured by the other from then on). Two samples of one GPU at one time (the same sample
+    under two host names) are read once (``duplicate_samples_dropped``). The cadence in force at a
+    sample is the median interval between the GPU's consecutive samples in its UTC hour, where the
+    hour has at least 5 of them, else over all its samples (a logger switched from 60 s to 10 s
+    leaves no gaps in either part). Two consecutive samples ``(t0, v0)``, ``(t1, v1)`` with
+    ``t1 - t0 <= 3 x cadence`` form a
     *segment* covering ``[t0, t1)`` with value ``(v0 + v1) / 2`` (trapezoid; if one end is null, the
     other); a longer gap is a hole: nothing is extrapolated across it. Means (utilization, power,
     power limit) are over the segments' time, split exactly at hour / run / window boundaries;
@@ -29,7 +34,9 @@ Samples and time weighting
 
 Energy
     Per segment: the energy counter delta (DCGM ``TOTAL_ENERGY_CONSUMPTION``, mJ) when both ends have
-    it, it did not go backwards (reset) and the implied power is at most 2x the max power; else the
+    it, it did not go backwards (reset), it moved unless the power read was 0 (a counter stuck while
+    the board drew power), both ends are of one source, and the implied power is at most 2x the max
+    power; else the
     trapezoid ``mean power x duration``. The counter is preferred because it integrates the board's
     own power between samples; ``energy_source`` says which was used (``counter`` / ``power`` /
     ``mixed``).
@@ -63,7 +70,8 @@ Held but idle
     records never make a GPU held where the state saw it unclaimed later on.
 
 Jobs
-    One row per job run overlapping the window, from ``clean/jobs``: the ``epoch`` row of
+    One row per GPU job run overlapping the window (a run with ``request_gpus = 0`` and no GPU
+    list is a CPU job, and has none), from ``clean/jobs``: the ``epoch`` row of
     ``(global_job_id, run_index)`` when there is one, else its ``job`` row (latest ``record_utc``).
     The run is clipped to the window (``clipped_start`` / ``clipped_end``; a run with no end yet is
     clipped at the window end). Its GPUs are ``assigned_gpus`` (MIG ids counted in ``mig_devices``,
@@ -109,6 +117,8 @@ MODERATE_PIF = 0.50
 CLASSES: tuple[str, ...] = ("Idle", "Efficient", "Bottlenecked", "Moderate", "Inefficient")
 
 GAP_FACTOR = 3.0  #: a gap longer than this many cadences is a hole
+#: An hour with at least this many intervals between a GPU's samples has a cadence of its own.
+LOCAL_CADENCE_MIN_INTERVALS = 5
 COUNTER_MAX_POWER_FACTOR = 2.0  #: counter deltas implying more than this x max power are rejected
 HELD_IDLE_MIN_S = 1800.0
 HELD_IDLE_POWER_FACTOR = 1.3
@@ -453,7 +463,7 @@ def compute_efficiency(
         daily = efficiency_daily(hourly, held if have_states else None, start_utc)
     finally:
         _drop_samples(con)
-        for t in ("_eff_count", "_eff_src", "_eff_gpu0", "_eff_gpu", "_eff_held", "_eff_jobruns",
+        for t in ("_eff_count", "_eff_srch", "_eff_src", "_eff_srch2", "_eff_cad", "_eff_gpu0", "_eff_gpu", "_eff_held", "_eff_jobruns",
                   "_eff_jobgpu", "_eff_jobpart", "_eff_jg", "_eff_heldjob", "_eff_jobruns_all"):
             con.execute(f"DROP TABLE IF EXISTS {t}")
         for v in ("_eff_specmap",):
@@ -471,14 +481,16 @@ def compute_efficiency(
 
 
 def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group_samples) -> list[tuple[int, int]]:
-    """``_eff_src``: per GPU its source, host, device and integer code ``gid`` (in gpu_id order), from
-    one grouped scan of the files; the sample counters of the window. Returns the GPU groups, as
-    ``gid`` ranges of about ``group_samples`` samples each (a GPU is never split)."""
-    # Per (GPU, source, MIG or not): samples in the read range and in the window, modal host and device.
+    """``_eff_src``: per GPU its host, device and integer code ``gid`` (in gpu_id order), and
+    ``_eff_srch2``: per GPU and UTC hour the source read, from one grouped scan of the files; the
+    sample counters of the window. Returns the GPU groups, as ``gid`` ranges of about
+    ``group_samples`` samples each (a GPU is never split)."""
+    # Per (GPU, source, MIG or not, UTC hour): samples in the read range and in the window, modal
+    # host and device.
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_count AS
-        SELECT gpu_id, source, {_MIG} AS is_mig, count(*) AS n,
+        SELECT gpu_id, source, {_MIG} AS is_mig, epoch_us(sample_utc) // {_HOUR_US} AS h, count(*) AS n,
                count(*) FILTER (WHERE epoch_us(sample_utc) >= {s_us} AND epoch_us(sample_utc) < {e_us}) AS n_window,
                mode(host) AS host, mode(device_name) AS device_name
         FROM {samples_sql}
@@ -497,22 +509,44 @@ def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group
     counters["samples_in_window"] = float(row[0])
     counters["mig_samples_skipped"] = float(row[1])
     counters["samples_dropped_other_source"] = float(row[2])  # less each group's kept samples
-    # One source per GPU: the one with most samples (ties: the greatest name); its most frequent host
-    # and device name. ``gid`` numbers the GPUs in gpu_id order.
+    counters["duplicate_samples_dropped"] = 0.0
+    # One source per GPU and UTC hour: the one with most samples in that hour (ties: the greatest
+    # name), so that a GPU whose sources change in the day (a collector that stops, another that
+    # starts) is measured by whichever reported it in each hour; ``sc`` numbers the sources.
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _eff_srch AS
+        SELECT gpu_id, h, arg_max(source, struct_pack(n := n, s := source)) AS source,
+               arg_max(host, struct_pack(n := n, s := source)) AS host,
+               arg_max(device_name, struct_pack(n := n, s := source)) AS device_name, max(n) AS n
+        FROM _eff_count WHERE NOT is_mig GROUP BY gpu_id, h
+        """
+    )
+    # Per GPU: its code ``gid`` (in gpu_id order), the most frequent host and device name of its
+    # picked samples, and their number.
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _eff_src AS
-        SELECT row_number() OVER (ORDER BY gpu_id) AS gid, *
-        FROM (
-            SELECT gpu_id, arg_max(source, struct_pack(n := n, s := source)) AS source,
-                   arg_max(host, struct_pack(n := n, s := source)) AS host,
-                   arg_max(device_name, struct_pack(n := n, s := source)) AS device_name,
-                   arg_max(n, struct_pack(n := n, s := source)) AS n
-            FROM _eff_count WHERE NOT is_mig GROUP BY gpu_id
+        WITH host AS (
+            SELECT gpu_id, arg_max(host, struct_pack(n := n, s := host)) AS host
+            FROM (SELECT gpu_id, host, sum(n) AS n FROM _eff_srch GROUP BY ALL) GROUP BY gpu_id
+        ), dev AS (
+            SELECT gpu_id, arg_max(device_name, struct_pack(n := n, s := device_name)) AS device_name
+            FROM (SELECT gpu_id, device_name, sum(n) AS n FROM _eff_srch GROUP BY ALL) GROUP BY gpu_id
         )
+        SELECT row_number() OVER (ORDER BY gpu_id) AS gid, gpu_id, host.host, dev.device_name, n.n
+        FROM (SELECT gpu_id, sum(n) AS n FROM _eff_srch GROUP BY gpu_id) n JOIN host USING (gpu_id) JOIN dev USING (gpu_id)
         """
     )
-    con.execute("DROP TABLE IF EXISTS _eff_count")
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _eff_srch2 AS
+        SELECT src.gid, h.gpu_id, h.h, h.source, dense_rank() OVER (ORDER BY h.source) AS sc
+        FROM _eff_srch h JOIN _eff_src src USING (gpu_id)
+        """
+    )
+    for t in ("_eff_count", "_eff_srch"):
+        con.execute(f"DROP TABLE {t}")
     return _gid_groups([n for (n,) in con.execute("SELECT n FROM _eff_src ORDER BY gid").fetchall()],
                        group_samples or GROUP_SAMPLES)
 
@@ -545,29 +579,38 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     # (the segment to the next sample). A repeated (GPU, time) gives a zero-length segment, dropped.
     def group(*extra: str) -> str:
         return f"""
-            SELECT p.gid, {"".join(c + ", " for c in extra)}epoch_us(r.sample_utc) AS t,
+            SELECT p.gid, {"".join(c + ", " for c in extra)}epoch_us(r.sample_utc) AS t, p.sc,
                    {_NUM.format(c="r.util_pct")} AS util, {_NUM.format(c="r.power_w")} AS power,
                    {_PLIMIT} AS plimit, {_NUM.format(c="r.energy_mj")} AS energy_mj
             FROM {samples_sql} r
-            JOIN (SELECT gid, gpu_id, source FROM _eff_src WHERE gid BETWEEN {int(gids[0])} AND {int(gids[1])}) p
-              ON p.gpu_id = r.gpu_id AND p.source = r.source
+            JOIN (SELECT gid, gpu_id, h, source, sc FROM _eff_srch2
+                  WHERE gid BETWEEN {int(gids[0])} AND {int(gids[1])}) p
+              ON p.gpu_id = r.gpu_id AND p.source = r.source AND p.h = epoch_us(r.sample_utc) // {_HOUR_US}
             WHERE r.sample_utc >= ? AND r.sample_utc < ? AND NOT {_MIG_R}
         """
 
     if not _stage_next_values(con, group(), [*params, lo, hi]):
+        # A GPU with two samples at one time (the same sample under two host names: one exporter
+        # scraped by two jobs) keeps one, the first by host; the other is counted as a duplicate.
         con.execute(
             f"""
             CREATE OR REPLACE TEMP TABLE _eff_samples_w AS
             SELECT gid, t, util, power, plimit, energy_mj,
                    lead(t) OVER w AS nt, lead(util) OVER w AS util1, lead(power) OVER w AS power1,
-                   lead(plimit) OVER w AS plimit1, lead(energy_mj) OVER w AS energy1,
+                   lead(plimit) OVER w AS plimit1,
+                   CASE WHEN lead(sc) OVER w = sc THEN lead(energy_mj) OVER w END AS energy1,
                    count(power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn
-            FROM ({group("r.host")})
-            WINDOW w AS (PARTITION BY gid ORDER BY t, host)
+            FROM (SELECT * FROM ({group("r.host")}) QUALIFY row_number() OVER (PARTITION BY gid, t ORDER BY host) = 1)
+            WINDOW w AS (PARTITION BY gid ORDER BY t)
             """,
             [*params, lo, hi],
         )
         con.execute("CREATE OR REPLACE TEMP VIEW _eff_samples AS SELECT * FROM _eff_samples_w")
+        [(dups,)] = con.execute(
+            f"SELECT count(*) - count(DISTINCT (gid, t)) FROM ({group()}) WHERE t >= ? AND t < ?",
+            [*params, lo, hi, s_us, e_us]).fetchall()
+        counters["duplicate_samples_dropped"] += float(dups)
+        counters["samples_dropped_other_source"] -= float(dups)
     kept = con.execute("SELECT count(*) FROM _eff_samples WHERE t >= ? AND t < ?", [s_us, e_us]).fetchall()[0][0]
     counters["samples_dropped_other_source"] -= float(kept)
     # Per GPU: host, device (samples, else gpu_states), cadence, spec.
@@ -606,6 +649,21 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
         """
     )
     con.execute("DROP TABLE IF EXISTS _eff_gpu0")
+    # The cadence in force per GPU and UTC hour: the median of the hour's intervals where it has at
+    # least LOCAL_CADENCE_MIN_INTERVALS of them, else the GPU's (the median of all its intervals):
+    # a logger whose interval changed in the day (60 s, then 10 s) has no gaps in either part,
+    # while an hour of a few scattered samples is still judged against the GPU's cadence.
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _eff_cad AS
+        SELECT c.gid, c.h,
+               CASE WHEN c.n >= {LOCAL_CADENCE_MIN_INTERVALS} THEN c.cad_us ELSE g.cadence_us END AS cadence_us
+        FROM (SELECT gid, t // {_HOUR_US} AS h, count(*) FILTER (WHERE nt > t) AS n,
+                     median(nt - t) FILTER (WHERE nt > t) AS cad_us
+              FROM _eff_samples GROUP BY ALL) c
+        JOIN _eff_gpu g USING (gid)
+        """
+    )
     seg = con.execute(
         f"SELECT count(*), count(energy_counter_j) FROM ({_seg_sql()}) WHERE b > ? AND a < ?", [s_us, e_us]
     ).fetchall()[0]
@@ -613,9 +671,9 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     counters["segments_energy_from_counter"] = counters.get("segments_energy_from_counter", 0.0) + float(seg[1])
     row = con.execute(
         f"""
-        SELECT count(*) FILTER (WHERE s.nt - s.t > {GAP_FACTOR} * g.cadence_us AND s.nt > ? AND s.t < ?),
+        SELECT count(*) FILTER (WHERE s.nt - s.t > {GAP_FACTOR} * cad.cadence_us AND s.nt > ? AND s.t < ?),
                count(DISTINCT s.gid) FILTER (WHERE s.t >= ? AND s.t < ?)
-        FROM _eff_samples s JOIN _eff_gpu g USING (gid)
+        FROM _eff_samples s {_CADENCE_JOIN.format(s="s")}
         """,
         [s_us, e_us, s_us, e_us],
     ).fetchall()[0]
@@ -636,14 +694,15 @@ def _drop_samples(con) -> None:
 
 
 def _stage_next_values(con, group_sql: str, params: list) -> bool:
-    """``_eff_samples`` from the group's samples (``group_sql``: gid, t, util, power, plimit,
-    energy_mj) with each GPU's next sample's values and its running count of power readings, as the
-    window ``PARTITION BY gid ORDER BY t, host`` gives them: the rows ordered by (gid, t) in numpy
+    """``_eff_samples`` from the group's samples (``group_sql``: gid, t, sc, util, power, plimit,
+    energy_mj) with each GPU's next sample's values (the next energy reading only where the next
+    sample is of the same source ``sc``) and its running count of power readings, as the
+    window ``PARTITION BY gid ORDER BY t`` gives them: the rows ordered by (gid, t) in numpy
     (the clean files come nearly in time order, so the sort is quick) instead of by DuckDB's window
     sort (a 1,000-GPU group of 1.5 M samples: 1.0 s, this way 0.5 s), and registered with DuckDB as
-    an Arrow table over the numpy arrays (not copied into a table). The host only breaks ties of one
-    GPU's sample time, which a clean day does not have: a group with one returns False, and the
-    window query is made instead (the same rows), as for a group without samples."""
+    an Arrow table over the numpy arrays (not copied into a table). A GPU with two samples at one
+    time (under two host names), which a clean day does not have: the group returns False, and the
+    window query is made instead (keeping one of them), as for a group without samples."""
     scanned = con.sql(group_sql, params=params).to_arrow_table()
     if not scanned.num_rows:
         return False
@@ -656,6 +715,9 @@ def _stage_next_values(con, group_sql: str, params: list) -> bool:
     n = len(gid)
     last = np.ones(n, dtype=bool)  # a GPU's last sample: no next one
     last[:-1] = ~same_gpu
+    sc = scanned["sc"].to_numpy()[order]
+    other_source = np.zeros(n, dtype=bool)  # the next sample is another source's: no counter delta
+    other_source[:-1] = sc[1:] != sc[:-1]
     columns: dict[str, pa.Array] = {"gid": pa.array(gid)}
     nexts: dict[str, pa.Array] = {}
     for name, next_name in _NEXT:
@@ -667,7 +729,8 @@ def _stage_next_values(con, group_sql: str, params: list) -> bool:
             continue
         missing = np.isnan(values)  # the values are NaN only where null (_NUM, _PLIMIT)
         columns[name] = pa.array(values, mask=missing)
-        nexts[next_name] = pa.array(following, mask=last | np.isnan(following))
+        nexts[next_name] = pa.array(following, mask=last | np.isnan(following)
+                                    | (other_source if name == "energy_mj" else False))
         if name == "power":  # count(power) over the GPU's rows so far
             have = ~missing
             running = np.cumsum(have)
@@ -683,7 +746,7 @@ def _seg_sql() -> str:
     GAP_FACTOR x cadence, each covering ``[a, b)`` with the trapezoid values and its energy."""
     return f"""
         SELECT gid, a, b, len_s, util, power, plimit,
-               CASE WHEN e0 IS NOT NULL AND e1 IS NOT NULL AND e1 >= e0
+               CASE WHEN e0 IS NOT NULL AND e1 IS NOT NULL AND (e1 > e0 OR (e1 = e0 AND coalesce(power, 0) = 0))
                          AND (e1 - e0) / 1000.0 / len_s <= {COUNTER_MAX_POWER_FACTOR} * coalesce(plimit, tdp_w)
                     THEN (e1 - e0) / 1000.0 END AS energy_counter_j,
                power * len_s AS energy_power_j
@@ -692,9 +755,13 @@ def _seg_sql() -> str:
                    {_trap("util")} AS util, {_trap("power")} AS power, {_trap("plimit")} AS plimit,
                    energy_mj AS e0, energy1 AS e1, g.tdp_w
             FROM (SELECT * RENAME (util AS util0, power AS power0, plimit AS plimit0) FROM _eff_samples) o
-            JOIN _eff_gpu g USING (gid)
-            WHERE nt IS NOT NULL AND nt > t AND (nt - t) <= {GAP_FACTOR} * g.cadence_us
+            JOIN _eff_gpu g USING (gid) {_CADENCE_JOIN.format(s="o")}
+            WHERE nt IS NOT NULL AND nt > t AND (nt - t) <= {GAP_FACTOR} * cad.cadence_us
         )"""
+
+
+#: Joins ``_eff_cad cad``, the cadence in force at each sample of ``_eff_samples {s}``.
+_CADENCE_JOIN = "JOIN _eff_cad cad ON cad.gid = {s}.gid AND cad.h = {s}.t // " + str(_HOUR_US)
 
 
 def _default(col: str) -> str:
@@ -770,9 +837,9 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_held AS
         WITH low AS (
-            SELECT s.gid, s.t, s.nt, s.power, s.pn, g.cadence_us, (s.t // {bucket_us}) * {bucket_us} AS bt
-            FROM _eff_samples s JOIN _eff_gpu g USING (gid)
-            WHERE s.power IS NOT NULL AND g.cadence_us IS NOT NULL
+            SELECT s.gid, s.t, s.nt, s.power, s.pn, cad.cadence_us, (s.t // {bucket_us}) * {bucket_us} AS bt
+            FROM _eff_samples s JOIN _eff_gpu g USING (gid) {_CADENCE_JOIN.format(s="s")}
+            WHERE s.power IS NOT NULL AND cad.cadence_us IS NOT NULL
               AND (s.power <= {HELD_IDLE_POWER_FACTOR} * g.idle_power_w
                    OR s.power / coalesce(s.plimit, g.tdp_w) <= {HELD_IDLE_PIF_MAX})
         ), st AS (
@@ -932,7 +999,7 @@ def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_jobruns_all AS
         WITH ranked AS (
-            SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot,
+            SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot, request_gpus,
                    epoch_us(run_start_utc) AS rs,
                    CASE WHEN run_end_utc IS NOT NULL THEN epoch_us(run_end_utc) END AS re,
                    row_number() OVER (PARTITION BY global_job_id, run_index
@@ -941,7 +1008,7 @@ def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
             FROM {jobs_sql}
             WHERE run_start_utc IS NOT NULL
         )
-        SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot AS is_backfill, rs, re
+        SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot AS is_backfill, request_gpus, rs, re
         FROM ranked
         WHERE rn = 1 AND rs < {e_us + look_us} AND (re IS NULL OR (re > {s_us - look_us} AND re >= rs))
         """,
@@ -955,6 +1022,8 @@ def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
                rs < {s_us} AS clipped_start, re IS NULL OR re > {e_us} AS clipped_end
         FROM _eff_jobruns_all
         WHERE rs < {e_us} AND (re IS NULL OR re > {s_us})
+          -- GPU jobs only: a run that asked for no GPU and was given none is a CPU job
+          AND (request_gpus IS NULL OR request_gpus > 0 OR nullif(trim(assigned_gpus), '') IS NOT NULL)
         """
     )
     # The runs' GPUs, split once for every run read (the users below join the window's runs).

@@ -105,3 +105,26 @@ def test_the_job_records_of_the_days_around_bound_held_idle_runs_across_midnight
         ("GPU-aaaaaaaa", "s#1.0#1", t(6, 0, 0), t(6, 0, 19, 30), 3570.0, True, False),
         ("GPU-bbbbbbbb", "s#2.0#1", t(6, 23, 40), t(7, 0, 0), 3570.0, False, True),
     ]
+
+
+def test_a_day_without_power_readings_has_no_made_up_zero_in_the_metadata(tmp_path):
+    """No power read all day: the fleet RFU and energy are unknown, so the daily table's metadata
+    leaves them out (it charted them as 0); the sample counters are there."""
+    store = Store(tmp_path / "data")
+    day = dt.date(2025, 8, 5)
+    noon = dt.datetime(2025, 8, 5, 12, tzinfo=UTC)
+    _write_inputs(store, [day], {GPU: ("s#1.0#1", noon, noon)})
+    samples = store.read_table(GPU_SAMPLES, day.isoformat())
+    samples = samples.set_column(samples.schema.get_field_index("power_w"), "power_w",
+                                 pa.nulls(samples.num_rows, pa.float64()))
+    store.write_partition(GPU_SAMPLES, day.isoformat(), samples)
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([efficiency], resources={"data_store": DataStoreResource(data_root=str(store.root))},
+                                partition_key=day.isoformat(), instance=instance)
+    assert result.success
+    (daily,) = [m for m in result.get_asset_materialization_events()
+                if m.asset_key == dg.AssetKey(["metrics", "efficiency_daily"])]
+    meta = daily.materialization.metadata
+    assert "rfu_pct_fleet" not in meta and "energy_kwh" not in meta
+    assert meta["util_pct"].value > 80
+    assert meta["samples_in_window"].value == 1440 and meta["samples_dropped_other_source"].value == 0

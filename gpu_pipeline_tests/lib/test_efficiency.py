@@ -448,6 +448,112 @@ def test_one_source_per_gpu_no_double_counting():
     assert res.counters["samples_dropped_other_source"] == 31
 
 
+@pytest.mark.parametrize("window_query", [False, True])
+def test_a_gpu_whose_sources_change_in_the_day_is_measured_by_each_where_it_reported(window_query, monkeypatch):
+    # NVML every 60 s until noon (250 W), dcgm-exporter every 15 s from noon (300 W): each hour
+    # takes the source that reported the GPU in it, so the day is whole. The two counters have
+    # different origins; across the switch the trapezoid power is used, not their difference.
+    if window_query:
+        _window_query_only(monkeypatch)
+    g = "GPU-aaaaaaaa"
+    nvml = series(g, at(0), 720, power_w=250.0, util_pct=80.0, power_limit_w=400.0,
+                  energy_mj=lambda i: 1e9 + i * 60 * 250_000.0)
+    last = nvml[-1]["energy_mj"]
+    dcgm = series(g, at(12), 4 * 3600 * 12, step_s=15, power_w=300.0, util_pct=90.0, power_limit_w=400.0,
+                  energy_mj=lambda i: last + 15 * 700_000.0 + i * 15 * 300_000.0)
+    res = run(samples_table([{**r, "source": "nvml"} for r in nvml] + [{**r, "source": "dcgm"} for r in dcgm]))
+    hours = {r["hour_start_utc"].hour: r for r in res.hourly.to_pylist()}
+    assert sorted(hours) == list(range(24))
+    assert all(r["coverage_s"] == pytest.approx(3600.0) for r in hours.values())
+    # hour 11's last minute is the trapezoid of 250 and 300 W
+    assert [hours[h]["power_w"] for h in (0, 11, 12, 23)] == pytest.approx([250.0, (59 * 250 + 275) / 60,
+                                                                            300.0, 300.0])
+    assert [hours[h]["samples"] for h in (0, 11, 12, 23)] == [60, 60, 240, 240]
+    assert hours[0]["energy_kwh"] == pytest.approx(0.25) and hours[0]["energy_source"] == "counter"
+    # 11:59 -> 12:00 joins the two sources: 60 s at the trapezoid's 275 W, not the 700 W the
+    # counters' difference would say
+    assert hours[11]["energy_kwh"] == pytest.approx((59 * 60 * 250 + 60 * 275) / 3.6e6)
+    assert hours[11]["energy_source"] == "mixed"
+    assert res.counters["samples_dropped_other_source"] == 0
+    (daily,) = [r for r in res.daily.to_pylist() if r["device_name"] == "ALL"]
+    assert daily["gpu_hours_sampled"] == pytest.approx(24.0)
+
+
+def test_both_sources_all_day_take_one_per_hour_never_both():
+    # nvidia-smi every 30 s and DCGM every 60 s all day: each hour uses the denser one alone
+    g = "GPU-aaaaaaaa"
+    rows = series(g, at(0), 2880, step_s=30, power_w=200.0, util_pct=90.0)
+    rows += [{**r, "source": "dcgm"} for r in series(g, at(0), 1440, power_w=260.0)]
+    res = run(samples_table(rows))
+    assert {r["power_w"] for r in res.hourly.to_pylist()} == {200.0}
+    assert {r["samples"] for r in res.hourly.to_pylist()} == {120}
+    assert res.counters["samples_dropped_other_source"] == 1440
+
+
+def test_a_change_of_logging_interval_leaves_no_gaps_and_a_hole_stays_a_hole():
+    # 60 s until 15:00, 10 s after: the median of the day is 10 s, yet the 60 s hours are each
+    # whole (their own cadence is 60 s). A 20-minute hole at 05:20 is still a hole, and an hour of
+    # three scattered samples (20:00, 20:20, 20:40; too few intervals for a cadence of its own) is
+    # judged against the GPU's 10 s.
+    g = "GPU-aaaaaaaa"
+    rows = [r for r in series(g, at(0), 900, power_w=300.0, util_pct=90.0)
+            if not at(5, 20) < r["sample_utc"] < at(5, 40)]
+    rows += [r for r in series(g, at(15), 6 * 3600 * 9, step_s=10, power_w=300.0, util_pct=90.0)
+             if r["sample_utc"].hour != 20 or r["sample_utc"] in (at(20), at(20, 20), at(20, 40))]
+    res = run(samples_table(rows))
+    hours = {r["hour_start_utc"].hour: r for r in res.hourly.to_pylist()}
+    assert hours[10]["coverage_s"] == pytest.approx(3600.0) and hours[10]["energy_kwh"] == pytest.approx(0.3)
+    assert hours[14]["coverage_s"] == pytest.approx(3600.0) and hours[16]["coverage_s"] == pytest.approx(3600.0)
+    assert hours[5]["coverage_s"] == pytest.approx(2400.0)
+    assert hours[20]["coverage_s"] == pytest.approx(0.0) and hours[20]["samples"] == 3
+    assert hours[19]["coverage_s"] == pytest.approx(3600.0)  # up to 20:00, 10 s after 19:59:50
+    # the hole, and the three silences after hour 20's scattered samples
+    assert res.counters["gaps_over_3x_cadence"] == 1 + 3
+
+
+def test_a_counter_that_stops_while_the_board_draws_power_is_not_read_as_no_energy():
+    g = "GPU-aaaaaaaa"
+    frozen = series(g, at(10), 61, power_w=300.0, util_pct=90.0, energy_mj=5e9)
+    r = hour_row(run(samples_table(frozen)), g, 10)
+    assert (r["energy_kwh"], r["energy_source"]) == (pytest.approx(0.3), "power")
+    # at 0 W a still counter is right, and is read
+    off = series(g, at(10), 61, power_w=0.0, util_pct=0.0, energy_mj=5e9)
+    r = hour_row(run(samples_table(off)), g, 10)
+    assert (r["energy_kwh"], r["energy_source"]) == (0.0, "counter")
+
+
+def test_the_same_sample_under_two_host_names_is_counted_once():
+    # one exporter scraped by two jobs whose instance labels differ: the clean key (with the host)
+    # keeps both rows; efficiency reads each (GPU, time) once
+    g = "GPU-aaaaaaaa"
+    one = series(g, at(10), 61, power_w=40.0, util_pct=0.0, power_limit_w=400.0)
+    rows = [{**r, "host": "node1"} for r in one] + [{**r, "host": "node1:9400"} for r in one]
+    states = states_table([(g, at(9), at(12), "busy_shared", "s#1.0#1")])
+    jobs = jobs_table([{"global_job_id": "s#1.0#1", "run_start_utc": at(10), "run_end_utc": at(11),
+                        "assigned_gpus": g}])
+    res = run(samples_table(rows), states=states, jobs=jobs)
+    r = hour_row(res, g, 10)
+    assert (r["samples"], r["coverage_s"]) == (60, 3600.0)
+    assert res.jobs["samples"].to_pylist() == [60]
+    assert res.held_idle["samples"].to_pylist() == [60]
+    assert res.counters["duplicate_samples_dropped"] == 61
+    assert res.counters["samples_dropped_other_source"] == 0
+
+
+def test_a_cpu_job_has_no_job_efficiency_row():
+    g = "GPU-aaaaaaaa"
+    jobs = jobs_table([
+        {"global_job_id": "s#1.0#1", "run_start_utc": at(10), "run_end_utc": at(11), "assigned_gpus": g,
+         "request_gpus": 1.0},
+        {"global_job_id": "s#2.0#1", "run_start_utc": at(10), "run_end_utc": at(11), "request_gpus": 0.0},
+        # RequestGPUs unknown and no GPU list: kept, as a GPU job without telemetry
+        {"global_job_id": "s#3.0#1", "run_start_utc": at(10), "run_end_utc": at(11)},
+    ])
+    res = run(samples_table(series(g, at(10), 61, power_w=300.0, util_pct=90.0)), jobs=jobs)
+    assert res.jobs["global_job_id"].to_pylist() == ["s#1.0#1", "s#3.0#1"]
+    assert res.counters["job_runs_without_telemetry"] == 1
+
+
 def test_job_metrics_over_two_gpus_by_hand():
     # GPU1 300 W of 400 at 90 %, GPU2 200 W of 400 at 50 %, both all hour long:
     # util 70, power 250, PIF (0.75 + 0.5) / 2 = 0.625, RFU 62.5 -> Moderate; energy 0.5 kWh

@@ -1,9 +1,9 @@
 """clean_samples: range quarantine, duplicate keys, output order; and the sort helper it uses."""
 
 import datetime as dt
-import math
 import hashlib
 import json
+import math
 import threading
 from pathlib import Path
 

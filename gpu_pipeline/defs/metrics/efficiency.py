@@ -31,6 +31,9 @@ from gpu_pipeline.lib.store import connect
 
 SPECS = (GPU_HOURLY_EFFICIENCY, JOB_EFFICIENCY, HELD_IDLE_INTERVALS, EFFICIENCY_DAILY)
 KEYS = [table_key(s) for s in SPECS]
+#: The samples the day's figures left out, and why; in the daily table's metadata.
+SAMPLE_COUNTERS = ("samples_in_window", "samples_dropped_other_source", "duplicate_samples_dropped",
+                   "mig_samples_skipped", "gaps_over_3x_cadence")
 DEPS = [SAMPLES_KEY, STATES_KEY, JOBS_KEY]
 SUBSET = dg.AssetCheckSpec(
     "gpus_subset_of_snapshots", asset=KEYS[0],
@@ -71,8 +74,10 @@ def efficiency(context: dg.AssetExecutionContext, data_store: DataStoreResource)
         finally:
             con.close()
         daily_all = [r for r in res.daily.to_pylist() if r["device_name"] == "ALL"]
-        kpis = {"rfu_pct_fleet": daily_all[0]["rfu_pct_fleet"] or 0.0, "util_pct": daily_all[0]["util_pct"] or 0.0,
-                "energy_kwh": daily_all[0]["energy_kwh"] or 0.0} if daily_all else {}
+        # an unknown figure (no power read all day) is left out, not charted as 0
+        kpis = {k: daily_all[0][k] for k in ("rfu_pct_fleet", "util_pct", "energy_kwh")
+                if daily_all and daily_all[0][k] is not None}
+        kpis.update({k: res.counters[k] for k in SAMPLE_COUNTERS})
         tables = (res.hourly, res.jobs, res.held_idle, res.daily)
         return {key: outcome(day, store.write_partition(spec, day, t), t, **(kpis if spec is EFFICIENCY_DAILY else {}))
                 for key, spec, t in zip(KEYS, SPECS, tables, strict=True)}
