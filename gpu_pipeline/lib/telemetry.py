@@ -1664,15 +1664,22 @@ _AHEAD = 0
 _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
+_ROTATION_NUMBER = re.compile(r"\.[0-9]+$")
+
+
 def _host_files(host_dir: Path, suffix: str, counters: Counter[str]) -> list[Path]:
-    """A host folder's files of one kind: ``*<suffix>``, and ``*<suffix>.gz`` / ``*<suffix>.zst``
-    (compressed by a log rotation), in name order. While a rotation compresses a file, the file and
-    its compressed copy may both be there (the copy perhaps unfinished): the file is read, the copy
-    skipped and counted (``compressed_twins_skipped``)."""
+    """A host folder's files of one kind: ``*<suffix>``, ``*<suffix>.gz`` / ``*<suffix>.zst``
+    (compressed by a log rotation), and ``*<suffix>.N`` (``.gz``/``.zst``) as a rotation without
+    dates names them, the suffix in any case, in name order. While a rotation compresses a file,
+    the file and its compressed copy may both be there (the copy perhaps unfinished): the file is
+    read, the copy skipped and counted (``compressed_twins_skipped``). Any other file in the folder
+    (``.xz``, a note) is counted (``files_not_recognized``), so that samples do not vanish unseen."""
     def text_name(path: Path) -> str:  # the name without the codec's suffix
         return path.name[: -len(path.suffix)] if compression_of(path) else path.name
 
-    found = sorted(p for p in host_dir.glob("*") if text_name(p).endswith(suffix))
+    entries = sorted(p for p in host_dir.glob("*") if p.is_file())
+    found = [p for p in entries if _ROTATION_NUMBER.sub("", text_name(p)).lower().endswith(suffix)]
+    counters["files_not_recognized"] += len(entries) - len(found)
     plain = {p.name for p in found if not compression_of(p)}
     files = []
     for path in found:
@@ -1791,8 +1798,10 @@ def read_telemetry_dir(
     outside the window, so that no row of it can be in the window. A scan of its bytes reads its
     timestamps (:func:`dcgm_sample_times`, or the local dates of :func:`nvidia_smi_sample_dates`),
     else the fast path does as far as its timestamps. A file neither can read is parsed in full, so
-    no in-window sample is ever lost. The quarantined lines of a skipped file are reported by the
-    windows of the dates it is named for. Files are parsed on a few threads, the files of the fast
+    no in-window sample is ever lost. A dated file's quarantined lines are reported by one window
+    only, the one holding its date's local noon (a local-day file is read by two UTC days, a margin
+    file by a day beside its own: each line is counted once over consecutive days); an undated
+    file's by every window that reads it. Files are parsed on a few threads, the files of the fast
     path finished a few dozen (up to 4 MB) of one kind at a time (:meth:`_NvsmiFast.finish_many`,
     :meth:`_DcgmFast.finish_many`); the result is the same as one file at a time (one 10,000-GPU day,
     2,051 files: 5.3-6.7 -> 3.5-4.4 s on two threads). DCGM samples without a timestamp get the file's mtime.
@@ -1852,6 +1861,14 @@ class TelemetryDir:
                         self.counters["files_outside_window"] += 1
                         continue
                     self.tasks.append((kind, host_dir.name, path, day))
+        # A dated file's quarantined lines are this window's only when it holds the file's day's
+        # local noon: one window of a run of consecutive days reads them, however many read the
+        # file (a local-day file is read by two UTC days; a margin file by the day after).
+        self._quarantine_here = {
+            task[2].relative_to(root).as_posix(): task[3] is None or self._lo_us <= epoch_us(
+                dt.datetime.combine(task[3], dt.time(12), zone)) < self._hi_us
+            for task in self.tasks
+        }
         on_disk = [task[2].stat().st_size for task in self.tasks]
         #: per file, its text's size (a compressed file's estimated: :func:`text_bytes_estimate`)
         self.sizes = [text_bytes_estimate(task[2], n) for task, n in zip(self.tasks, on_disk, strict=True)]
@@ -1949,7 +1966,8 @@ class TelemetryDir:
                     self.files.extend(rels)
                     self.fast_parsed += part.fast_parsed
                     self.counters.update({f"{kind}:{k}": v for k, v in part.counters.items()})
-                    self.quarantine.extend(part.quarantine)
+                    self.quarantine.extend(q for q in part.quarantine
+                                           if self._quarantine_here.get(q.source_file, True))
                     # kept to the window part by part (a margin file's rows outside it are let go here)
                     ts = part.table.column("sample_utc")
                     inside = pc.and_(pc.greater_equal(ts, lo_s), pc.less(ts, hi_s))

@@ -110,6 +110,18 @@ def test_telemetry_full_day_passes_coverage_and_range(tmp_path, store_res):
     assert checks == {"has_samples": True, "coverage": True, "values_in_range": True, "unique_sample_key": True}
 
 
+def test_a_telemetry_file_the_reader_cannot_take_is_named_in_the_metadata(tmp_path, store_res):
+    host = tmp_path / "tel" / "nvidia-smi" / "gpu01"
+    nvsmi_log(host / "nvidia-smi-2025-08-05.csv", dt.datetime(2025, 8, 5), 24 * 60)
+    (host / "nvidia-smi-2025-08-04.csv.xz").write_bytes(b"\xfd7zXZ\x00")
+    res = {"data_store": store_res, "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"))}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([gpu_telemetry], resources=res, partition_key=DAY, instance=instance)
+    (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
+    assert mat.metadata["files_not_recognized"].value == 1
+    assert mat.metadata["samples"].value == 24 * 60 * 2  # every 30 s
+
+
 def test_telemetry_gap_fails_coverage_and_blocks(tmp_path, store_res):
     # samples only for the first 6 hours of the day: coverage 25 % < 80 %
     nvsmi_log(tmp_path / "tel" / "nvidia-smi" / "gpu01" / "nvidia-smi-2025-08-05.csv",

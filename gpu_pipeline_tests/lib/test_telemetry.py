@@ -4,6 +4,7 @@ directory reader and the simulator's output."""
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import math
 import os
 import re
@@ -606,6 +607,7 @@ def test_read_telemetry_dir_window_hosts_and_order(tmp_path):
     assert result.files == ["nvidia-smi/gpu-a100-01.example.edu/nvidia-smi-2026-07-14.csv",
                             "dcgm/gpu-a100-02.example.edu/dcgm-2026-07-14.prom"]
     assert result.counters["files_outside_window"] == 1
+    assert result.counters["files_not_recognized"] == 1  # notes.txt
     got = [(r["sample_utc"], r["host"], r["gpu_id"]) for r in rows(result)]
     assert got == sorted(got)
     nvsmi = [g for g in got if g[1] == "gpu-a100-01.example.edu"]
@@ -619,6 +621,57 @@ def test_read_telemetry_dir_window_hosts_and_order(tmp_path):
         "dcgm/gpu-a100-02.example.edu/dcgm-2026-07-14.prom"}
     assert len(result.quarantine) == 5
     assert set(result.table.column("source_file").to_pylist()) == set(result.files)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_files_quarantined_lines_are_reported_by_one_day_of_those_that_read_it(tmp_path, fast):
+    """A local-day nvidia-smi file (America/Chicago) is read by two UTC days, and a file rolled late
+    is read as a margin file by the day after its own: each quarantined line is in one day's result
+    (it was in both, so a week's sum counted it twice)."""
+    uuid = "GPU-0667ce7c-1111-2222-3333-444455556666"
+    host = tmp_path / "nvidia-smi" / "n1"
+    host.mkdir(parents=True)
+    (host / "nvidia-smi-2025-07-14.csv").write_text(
+        "timestamp, index, name, uuid, utilization.gpu [%]\n"
+        f"2025/07/14 10:00:00.000, 0, X, {uuid}, 5 %\n"  # 15:00 UTC on the 14th
+        f"2025/07/14 12:00:00.000, 0, X, {uuid}, garbage\n"
+        f"2025/07/14 22:00:00.000, 0, X, {uuid}, 7 %\n")  # 03:00 UTC on the 15th
+
+    def lines(day: int, zone: str) -> list[tuple[int, int]]:
+        r = read_telemetry_dir(tmp_path, utc(2025, 7, day), utc(2025, 7, day + 1), zone, fast=fast)
+        return [(r.rows, q.line_number) for q in r.quarantine] or [(r.rows, None)]
+
+    assert [lines(d, "America/Chicago") for d in (13, 14, 15)] == [[(0, None)], [(1, 3)], [(1, None)]]
+    (host / "nvidia-smi-2025-07-14.csv").write_text(
+        "timestamp, index, name, uuid, utilization.gpu [%]\n"
+        f"2025/07/14 10:00:00.000, 0, X, {uuid}, 5 %\n"
+        f"2025/07/14 12:00:00.000, 0, X, {uuid}, garbage\n"
+        f"2025/07/15 00:00:10.000, 0, X, {uuid}, 7 %\n")  # after midnight: the 15th reads the file
+    assert [lines(d, "UTC") for d in (14, 15)] == [[(1, 3)], [(1, None)]]
+
+
+def test_numbered_rotations_are_read_and_unknown_files_counted(tmp_path):
+    """logrotate without dates names its files ``.1``, ``.2.gz``: they are read (their names carry
+    no date, so every window reads them and keeps its own rows); a file the reader cannot take
+    (``.xz``) is counted, not skipped unseen."""
+    uuid = "GPU-0667ce7c-1111-2222-3333-444455556666"
+    host = tmp_path / "nvidia-smi" / "n1"
+    host.mkdir(parents=True)
+
+    def log(minute: int) -> str:
+        return (f"timestamp, index, name, uuid, utilization.gpu [%]\n"
+                f"2025/07/14 10:{minute:02d}:00.000, 0, X, {uuid}, {minute} %\n")
+
+    (host / "nvidia-smi.csv").write_text(log(3))
+    (host / "nvidia-smi.csv.1").write_text(log(2))
+    (host / "nvidia-smi.csv.2.gz").write_bytes(gzip.compress(log(1).encode()))
+    (host / "NVIDIA-SMI-OLD.CSV").write_text(log(0))
+    (host / "nvidia-smi.csv.3.xz").write_bytes(b"\xfd7zXZ\x00")
+    r = read_telemetry_dir(tmp_path, utc(2025, 7, 14), utc(2025, 7, 15), "UTC")
+    assert [row["util_pct"] for row in rows(r)] == [0.0, 1.0, 2.0, 3.0]
+    assert sorted(r.files) == ["nvidia-smi/n1/NVIDIA-SMI-OLD.CSV", "nvidia-smi/n1/nvidia-smi.csv",
+                               "nvidia-smi/n1/nvidia-smi.csv.1", "nvidia-smi/n1/nvidia-smi.csv.2.gz"]
+    assert r.counters["files_not_recognized"] == 1
 
 
 def test_read_telemetry_dir_empty_and_bad_window(tmp_path):

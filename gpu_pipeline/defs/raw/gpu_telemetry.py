@@ -58,7 +58,13 @@ def gpu_telemetry(
         # kept with the file's digest: the coverage metric reads it back for the clean copy of these bytes
         cov = partition_coverage(store, SPEC, day, TELEMETRY_TIME, list(TELEMETRY_SERIES), start, end)
         covs[day] = cov.coverage
-        metrics = {"samples": result.rows, "lines_quarantined": quarantine.num_rows}
+        # files in the host folders that are no telemetry file this reads (an .xz, a note): named,
+        # not skipped unseen
+        unread = int(stream.counters.get("files_not_recognized", 0))
+        if unread:
+            context.log.warning(f"{day}: {unread} file(s) in the telemetry host folders are not read "
+                                "(not *.csv / *.prom, optionally .N, .gz or .zst)")
+        metrics = {"samples": result.rows, "lines_quarantined": quarantine.num_rows, "files_not_recognized": unread}
         metrics.update(cov.as_metadata("telemetry"))
         return DayOutcome(day=day, result=result, metrics=metrics, details={"files": len(stream.files)})
 
