@@ -54,14 +54,20 @@ def prom_number(token: str) -> float:
         return float(token)
 
 
+def _tokens(text: str) -> list[str]:
+    """``text`` split at spaces and tabs only, as the exposition parser splits a line (``str.split()``
+    would also split at a no-break space, which the parser does not take for a separator)."""
+    return [t for t in text.replace("\t", " ").split(" ") if t]
+
+
 def split_sample_line(line: str) -> tuple[str, float, float | None] | None:
     """``(series, value, timestamp in seconds)`` of a stripped line ``<series> <value> [<ms>]``, the
     numbers read by :func:`prom_number`; ``None`` for any other shape."""
     brace = line.rfind("}")
     if brace >= 0:
-        series, rest = line[: brace + 1], line[brace + 1:].split()
+        series, rest = line[: brace + 1], _tokens(line[brace + 1:])
     else:
-        parts = line.split()
+        parts = _tokens(line)
         series, rest = parts[0], parts[1:]
     if len(rest) not in (1, 2):
         return None

@@ -276,11 +276,13 @@ def _source_lines(path_or_text: str | Path) -> tuple[Callable[[], Iterator[str]]
     if isinstance(source, Path):
 
         def from_file() -> Iterator[str]:
-            with io.TextIOWrapper(_open_binary(source), encoding="utf-8", errors="replace", newline="") as fh:
+            # utf-8-sig: a byte-order mark (a log written by a Windows tool) is not part of the header
+            with io.TextIOWrapper(_open_binary(source), encoding="utf-8-sig", errors="replace", newline="") as fh:
                 yield from fh
 
         return from_file, str(source)
-    return (lambda: iter(io.StringIO(source, newline=""))), None
+    text = source.removeprefix("\ufeff")
+    return (lambda: iter(io.StringIO(text, newline=""))), None
 
 
 def _finish(columns: dict[str, list], quarantine: list[QuarantinedLine], counters: Counter[str],

@@ -508,6 +508,35 @@ def test_dcgm_fast_and_whole_file_paths_agree_on_our_fixture():
     assert fast.quarantine == whole.quarantine
 
 
+@pytest.mark.parametrize("kw", [{}, {"fast": False}, {"whole_file": True}])
+def test_a_no_break_space_is_no_separator_on_any_path(kw):
+    """The exposition parser splits a line at spaces and tabs only: a value and timestamp joined by
+    a no-break space is a bad line on every path (the line path split it and read the value)."""
+    text = (f'DCGM_FI_DEV_GPU_UTIL{{UUID="{U0}"}} 38 1752480758696\n'
+            f'DCGM_FI_DEV_GPU_TEMP{{UUID="{U0}"}} 40\u00a01752480758696\n')
+    r = parse_dcgm_text(text, **kw)
+    assert r.table.column("temp_c").to_pylist() == [None]
+    assert r.table.column("util_pct").to_pylist() == [38.0]
+    assert [q.line_number for q in r.quarantine] == [2]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_byte_order_mark_is_not_part_of_the_header(tmp_path, fast):
+    """A log written by a Windows tool may begin with a UTF-8 byte-order mark: the header is read
+    (with the mark on its first cell, the header was not recognised and every line quarantined)."""
+    csv = ("\ufefftimestamp, index, name, uuid, utilization.gpu [%]\n"
+           + f"2026/07/14 08:12:38.696, 0, X, {U0}, 5 %\n" * 3)
+    prom = f'\ufeff# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\nDCGM_FI_DEV_GPU_UTIL{{UUID="{U0}"}} 38 1752480758696\n'
+    (tmp_path / "log.csv").write_text(csv, encoding="utf-8")
+    (tmp_path / "scrape.prom").write_text(prom, encoding="utf-8")
+    for source in (csv, tmp_path / "log.csv"):
+        r = parse_nvidia_smi_csv(source, "UTC", host="h", fast=fast)
+        assert (r.rows, r.quarantine) == (3, [])
+    for source in (prom, tmp_path / "scrape.prom"):
+        r = parse_dcgm_text(source, fast=fast)
+        assert (r.table.column("util_pct").to_pylist(), r.quarantine) == ([38.0], [])
+
+
 def test_dcgm_host_argument_wins_and_default_time_applies_only_without_timestamps():
     text = (
         '# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n'
