@@ -12,9 +12,10 @@ stale when a neighbour is re-materialized.
 ``neighbour_days_rerun`` (a sensor, stopped by default) does it instead. On each tick it reads the
 materializations recorded since its cursor of every asset that a neighbour reads. For each one, of
 asset U on day P, and each asset A that reads U at an offset k (A on day P - k reads U on P), it
-compares A's latest materialization of day P - k with U's: when A's is older, that day of A read
-the U that was replaced, and the sensor asks for one run of A and everything downstream of it, on
-that day. Days of A never materialized are left alone (nothing to refresh). The re-runs go on
+compares A's latest materialization of day P - k with U's: when U's came after the start of the
+step that made A's (or, in the same run, after A's own record), that day of A read the U that was
+replaced, or may have (a run of another day can replace U while A's step is going), and the
+sensor asks for one run of A and everything downstream of it, on that day. Days of A never materialized are left alone (nothing to refresh). The re-runs go on
 from day to day as far as the reads do (the sensor does not compare contents): a re-run of the
 states of D makes D+1's availability and evictions stale, and the next tick re-runs those; a
 re-run of D's availability periods makes the week after's summaries stale (a summary reads a week
@@ -69,7 +70,8 @@ NEIGHBOUR_READS: dict[dg.AssetKey, dict[dg.AssetKey, tuple[int, ...]]] = {
     BUCKETS_KEY: {SLOTS_KEY: (-1,)},
     DAILY_KEY: {SLOTS_KEY: (-1,)},
     PERIODS_KEY: {STATES_KEY: (-1,)},
-    SUMMARY_KEY: {PERIODS_KEY: tuple(range(-LOOKBACK_DAYS, 0))},
+    # the summary computes its own day's periods from the states of the day and the day before
+    SUMMARY_KEY: {PERIODS_KEY: tuple(range(-LOOKBACK_DAYS, 0)), STATES_KEY: (-1,)},
     EVICTIONS_KEY: _EVICTIONS_READ,
     RATES_KEY: _EVICTIONS_READ,
     **{key: _EFFICIENCY_READ for key in EFFICIENCY_KEYS},
@@ -142,17 +144,46 @@ def stale_days(instance: dg.DagsterInstance, after: int,
     for record in taken:
         for reader, k in readers[record.asset_key]:
             wanted.setdefault(reader, set()).add(_shift(record.partition_key, -k))
-    latest = {reader: instance.get_latest_storage_id_by_partition(
-        reader, dg.DagsterEventType.ASSET_MATERIALIZATION, partitions=days) for reader, days in wanted.items()}
+    latest = {reader: _latest_reads(instance, reader, days) for reader, days in wanted.items()}
     stale: dict[str, dict[dg.AssetKey, int]] = {}
     for record in taken:
         for reader, k in readers[record.asset_key]:
             target = _shift(record.partition_key, -k)
             mine = latest[reader].get(target)
-            if mine is not None and mine < record.storage_id:  # that day read the replaced partition
+            if mine is None:
+                continue
+            run_id, written, read_from = mine
+            # In one run the reader's step comes after the step that wrote what it reads (the range
+            # run's order): its record after that one's is enough. Another run's write counts from
+            # the start of the reader's step: a run that replaced the partition while the reader's
+            # step was going (runs of other days run side by side) may have come after its read.
+            since = written if run_id == record.run_id else read_from
+            if since < record.storage_id:  # that day read the replaced partition
                 day = stale.setdefault(target, {})
                 day[reader] = max(record.storage_id, day.get(reader, 0))
     return stale, cursor
+
+
+def _latest_reads(instance: dg.DagsterInstance, reader: dg.AssetKey, days: Iterable[str],
+                  ) -> dict[str, tuple[str, int, int]]:
+    """Day -> (run id, storage id, and the storage id of its step's start) of ``reader``'s latest
+    materialization of that day; the start is the materialization's own id where the run's events
+    do not give it (a materialization reported outside a run)."""
+    ids = instance.get_latest_storage_id_by_partition(
+        reader, dg.DagsterEventType.ASSET_MATERIALIZATION, partitions=set(days))
+    if not ids:
+        return {}
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=reader, storage_ids=list(ids.values())), limit=len(ids)).records
+    starts: dict[str, dict[str | None, int]] = {}
+    out = {}
+    for r in records:
+        if r.run_id not in starts:
+            starts[r.run_id] = {e.event_log_entry.step_key: e.storage_id for e in instance.get_records_for_run(
+                r.run_id, of_type=dg.DagsterEventType.STEP_START).records}
+        step = r.event_log_entry.step_key
+        out[r.partition_key] = (r.run_id, r.storage_id, starts[r.run_id].get(step, r.storage_id))
+    return out
 
 
 def _latest_storage_id(instance: dg.DagsterInstance, keys: Iterable[dg.AssetKey]) -> int:

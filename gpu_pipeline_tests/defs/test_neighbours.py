@@ -166,3 +166,35 @@ def test_the_declared_neighbour_reads_are_the_other_days_each_asset_reads(loaded
                 for up, offsets in neighbours.NEIGHBOUR_READS.get(k, {}).items():
                     declared.setdefault(up, set()).update(offsets)
             assert read == declared, _names(assets_def.keys)
+
+
+def test_a_neighbour_replaced_while_the_reading_step_was_going_reruns_it(loaded_defs, pipeline_env, monkeypatch):
+    """Runs of different days run side by side: the allocation of the middle day reads the first
+    day's slots, and while its step is going another run replaces those slots and finishes first.
+    The allocation's record then comes after the slots' record, yet it read the old file: the sensor
+    compares with the start of the reading step, and asks for the re-run (it did not)."""
+    defs = loaded_defs
+    slots = dg.AssetKey(["clean", "slot_snapshots"])
+    allocation = [dg.AssetKey(["metrics", "allocation_buckets"]), dg.AssetKey(["metrics", "allocation_daily"])]
+    real = Store.partition_file
+    with dg.instance_for_test() as instance:
+        _range_run(defs, instance)
+        start = _tick(defs, instance, None).cursor
+        replaced = []
+
+        def read_then_replaced(self, spec, day):
+            path = real(self, spec, day)
+            if spec.path == "clean/slot_snapshots" and str(day) == DAYS[0] and not replaced:
+                replaced.append(True)  # the allocation has read the old file: now the other run
+                _run(defs, instance, DAYS[0], [slots])
+            return path
+
+        monkeypatch.setattr(Store, "partition_file", read_then_replaced)
+        _run(defs, instance, DAYS[1], allocation)
+        monkeypatch.setattr(Store, "partition_file", real)
+        assert replaced
+        (slot_record,) = instance.fetch_materializations(slots, limit=1).records
+        (alloc_record,) = instance.fetch_materializations(allocation[0], limit=1).records
+        assert alloc_record.storage_id > slot_record.storage_id  # recorded after, but read before
+        asked = _stale_over_ticks(defs, instance, start)
+        assert {"metrics/allocation_buckets", "metrics/allocation_daily"} <= asked[DAYS[1]]
