@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections.abc import Iterable, Mapping
 
 import dagster as dg
@@ -57,6 +56,7 @@ from gpu_pipeline.defs.metrics.evictions import EVICTIONS_KEY, RATES_KEY
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
 from gpu_pipeline.defs.partitions import daily_partitions
 from gpu_pipeline.lib.demand import JOBS_LOOKBACK_DAYS
+from gpu_pipeline.lib.envutil import whole_number_env
 
 _EVICTIONS_READ = {STATES_KEY: (-1,), JOBS_KEY: (-1,), SLOTS_KEY: (-1,)}
 _EFFICIENCY_READ = {SAMPLES_KEY: (-1, 1), STATES_KEY: (-1, 1), JOBS_KEY: (-1, 1)}
@@ -194,7 +194,7 @@ def _latest_storage_id(instance: dg.DagsterInstance, keys: Iterable[dg.AssetKey]
 @dg.sensor(
     name="neighbour_days_rerun",
     job=_jobs.daily_pipeline,
-    minimum_interval_seconds=int(os.environ.get(ENV_INTERVAL) or 300),
+    minimum_interval_seconds=whole_number_env(ENV_INTERVAL, 300, "seconds", "the daemon's own tick, 30 s") or None,
     default_status=dg.DefaultSensorStatus.STOPPED,
     description=(
         "Re-materializes a day whose neighbouring day's input was re-materialized after it (the states and "

@@ -9,17 +9,20 @@ which disables that source). See README "Configuration".
 import math
 import os
 from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
 
+from gpu_pipeline.lib.envutil import setting_number
 from gpu_pipeline.lib.es_source import EsConfig
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig
 from gpu_pipeline.lib.store import Store
 
 
 def optional_env(name: str, default: str = "") -> str:
-    """``dg.EnvVar(name)`` when the variable is set, else ``default`` (the source stays off)."""
-    return dg.EnvVar(name) if name in os.environ else default
+    """``dg.EnvVar(name)`` when the variable is set, else ``default`` (the source stays off). A
+    blank value (a ``.env`` line ``NAME=``) is unset: it gets the default, not an empty setting."""
+    return dg.EnvVar(name) if (os.environ.get(name) or "").strip() else default
 
 
 class DataStoreResource(dg.ConfigurableResource):
@@ -82,7 +85,7 @@ class JobRecordsResource(dg.ConfigurableResource):
             password=self.es_password or None,
             verify_certs=self.es_verify_certs.strip().lower() not in {"0", "false", "no", "off"},
             ca_certs=self.es_ca_certs or None,
-            request_timeout=float(self.es_timeout_s),
+            request_timeout=setting_number("GPU_PIPELINE_ES_TIMEOUT_S", self.es_timeout_s, positive=True),
         )
 
 
@@ -124,7 +127,7 @@ class TelemetryResource(dg.ConfigurableResource):
             password=self.prometheus_password or None,
             ca_file=self.prometheus_ca_file or None,
             verify_tls=self.prometheus_verify_tls.strip().lower() not in {"0", "false", "no", "off"},
-            step_s=float(self.prometheus_step_s),
+            step_s=setting_number("GPU_PIPELINE_PROMETHEUS_STEP_S", self.prometheus_step_s, positive=True),
             extra_selector=self.prometheus_selector,
         )
 
@@ -161,8 +164,21 @@ class KueueResource(dg.ConfigurableResource):
         return value
 
 
+def _check_zone(name: str) -> None:
+    """A time zone variable that is set must name an IANA zone: said when the definitions load,
+    naming the variable (at run time every day failed with the bare key)."""
+    text = (os.environ.get(name) or "").strip()
+    if text:
+        try:
+            ZoneInfo(text)
+        except (ValueError, ZoneInfoNotFoundError):
+            raise ValueError(f"{name}={text!r}: not an IANA time zone (e.g. UTC, America/Chicago)") from None
+
+
 @dg.definitions
 def resources() -> dg.Definitions:
+    for name in ("GPU_PIPELINE_SOURCE_TZ", "GPU_PIPELINE_TELEMETRY_TZ"):
+        _check_zone(name)
     source_tz = optional_env("GPU_PIPELINE_SOURCE_TZ", "UTC")
     return dg.Definitions(
         resources={

@@ -33,3 +33,18 @@ def whole_number_env(name: str, default: int, unit: str, zero: str,
     if value < 0:
         raise ValueError(f"{name}={text!r}: negative (0: {zero})")
     return value
+
+
+def setting_number(name: str, text: str | int | float, *, whole: bool = False, positive: bool = False) -> float:
+    """A resource setting's value (``text``, as its variable ``name`` gave it) as a number: a whole
+    number >= 0 when ``whole``, a number > 0 when ``positive``; anything else raises ValueError
+    naming the variable and its value (``int('7d')`` named neither)."""
+    raw = str(text).strip()
+    kind = "a whole number >= 0" if whole else ("a number > 0" if positive else "a number")
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected {kind}") from None
+    if (whole and value < 0) or (positive and not value > 0) or value != value or value in (float("inf"),):
+        raise ValueError(f"{name}={raw!r}: expected {kind}")
+    return value

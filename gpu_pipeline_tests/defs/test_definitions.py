@@ -260,3 +260,53 @@ def test_the_max_runtime_of_scheduled_runs_is_read_from_its_variable():
     for bad in ("1.5h", "-60"):
         with pytest.raises(ValueError, match=ENV_MAX_RUNTIME):
             max_runtime_tags({ENV_MAX_RUNTIME: bad})
+
+
+_LOAD = ("import dagster as dg\n"
+         "from gpu_pipeline.definitions import defs\n"
+         "from gpu_pipeline.defs.common import window\n"
+         "from gpu_pipeline.defs.partitions import TIMEZONE\n"
+         "d = defs()\n"
+         "print('loaded', TIMEZONE, window('2025-08-05')[0].isoformat(),\n"
+         "      d.resolve_job_def('daily_pipeline').executor_def.name)\n")
+
+
+@pytest.mark.parametrize(("variables", "expected"), [
+    # a blank line in .env is the default, not an empty zone that every run failed on
+    ({"GPU_PIPELINE_TIMEZONE": "", "GPU_PIPELINE_START_DATE": " "}, "loaded UTC 2025-08-05T00:00:00+00:00"),
+    ({"GPU_PIPELINE_TIMEZONE": "America/Chicgo"}, "GPU_PIPELINE_TIMEZONE='America/Chicgo': not an IANA time zone"),
+    ({"GPU_PIPELINE_START_DATE": "2025-8-1x"}, "GPU_PIPELINE_START_DATE='2025-8-1x': expected a date"),
+    ({"GPU_PIPELINE_SOURCE_TZ": "Europe/Londn"}, "GPU_PIPELINE_SOURCE_TZ='Europe/Londn': not an IANA time zone"),
+    # a negative limit loaded, and the run then never started a step
+    ({"GPU_PIPELINE_EXECUTOR": "multiprocess", "GPU_PIPELINE_MAX_CONCURRENT": "-1"},
+     "GPU_PIPELINE_MAX_CONCURRENT='-1': negative"),
+    ({"GPU_PIPELINE_EXECUTOR": "multiprocess", "GPU_PIPELINE_MAX_CONCURRENT": "0"}, "multiprocess"),
+    ({"GPU_PIPELINE_NEIGHBOUR_SENSOR_INTERVAL_S": "5m"},
+     "GPU_PIPELINE_NEIGHBOUR_SENSOR_INTERVAL_S='5m': expected a whole number of seconds"),
+])
+def test_the_structural_variables_are_checked_when_the_definitions_load(variables, expected, tmp_path):
+    """As an operator's ``.env`` gives them, in a fresh interpreter (they are read at import)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_PIPELINE_")}
+    env.update({"GPU_PIPELINE_DATA_ROOT": str(tmp_path), **variables})
+    done = subprocess.run([sys.executable, "-c", _LOAD], env=env, capture_output=True, text=True, timeout=300)
+    assert expected in done.stdout + done.stderr, done.stderr[-2000:]
+    assert (done.returncode == 0) == expected.startswith(("loaded", "multiprocess"))
+
+
+def test_resource_numbers_and_blank_variables(monkeypatch):
+    from gpu_pipeline.defs.resources import optional_env
+    from gpu_pipeline.lib.envutil import setting_number
+
+    monkeypatch.setenv("GPU_PIPELINE_ES_TIMEOUT_S", "  ")
+    assert optional_env("GPU_PIPELINE_ES_TIMEOUT_S", "30") == "30"  # blank is unset
+    monkeypatch.setenv("GPU_PIPELINE_ES_TIMEOUT_S", "45")
+    assert isinstance(optional_env("GPU_PIPELINE_ES_TIMEOUT_S", "30"), dg.EnvVar)
+    assert setting_number("X", " 7 ", whole=True) == 7 and setting_number("X", "2.5", positive=True) == 2.5
+    for text, kw in (("7d", {"whole": True}), ("-1", {"whole": True}), ("0", {"positive": True}),
+                     ("nan", {"positive": True}), ("inf", {"positive": True}), ("1.5", {"whole": True})):
+        with pytest.raises(ValueError, match=f"GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS='{text}'"):
+            setting_number("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", text, **kw)
