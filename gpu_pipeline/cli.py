@@ -153,7 +153,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     write_terapixel_sample(base / "sources" / "terapixel", day_window(end, DEMO_TZ)[0], hosts=4, hours=24, seed=args.seed)
     env = demo_env(base, start)
     prepare_dagster_home(Path(env["DAGSTER_HOME"]))
-    os.environ.update(env)
+    _use_only(env)
     (base / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     print(f"Materializing every daily asset for {start} .. {end} through Dagster (one range run)")
     ok = run_pipeline(start, end)
@@ -176,14 +176,27 @@ def _print_outputs(root: Path) -> None:
             print(f"  {layer.name}/{table.name}: {len(parts)} day(s)")
 
 
+def _use_only(env: dict[str, str]) -> None:
+    """Set ``env`` and unset every other ``GPU_PIPELINE_`` variable: a demo directory's settings
+    are the whole configuration (a shell's ``GPU_PIPELINE_ES_HOSTS`` pointed the demo's run at a
+    real Elasticsearch instead of its job files)."""
+    dropped = sorted(k for k in os.environ if k.startswith("GPU_PIPELINE_") and k not in env)
+    for key in dropped:
+        del os.environ[key]
+    if dropped:
+        print(f"ignoring {', '.join(dropped)} from the environment: the demo directory configures this run",
+              file=sys.stderr)
+    os.environ.update(env)
+
+
 def _load_env(dir_: str | None) -> None:
-    from dotenv import load_dotenv
+    from dotenv import dotenv_values, load_dotenv
 
     if dir_:
         env_file = Path(dir_) / ".env"
         if not env_file.is_file():
             raise SystemExit(f"{env_file}: not found (run `gpu-pipeline demo --dir {dir_}` first)")
-        load_dotenv(env_file, override=True)
+        _use_only({k: v or "" for k, v in dotenv_values(env_file).items()})
     else:
         load_dotenv(Path.cwd() / ".env", override=False)
     _apply_env_defaults()

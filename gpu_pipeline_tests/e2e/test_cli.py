@@ -106,3 +106,23 @@ def test_collect_condor_with_an_unknown_time_zone_is_a_usage_error(tmp_path):
                           timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "'Amerca/Chicago' is not a time zone" in proc.stderr and not (tmp_path / "a").exists()
+
+
+def test_a_demo_directory_is_the_whole_configuration(tmp_path, monkeypatch, capsys):
+    """Production settings in the shell do not leak into a run on a demo directory: its .env is all
+    of the GPU_PIPELINE_ variables (an exported GPU_PIPELINE_ES_HOSTS sent the demo to that
+    Elasticsearch instead of its job files)."""
+    from gpu_pipeline import cli
+
+    (tmp_path / ".env").write_text(f"GPU_PIPELINE_DATA_ROOT={tmp_path / 'data'}\nGPU_PIPELINE_JOBS_DIR={tmp_path}\n"
+                                   f"DAGSTER_HOME={tmp_path / 'home'}\n")
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # this process's environment stays as it is
+    monkeypatch.setenv("GPU_PIPELINE_ES_HOSTS", "https://es.prod.example:9200")
+    monkeypatch.setenv("GPU_PIPELINE_DATA_ROOT", "/srv/prod/data")
+    monkeypatch.setenv("PATH_UNRELATED", "kept")
+    cli._load_env(str(tmp_path))
+    assert "GPU_PIPELINE_ES_HOSTS" not in os.environ
+    assert os.environ["GPU_PIPELINE_DATA_ROOT"] == str(tmp_path / "data")
+    assert os.environ["GPU_PIPELINE_JOBS_DIR"] == str(tmp_path)
+    assert os.environ["PATH_UNRELATED"] == "kept"
+    assert "ignoring GPU_PIPELINE_ES_HOSTS" in capsys.readouterr().err
