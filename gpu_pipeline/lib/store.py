@@ -2,7 +2,7 @@
 
 Layout: ``<root>/<layer>/<table>/date=YYYY-MM-DD/part-0.parquet`` (hive style, zstd) and
 ``<root>/plots/<name>/date=YYYY-MM-DD/<name>.png``. A partition may keep small JSON notes beside its
-file (``<name>.json``: what its writer found, for the next step to use), bound to the file's bytes by
+file (``_<name>.json``: what its writer found, for the next step to use), bound to the file's bytes by
 their SHA-256 so that a note never speaks for another file.
 
 A partition is replaced atomically: the new file is written to a temporary name in the same
@@ -327,23 +327,36 @@ class Store:
         return WriteResult(path=str(target), rows=rows, bytes=target.stat().st_size, sha256=sha256)
 
     def note_file(self, spec: TableSpec, day: dt.date | str, name: str) -> Path:
-        """``<table>/date=DAY/<name>.json``: a small JSON document kept beside a partition's file."""
+        """``<table>/date=DAY/_<name>.json``: a small JSON document kept beside a partition's file.
+        The leading ``_`` makes directory readers (pandas and pyarrow datasets, Spark) skip it, as
+        they skip ``_SUCCESS``: ``pd.read_parquet('<root>/raw/gpu_telemetry')`` failed on a note."""
+        return self.partition_file(spec, day).parent / f"_{safe_name(name)}.json"
+
+    def _legacy_note_file(self, spec: TableSpec, day: dt.date | str, name: str) -> Path:
+        """Where an earlier version kept the note (``<name>.json``)."""
         return self.partition_file(spec, day).parent / f"{safe_name(name)}.json"
 
     def write_partition_note(self, spec: TableSpec, day: dt.date | str, name: str, note: dict) -> Path:
-        """Replace the partition's note ``name`` (atomically, under the partition's lock)."""
+        """Replace the partition's note ``name`` (atomically, under the partition's lock); a note of
+        an earlier version's name is removed."""
         target = self.note_file(spec, day, name)
         with self._partition_lock(target.parent):
             atomic_write_bytes(target, json.dumps(note, sort_keys=True, indent=1).encode() + b"\n")
+            self._legacy_note_file(spec, day, name).unlink(missing_ok=True)
         return target
 
     def read_partition_note(self, spec: TableSpec, day: dt.date | str, name: str) -> dict | None:
-        """The partition's note ``name``, or None when there is none or it is not a JSON object."""
-        try:
-            note = json.loads(self.note_file(spec, day, name).read_bytes())
-        except (FileNotFoundError, ValueError):
-            return None
-        return note if isinstance(note, dict) else None
+        """The partition's note ``name`` (under an earlier version's name if it has no other), or
+        None when there is none or it is not a JSON object."""
+        for path in (self.note_file(spec, day, name), self._legacy_note_file(spec, day, name)):
+            try:
+                note = json.loads(path.read_bytes())
+            except FileNotFoundError:
+                continue
+            except ValueError:
+                return None
+            return note if isinstance(note, dict) else None
+        return None
 
     def write_plot(self, name: str, day: dt.date | str, png: bytes, variant: str | None = None) -> WriteResult:
         target = self.plot_file(name, day, variant)

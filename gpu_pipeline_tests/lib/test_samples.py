@@ -457,5 +457,5 @@ def test_a_raw_write_failing_while_its_slabs_are_sorted_keeps_the_days_file_and_
     assert store.read_partition_note(RAW_GPU_TELEMETRY, DAY, CLEAN_CHECK_NOTE) == note
     assert store.read_partition_note(RAW_GPU_TELEMETRY, DAY, COVERAGE_NOTE) == coverage_note
     assert sorted(p.name for p in Path(first.path).parent.iterdir()) == sorted(
-        [".lock", Path(first.path).name, f"{CLEAN_CHECK_NOTE}.json", f"{COVERAGE_NOTE}.json"])  # no temp file left
+        [".lock", Path(first.path).name, f"_{CLEAN_CHECK_NOTE}.json", f"_{COVERAGE_NOTE}.json"])  # no temp file left
     assert list(spill.iterdir()) == []  # the spill file removed

@@ -2,6 +2,7 @@ import dataclasses
 import os
 
 import duckdb
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -316,14 +317,28 @@ def test_a_copy_checked_against_another_digest_replaces_nothing(data_root):
     assert target.read_bytes() == source.read_bytes() and copied.rows == 4
 
 
+def test_a_note_of_an_earlier_versions_name_is_read_and_then_replaced(data_root):
+    store = Store(data_root)
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(1, "x"))
+    legacy = store.partition_file(QUARANTINE, "2025-08-06").parent / "check.json"
+    legacy.write_text('{"clean": true}')
+    assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") == {"clean": True}
+    store.write_partition_note(QUARANTINE, "2025-08-06", "check", {"clean": False})
+    assert not legacy.exists()
+    assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") == {"clean": False}
+
+
 def test_a_partitions_note_is_kept_beside_its_file_and_read_back(data_root):
     store = Store(data_root)
     assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") is None
     store.write_partition(QUARANTINE, "2025-08-06", q_rows(1, "x"))
     path = store.write_partition_note(QUARANTINE, "2025-08-06", "check", {"clean": True, "rows": 1})
-    assert path.parent == store.partition_file(QUARANTINE, "2025-08-06").parent and path.name == "check.json"
+    assert path.parent == store.partition_file(QUARANTINE, "2025-08-06").parent and path.name == "_check.json"
     assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") == {"clean": True, "rows": 1}
     assert store.partition_days(QUARANTINE) == ["2025-08-06"]  # a note is not a partition
+    # a directory reader (pandas, a pyarrow dataset) skips the note as it skips _SUCCESS
+    table_dir = store.partition_file(QUARANTINE, "2025-08-06").parent.parent
+    assert len(pd.read_parquet(table_dir)) == 1 and pq.ParquetDataset(table_dir).read().num_rows == 1
     path.write_text("[1, 2")  # torn or edited by hand: no note, never an error
     assert store.read_partition_note(QUARANTINE, "2025-08-06", "check") is None
     path.write_text("[1, 2]")
