@@ -75,8 +75,17 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
                    if store.has_partition(GPU_SAMPLES, day) else GPU_SAMPLES.empty())
         means = task_gpu_means(runs, samples) if runs.num_rows else TASK_GPU_MEANS.empty()
         store.write_partition(QUARANTINE_TASK_RUNS, day, quarantine)
-        counters = {k: float(v) for k, v in (parsed.counters.items() if parsed else [])
-                    if k in {"duplicate_events", "reexecuted_runs", "unmatched_start", "unmatched_stop"}}
+        # the day's own figures: its runs' re-executions and its unmatched events (the quarantined
+        # lines of the day); the exact duplicates dropped are counted over the file, and reported
+        # once, on the file's first day of runs
+        reasons = quarantine["reason"].to_pylist() if parsed is not None else []
+        counters = {
+            "reexecuted_runs": float(pc.sum(pc.greater_equal(runs["run_index"], 1)).as_py() or 0),
+            "unmatched_start": float(sum(r.startswith("unmatched START") for r in reasons)),
+            "unmatched_stop": float(sum(r.startswith("unmatched STOP") for r in reasons)),
+        }
+        if parsed is not None and day == first_run_day:
+            counters["duplicate_events_in_file"] = float(parsed.counters.get("duplicate_events", 0))
         return {
             RUNS_KEY: outcome(day, store.write_partition(TASK_RUNS, day, runs), runs, **counters),
             MEANS_KEY: outcome(day, store.write_partition(TASK_GPU_MEANS, day, means), means),
