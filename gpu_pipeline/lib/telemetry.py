@@ -1168,6 +1168,10 @@ def _parsed_series_entry(series: str) -> tuple[str, dict[str, str], int] | str |
     return None
 
 
+_EARLIER_SCRAPE = ("earlier scrape without timestamps: scrapes appended to one file carry no time, so only "
+                   "the last is read, at the file's modification time (write one scrape a file, or timestamps)")
+
+
 class _DcgmPivot:
     """Accumulates samples into one row per (timestamp, host, UUID, GPU_I_ID)."""
 
@@ -1178,6 +1182,17 @@ class _DcgmPivot:
         self.rows: dict[tuple, dict] = {}
         self.counters: Counter[str] = Counter()
         self.quarantine: list[QuarantinedLine] = []
+        # Scrapes appended to one file: a family typed (or, in one pass, met) a second time starts
+        # the next scrape. ``line``: the sample line being read (line path only).
+        self.scrape = 0
+        self._families: set[str] = set()
+        self.line: tuple[int, str] | None = None
+
+    def _family(self, name: str) -> None:
+        if name in self._families:
+            self.scrape += 1
+            self._families = set()
+        self._families.add(name)
 
     # -- whole-file path: the parser reads the file in one pass ---------------------------------
     def add_families(self, lines: Iterable[str]) -> None:
@@ -1189,6 +1204,7 @@ class _DcgmPivot:
                 return
             except Exception as exc:  # anything the parser raises
                 raise _ExpositionError(exc) from exc
+            self._family(family.name)
             for sample in family.samples:
                 # Counters declared without _total get it appended by the parser: map the family name.
                 name = family.name if family.name in _DCGM_METRICS else sample.name
@@ -1201,9 +1217,18 @@ class _DcgmPivot:
             line = raw.strip()
             if not line:
                 continue
-            reason = _comment_error(line) if line.startswith("#") else self._add_line(line, series_cache)
+            if line.startswith("#"):
+                reason = _comment_error(line)
+                words = line.split()
+                if reason is None and len(words) >= 3 and words[1] == "TYPE":
+                    self._family(words[2])
+            else:
+                self.line = (ln, raw.rstrip("\r\n"))
+                reason = self._add_line(line, series_cache)
             if reason is not None:
                 self.quarantine.append(QuarantinedLine(ln, reason, raw.rstrip("\r\n"), self.src))
+        self.line = None
+        self.quarantine.sort(key=lambda q: q.line_number)  # an earlier scrape's lines are set aside late
 
     def _add_line(self, line: str, series_cache: dict) -> str | None:
         """Read one sample line; the reason to quarantine it, or None."""
@@ -1270,15 +1295,30 @@ class _DcgmPivot:
         key = (ts_us, host, uuid, gi)
         row = self.rows.get(key)
         if row is None:
-            row = self.rows[key] = {"_labels": labels, "_seen": {}}
+            row = self.rows[key] = {"_labels": labels, "_seen": {}, "_scrape": {}, "_line": {}}
         col, scale = target
         if sig is None:
             sig = hash(frozenset(labels.items()))
         seen = row["_seen"].get(col)
-        if seen is not None:
+        if seen is not None and timestamp is None and row["_scrape"][col] != self.scrape:
+            # A later scrape of the series, neither with a time of its own (scrapes appended to one
+            # file): the last is the one the file's time (its mtime) belongs to; the earlier one is
+            # set aside. In one pass the lines are not known: the line path reads the file.
+            if self.line is None:
+                raise _BadSample(_EARLIER_SCRAPE)
+            ln, raw = row["_line"].get(col) or (None, None)
+            if ln is None:  # the earlier sample had the file's time as its own timestamp: kept
+                c["duplicate_samples" if seen == sig else "conflicting_samples"] += 1
+                return
+            self.quarantine.append(QuarantinedLine(ln, _EARLIER_SCRAPE, raw, self.src))
+            c["earlier_scrape_samples"] += 1
+        elif seen is not None:
             c["duplicate_samples" if seen == sig else "conflicting_samples"] += 1
             return
         row["_seen"][col] = sig
+        row["_scrape"][col] = self.scrape
+        if timestamp is None and self.line is not None:
+            row["_line"][col] = self.line
         try:
             v = float(value)
         except OverflowError:  # an integer of over 308 digits: infinite, as Arrow's cast reads it
@@ -1326,7 +1366,9 @@ def parse_dcgm_text(
     fast: bool = True,
 ) -> ParseResult:
     """Parse a dcgm-exporter scrape (Prometheus text exposition; one scrape, or many with ms
-    timestamps) into one row per (timestamp, host, GPU, MIG instance).
+    timestamps) into one row per (timestamp, host, GPU, MIG instance). Scrapes without timestamps
+    appended to one file (a family's ``# TYPE`` again starts the next) cannot be told apart in
+    time: the last is read, at ``default_time_utc``, and the earlier ones' lines are quarantined.
 
     ``host`` wins over the ``Hostname`` / ``hostname`` label (under Kubernetes that label is the
     exporter pod's name). Samples without their own timestamp get ``default_time_utc`` (e.g. the

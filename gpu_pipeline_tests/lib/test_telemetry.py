@@ -17,6 +17,7 @@ import pytest
 
 from gpu_pipeline.lib.schemas import QUARANTINE
 from gpu_pipeline.lib.telemetry import (
+    _EARLIER_SCRAPE,
     DEFAULT_QUERY_FIELDS,
     GPU_SAMPLES,
     parse_dcgm_text,
@@ -535,6 +536,27 @@ def test_a_byte_order_mark_is_not_part_of_the_header(tmp_path, fast):
     for source in (prom, tmp_path / "scrape.prom"):
         r = parse_dcgm_text(source, fast=fast)
         assert (r.table.column("util_pct").to_pylist(), r.quarantine) == ([38.0], [])
+
+
+@pytest.mark.parametrize("kw", [{}, {"fast": False}, {"whole_file": True}])
+def test_scrapes_appended_to_one_file_without_timestamps_keep_the_last(kw):
+    """A real dcgm-exporter scrape has no timestamps; appended to one file, every scrape got the
+    file's time and the first one's values were kept at the time of the last. The last scrape is
+    the one the file's time belongs to: it is read, and the earlier scrapes' lines are set aside
+    with the reason. Duplicates within one scrape are still only counted."""
+    def scrape(util: int, temp: int, dup: bool = False) -> str:
+        text = ("# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+                f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} {util}\n'
+                "# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n"
+                f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",UUID="{U0}"}} {temp}\n')
+        return text + (f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",UUID="{U0}"}} {temp}\n' if dup else "")
+
+    r = parse_dcgm_text(scrape(0, 30) + scrape(55, 40) + scrape(97, 50, dup=True), default_time_utc=T0, **kw)
+    assert r.table.select(["sample_utc", "util_pct", "temp_c"]).to_pylist() == [
+        {"sample_utc": T0, "util_pct": 97.0, "temp_c": 50.0}]
+    assert [q.line_number for q in r.quarantine] == [3, 6, 9, 12]
+    assert {q.reason for q in r.quarantine} == {_EARLIER_SCRAPE}
+    assert (r.counters["earlier_scrape_samples"], r.counters["duplicate_samples"]) == (4, 1)
 
 
 def test_dcgm_host_argument_wins_and_default_time_applies_only_without_timestamps():
