@@ -144,7 +144,8 @@ def stale_days(instance: dg.DagsterInstance, after: int,
     for record in taken:
         for reader, k in readers[record.asset_key]:
             wanted.setdefault(reader, set()).add(_shift(record.partition_key, -k))
-    latest = {reader: _latest_reads(instance, reader, days) for reader, days in wanted.items()}
+    step_starts: dict[str, dict[str | None, int]] = {}  # per run, read once for all readers
+    latest = {reader: _latest_reads(instance, reader, days, step_starts) for reader, days in wanted.items()}
     stale: dict[str, dict[dg.AssetKey, int]] = {}
     for record in taken:
         for reader, k in readers[record.asset_key]:
@@ -165,17 +166,17 @@ def stale_days(instance: dg.DagsterInstance, after: int,
 
 
 def _latest_reads(instance: dg.DagsterInstance, reader: dg.AssetKey, days: Iterable[str],
-                  ) -> dict[str, tuple[str, int, int]]:
+                  starts: dict[str, dict[str | None, int]]) -> dict[str, tuple[str, int, int]]:
     """Day -> (run id, storage id, and the storage id of its step's start) of ``reader``'s latest
     materialization of that day; the start is the materialization's own id where the run's events
-    do not give it (a materialization reported outside a run)."""
+    do not give it (a materialization reported outside a run). ``starts``: the runs' step starts
+    read so far (run id -> step key -> storage id), added to."""
     ids = instance.get_latest_storage_id_by_partition(
         reader, dg.DagsterEventType.ASSET_MATERIALIZATION, partitions=set(days))
     if not ids:
         return {}
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=reader, storage_ids=list(ids.values())), limit=len(ids)).records
-    starts: dict[str, dict[str | None, int]] = {}
     out = {}
     for r in records:
         if r.run_id not in starts:
