@@ -441,9 +441,12 @@ _KUEUE_SUMS = {
     "all_pending": exact_sum("pending"),
     "all_wait_sum": exact_sum("wait_sum"),
     "all_wait_n": exact_sum("wait_n"),
-    "all_idle": exact_sum("idle"),
-    "all_usage": exact_sum("usage"),
-    "all_quota": exact_sum("quota"),
+    # capacity is known where every cluster's is: no GPU quota series in a cluster's scrapes (the
+    # optional ClusterQueue resource metrics off, or GPUs under another resource name) is unknown
+    # capacity, not 0 GPUs (which made every hour with pending GPUs DCR 1e6, Critical)
+    "all_idle": f"CASE WHEN count(idle) = count(*) THEN {exact_sum('idle')} END",
+    "all_usage": f"CASE WHEN count(usage) = count(*) THEN {exact_sum('usage')} END",
+    "all_quota": f"CASE WHEN count(quota) = count(*) THEN {exact_sum('quota')} END",
 }
 
 _KUEUE_SQL = """
@@ -501,10 +504,10 @@ SELECT
     {all_demand} AS demand_gpus,
     {all_pending} AS pending_jobs,
     {all_wait_sum} / nullif({all_wait_n}, 0) AS mean_wait_s,
-    coalesce({all_idle}, 0) AS idle_gpus,
-    coalesce({all_idle}, 0) AS idle_open_gpus,
-    coalesce({all_usage}, 0) AS busy_gpus,
-    coalesce({all_quota}, 0) AS total_gpus,
+    {all_idle} AS idle_gpus,
+    {all_idle} AS idle_open_gpus,
+    {all_usage} AS busy_gpus,
+    {all_quota} AS total_gpus,
     CAST(NULL AS DOUBLE) AS capacity_coverage
 FROM per_cluster
 GROUP BY h_start

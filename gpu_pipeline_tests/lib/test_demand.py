@@ -351,6 +351,28 @@ def test_kueue_demand_without_the_pending_resources_metric(pending):
     assert row["capacity_coverage"] is None  # Kueue rows exist only for scraped hours
 
 
+@pytest.mark.parametrize("with_quota", [False, True])
+def test_kueue_capacity_without_its_series_is_unknown_not_zero(with_quota):
+    """The ClusterQueue resource metrics are optional in Kueue: without the quota and usage series
+    the capacity is unknown (it read 0 GPUs: with pending workloads x GPUs a workload every hour
+    was DCR 1e6, Critical; with nothing pending DCR 0, Healthy). One cluster of two without them
+    makes the hour's capacity unknown as well."""
+    rows = []
+    for cluster in ("east", "west"):
+        base = dict(sample_utc=at(10, 5), cluster=cluster, scope="cluster_queue", cluster_queue="cq")
+        rows += [dict(base, kind="queue", status="active", pending_workloads=3),
+                 dict(base, kind="queue", status="inadmissible", pending_workloads=0)]
+        if with_quota and cluster == "east":
+            rows.append(dict(base, kind="resource", resource="nvidia.com/gpu", flavor="a100", resource_usage=2.0,
+                             nominal_quota=8.0))
+    r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
+                           kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema), kueue_gpus_per_workload=1.0)
+    (row,) = r.capacity.to_pylist()
+    assert row["demand_gpus"] == 6.0
+    assert (row["idle_gpus"], row["busy_gpus"], row["total_gpus"]) == (None, None, None)
+    assert (row["dcr"], row["dcr_capped"], row["severity"]) == (None, False, "Unknown")
+
+
 def test_kueue_clusters_scraped_at_their_own_instants_are_added_up():
     """Two clusters, each scraped once in the hour at its own instant: the hour is their sum (the
     mean over the hour's scrapes averaged the clusters: half the demand and capacity), and so are
