@@ -3,10 +3,13 @@
 
 Scrape files (``*.prom`` / ``*.txt`` / ``*.metrics``, e.g. written every minute by
 ``curl -s kueue-controller:8080/metrics > kueue-$(date -u +%Y%m%dT%H%M%SZ).prom``) are timed by the
-UTC timestamp in their name (``YYYYMMDDTHHMMSSZ``), else by their modification time. The day's raw
-table holds the scrapes inside the window plus the last one before it, so that the first
-histogram interval of the day has a baseline; the clean rows are those of the scrapes inside the
-window.
+UTC timestamp in their name (``YYYYMMDDTHHMMSSZ``; a stamp that is no real time, e.g. February
+31st, falls back to the modification time), else by their modification time. The day's raw table
+holds the scrapes inside the window plus the last few before it (:data:`BASELINE_SCRAPES`), so that
+the first histogram interval of the day has a baseline even when the very last file before
+midnight is an empty one (a failed ``curl``) or another replica's; the clean rows are those of the
+scrapes inside the window. A baseline scrape that cannot be read is left out (counted,
+``baseline_scrapes_unreadable``): it is the day before's to fail on, not this day's.
 """
 
 from __future__ import annotations
@@ -40,12 +43,17 @@ RAW_KUEUE_SCRAPES = TableSpec(
 
 _STAMP_RE = re.compile(r"(\d{8}T\d{6}Z)")
 _SUFFIXES = (".prom", ".txt", ".metrics")
+#: scrapes before the window kept as candidates for the day's baseline
+BASELINE_SCRAPES = 5
 
 
 def scrape_time(path: Path) -> dt.datetime:
     m = _STAMP_RE.search(path.name)
     if m:
-        return dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
+        try:
+            return dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
+        except ValueError:  # digits of the shape but no time (month 13, February 31st)
+            pass
     return dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
 
 
@@ -57,7 +65,7 @@ def raw_scrapes(scrape_dir: str | Path, start_utc: dt.datetime, end_utc: dt.date
         (scrape_time(p), p) for p in root.rglob("*") if p.is_file() and p.suffix.lower() in _SUFFIXES
     )
     inside = [(t, p) for t, p in timed if start_utc <= t < end_utc]
-    before = [(t, p) for t, p in timed if t < start_utc][-1:]
+    before = [(t, p) for t, p in timed if t < start_utc][-BASELINE_SCRAPES:]
     rows = [
         {"scrape_utc": t, "source_file": str(p), "in_window": t >= start_utc,
          "text": p.read_text(encoding="utf-8", errors="replace")}
@@ -71,6 +79,17 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
     if raw.num_rows == 0:
         return KUEUE_DEMAND.empty(), {}
     rows = raw.sort_by("scrape_utc").to_pylist()
+    counters: dict[str, int] = {}
+    readable = []
+    for r in rows:
+        if not r["in_window"]:
+            try:
+                parse_kueue_scrapes([(r["scrape_utc"], r["text"] or "", r["source_file"])], cluster=cluster)
+            except ValueError:
+                counters["baseline_scrapes_unreadable"] = counters.get("baseline_scrapes_unreadable", 0) + 1
+                continue
+        readable.append(r)
+    rows = readable
     result = parse_kueue_scrapes([(r["scrape_utc"], r["text"] or "", r["source_file"]) for r in rows], cluster=cluster)
     first = min(r["scrape_utc"] for r in rows if r["in_window"]) if any(r["in_window"] for r in rows) else None
     table = result.table
@@ -78,4 +97,4 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
         table = table.slice(0, 0)
     else:
         table = table.filter(pc.greater_equal(table["sample_utc"], pa.scalar(first, table["sample_utc"].type)))
-    return conform(table, KUEUE_DEMAND), dict(result.counters)
+    return conform(table, KUEUE_DEMAND), {**result.counters, **counters}

@@ -24,7 +24,7 @@ def test_day_of_scrapes_has_a_baseline_and_pending_matches_truth(sim):
     start, end = dt.datetime(2025, 8, 5, tzinfo=UTC), dt.datetime(2025, 8, 6, tzinfo=UTC)
     raw = raw_scrapes(sim / "kueue", start, end)
     inside = [r for r in raw.to_pylist() if r["in_window"]]
-    assert len(inside) == 96 and sum(not r["in_window"] for r in raw.to_pylist()) == 1
+    assert len(inside) == 96 and sum(not r["in_window"] for r in raw.to_pylist()) == 5  # BASELINE_SCRAPES
     table, counters = clean_scrapes(raw)
     assert table.schema == KUEUE_DEMAND.schema
     # every row names the file of its own scrape
@@ -96,3 +96,31 @@ def test_the_leader_and_a_follower_scraped_in_the_same_second(tmp_path):
     assert [(r["pending_workloads"], r["source_file"].rsplit("/", 1)[1]) for r in table.to_pylist()] == [
         (5, "kueue-b-leader-20250806T100000Z.prom")]
     assert counters["duplicate_scrapes"] == 1
+
+
+def _wait_histogram(role: str, count: int, total_s: float) -> str:
+    labels = f'cluster_queue="cq",priority_class="",replica_role="{role}"'
+    return ("# TYPE kueue_admission_wait_time_seconds histogram\n"
+            f'kueue_admission_wait_time_seconds_bucket{{{labels},le="60"}} {count}\n'
+            f'kueue_admission_wait_time_seconds_bucket{{{labels},le="+Inf"}} {count}\n'
+            f"kueue_admission_wait_time_seconds_sum{{{labels}}} {total_s}\n"
+            f"kueue_admission_wait_time_seconds_count{{{labels}}} {count}\n")
+
+
+@pytest.mark.parametrize("last_before_midnight", ["follower", "empty", "truncated"])
+def test_the_days_baseline_is_the_last_readable_leader_scrape(tmp_path, last_before_midnight):
+    """The last file before midnight may be another replica's (one file per replica), a failed
+    ``curl``'s empty file or a truncated one: the day's first admission-wait interval still has the
+    leader's scrape before it as its baseline (it had none: its 30 admissions were lost), and a
+    truncated file of the day before does not fail this day (it failed both days)."""
+    day = dt.datetime(2026, 8, 6, tzinfo=UTC)
+    (tmp_path / "kueue-20260805T235900Z.prom").write_text(_wait_histogram("leader", 100, 1000))
+    last = {"follower": _wait_histogram("follower", 0, 0), "empty": "",
+            "truncated": 'kueue_admission_wait_time_seconds_count{cluster_queue="cq",replica_role'}
+    (tmp_path / "kueue-20260805T235930Z.prom").write_text(last[last_before_midnight])
+    (tmp_path / "kueue-20260806T001400Z.prom").write_text(_wait_histogram("leader", 130, 1600))
+    (tmp_path / "kueue-20260231T000000Z.prom").write_text("")  # a stamp that is no time: its mtime
+    table, counters = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
+    (row,) = [r for r in table.to_pylist() if r["kind"] == "admission_wait"]
+    assert (row["wait_count_interval"], row["wait_mean_s"]) == (30, 20.0)
+    assert counters.get("baseline_scrapes_unreadable", 0) == (last_before_midnight == "truncated")
