@@ -344,6 +344,10 @@ class _Plan(NamedTuple):
     lq_cluster_queue: tuple[tuple[str, str], str] | None = None
 
 
+def _custom_labels(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k.startswith("custom_") or "_custom_" in k))
+
+
 def _plan(name: str, labels: Mapping[str, str], by_priority_class: bool) -> _Plan:
     if labels.get("replica_role") == "follower":
         return _Plan("follower_samples")
@@ -371,7 +375,9 @@ def _plan(name: str, labels: Mapping[str, str], by_priority_class: bool) -> _Pla
     if m.scope == _LQ and labels.get("cluster_queue"):
         lq_cq = ((key.namespace, key.local_queue), labels["cluster_queue"])
     return _Plan(None, key=key, cell=cell, component=component, le=le,
-                 ident=(key, metric, cell, le, labels.get("priority_class")),
+                 # custom labels (Kueue's CustomMetricLabels: custom_<name>, or <kind>_custom_<name>
+                 # as workload_custom_team) split one queue's series by a label's value: parts, summed
+                 ident=(key, metric, cell, le, labels.get("priority_class"), _custom_labels(labels)),
                  cohort=co if co and m.scope != _CO else None, lq_cluster_queue=lq_cq)
 
 

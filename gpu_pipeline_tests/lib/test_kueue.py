@@ -178,8 +178,8 @@ def test_followers_duplicates_missing_labels_and_untyped() -> None:
         + "# TYPE kueue_pending_workloads gauge\n"
         + 'kueue_pending_workloads{cluster_queue="q",replica_role="follower",status="active"} 9\n'
         + 'kueue_pending_workloads{cluster_queue="q",replica_role="leader",status="active"} 4\n'
-        + 'kueue_pending_workloads{cluster_queue="q",custom_team="x",replica_role="leader",status="active"} 4\n'
-        + 'kueue_pending_workloads{cluster_queue="q",custom_team="y",replica_role="leader",status="active"} 5\n'
+        + 'kueue_pending_workloads{cluster_queue="q",replica_role="leader",status="active"} 4\n'
+        + 'kueue_pending_workloads{status="active",cluster_queue="q",replica_role="leader"} 5\n'
         + 'kueue_pending_workloads{replica_role="leader",status="active"} 1\n'
         + 'kueue_pending_workloads{cluster_queue="r",status="inadmissible"} 2.5\n'
     )
@@ -190,6 +190,20 @@ def test_followers_duplicates_missing_labels_and_untyped() -> None:
     c = res.counters
     assert c["follower_samples"] == 6 and c["duplicate_samples"] == 1 and c["conflicting_samples"] == 1
     assert c["samples_missing_labels"] == 1 and c["non_integer_counts"] == 1
+
+
+@pytest.mark.parametrize("label", ["custom_team", "workload_custom_team"])
+def test_custom_metric_labels_split_a_queues_series_into_parts_that_add_up(label) -> None:
+    """Kueue's CustomMetricLabels add labels read from the queue or from its workloads (named
+    custom_<name>, or <kind>_custom_<name>): a queue's pending workloads come as one series per
+    value of a workload's label, parts of one count (the second and third were dropped as
+    duplicates / conflicts)."""
+    text = "# TYPE kueue_pending_workloads gauge\n" + "".join(
+        f'kueue_pending_workloads{{cluster_queue="cq",{label}="{team}",replica_role="leader",status="active"}} {n}\n'
+        for team, n in (("vision", 2), ("nlp", 2), ("speech", 5)))
+    res = kueue_demand([parse_kueue_scrape(text, T0)])
+    assert [(r["cluster_queue"], r["pending_workloads"]) for r in res.table.to_pylist()] == [("cq", 9)]
+    assert res.counters.get("duplicate_samples", 0) == res.counters.get("conflicting_samples", 0) == 0
 
 
 def test_scrape_without_type_lines_gives_the_same_rows() -> None:
