@@ -420,7 +420,8 @@ _KUEUE_SUMS = {
     "pending_wl": exact_sum("pending_workloads", "kind = 'queue'"),
     "usage": exact_sum("resource_usage", f"{_GPU_ROWS} AND flavor IS NOT NULL"),
     "quota": exact_sum("nominal_quota", f"{_GPU_ROWS} AND flavor IS NOT NULL"),
-    # idle per pool a quota can be lent in (the ClusterQueue's cohort, else the queue alone) and
+    # idle per pool a quota can be lent in (the root of the ClusterQueue's cohort tree, else its
+    # cohort, else the queue alone) and
     # flavor: a queue borrowing another's unused quota uses it up (summing max(quota - usage, 0) per
     # queue counted it idle and busy at once)
     "pool_quota": exact_sum("coalesce(nominal_quota, 0)"),
@@ -465,7 +466,8 @@ pools AS (
     SELECT h_start, cluster, sample_utc, {pool_quota} AS quota, {pool_usage} AS usage
     FROM k
     WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL
-    GROUP BY h_start, cluster, sample_utc, coalesce('cohort:' || cohort, 'queue:' || cluster_queue), flavor
+    GROUP BY h_start, cluster, sample_utc, coalesce('cohort:' || coalesce(root_cohort, cohort), 'queue:' || cluster_queue),
+             flavor
 ),
 pool_idle AS (
     SELECT h_start, cluster, sample_utc, {idle} AS idle FROM pools GROUP BY h_start, cluster, sample_utc

@@ -47,12 +47,15 @@ Priority classes
 HA replicas
     Kueue labels every series with ``replica_role`` (``leader``, ``follower``, ``standalone``).
     Samples of a ``follower`` replica are dropped (counted as ``follower_samples``) so that scraping
-    every replica does not count a queue twice. ``custom_*`` labels (the ``CustomMetricLabels`` gate)
-    are ignored. Two samples for one cell: the first is kept, the second counted as
+    every replica does not count a queue twice. Custom labels (the ``CustomMetricLabels`` gate,
+    ``custom_*`` / ``<kind>_custom_*``) split a queue's series by a label's value: the parts are
+    summed. Two samples for one cell: the first is kept, the second counted as
     ``duplicate_samples`` (same value) or ``conflicting_samples``.
 
 ``cohort`` is the ``cohort`` label where the metric has one, else the ClusterQueue's
-``parent_cohort`` from ``kueue_cluster_queue_info`` in the same scrape. A LocalQueue row's
+``parent_cohort`` from ``kueue_cluster_queue_info`` in the same scrape; ``root_cohort`` (ClusterQueue
+rows) that metric's ``root_cohort``: in a tree of cohorts a queue may borrow from any queue under
+the same root. A LocalQueue row's
 ``cluster_queue`` is filled when any LocalQueue metric of the scrape carries a ``cluster_queue``
 label for it (``kueue_local_queue_admission_fair_sharing_usage``, ...); Kueue's default metrics do
 not say which ClusterQueue a LocalQueue points to. NaN reads as null
@@ -82,6 +85,7 @@ SCOPES: tuple[str, ...] = ("cluster_queue", "local_queue", "cohort")
 KUEUE_DEMAND = TableSpec(
     layer="clean",
     name="kueue_demand",
+    version=2,
     description=(
         "Kubernetes demand and capacity from Kueue /metrics scrapes: per scrape, one row per queue "
         "(and status), per queue x flavor x resource, and per queue wait histogram (admission, quota "
@@ -101,6 +105,8 @@ KUEUE_DEMAND = TableSpec(
             _f("local_queue", pa.string(), "LocalQueue name (scope local_queue)"),
             _f("cohort", pa.string(), "Cohort: the identity for scope cohort; else the metric's cohort "
                "label or the ClusterQueue's parent_cohort from kueue_cluster_queue_info"),
+            _f("root_cohort", pa.string(), "The root of the ClusterQueue's cohort tree (root_cohort of "
+               "kueue_cluster_queue_info in the same scrape; null without it): quota is lent within it"),
             _f("status", pa.string(), "Pending status on queue rows of per-status metrics: active (in "
                "the admission queue) or inadmissible (failed an admission attempt); null otherwise"),
             _f("priority_class", pa.string(), "Priority class of counter / histogram rows with "
@@ -227,6 +233,7 @@ class KueueScrape:
     hists: dict[RowKey, _Hist] = field(default_factory=dict)
     row_cohort: dict[RowKey, str] = field(default_factory=dict)
     cq_cohort: dict[str, str] = field(default_factory=dict)
+    cq_root: dict[str, str] = field(default_factory=dict)
     lq_cluster_queue: dict[tuple[str, str], str] = field(default_factory=dict)
     counters: Counter[str] = field(default_factory=Counter)
 
@@ -334,7 +341,7 @@ class _Plan(NamedTuple):
     sample that goes nowhere ("" for none); else the value goes to row ``key``."""
 
     skip: str | None
-    info: tuple[str, str] | None = None  # (cluster_queue, parent_cohort) of a ClusterQueue info sample
+    info: tuple[str, str, str | None] | None = None  # (cluster_queue, parent, root cohort) of a ClusterQueue info sample
     key: RowKey | None = None
     cell: str | None = None
     component: str | None = None  # histogram part: bucket, sum or count
@@ -353,7 +360,7 @@ def _plan(name: str, labels: Mapping[str, str], by_priority_class: bool) -> _Pla
         return _Plan("follower_samples")
     if name == CLUSTER_QUEUE_INFO:
         cq, parent = labels.get("cluster_queue"), labels.get("parent_cohort")
-        return _Plan("", info=(cq, parent) if cq and parent else None)
+        return _Plan("", info=(cq, parent, labels.get("root_cohort") or None) if cq and parent else None)
     if name.endswith("_created"):
         return _Plan("created_samples")
     hit = _lookup(name)
@@ -423,7 +430,10 @@ def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, clu
             if plan.skip:
                 c[plan.skip] += 1
             elif plan.info is not None:
-                scrape.cq_cohort.setdefault(*plan.info)
+                cq, parent, root = plan.info
+                scrape.cq_cohort.setdefault(cq, parent)
+                if root is not None:
+                    scrape.cq_root.setdefault(cq, root)
             continue
         key, cell, ident = plan.key, plan.cell, plan.ident
         value = float(sample.value)
@@ -499,7 +509,8 @@ def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
         base = {
             "sample_utc": s.sample_utc, "cluster": s.cluster, "kind": key.kind, "scope": key.scope,
             "cluster_queue": cq, "namespace": key.namespace, "local_queue": key.local_queue,
-            "cohort": cohort, "status": key.status, "priority_class": key.priority_class,
+            "cohort": cohort, "root_cohort": s.cq_root.get(cq) if cq and key.scope != _LQ else None,
+            "status": key.status, "priority_class": key.priority_class,
             "resource": key.resource, "flavor": key.flavor, "source_file": s.source_file,
         }
         for name, out in cols.items():

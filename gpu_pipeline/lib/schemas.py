@@ -378,8 +378,11 @@ def all_tables() -> dict[str, TableSpec]:
     return dict(sorted(tables.items()))
 
 
-# Versioned schema history: (table path, version, change). Every table is at version 1.
-SCHEMA_CHANGES: list[tuple[str, int, str]] = [("*", 1, "initial schemas")]
+# Versioned schema history: (table path, version, change). Every other table is at version 1.
+SCHEMA_CHANGES: list[tuple[str, int, str]] = [
+    ("*", 1, "initial schemas"),
+    ("clean/kueue_demand", 2, "root_cohort added (days written before read it as null)"),
+]
 
 
 def sorted_rows(table: pa.Table, keys: Sequence[str]) -> pa.Table:
