@@ -647,7 +647,9 @@ class _HeatmapFigure:
         fig, ax = self.fig, self.ax
         # Fixed margins in inches: title on top; tick labels, axis label and a 2-row legend below.
         bottom_in, top_in = 0.95, 0.45
-        height = float(np.clip(n_gpus * 0.03, 2.5, 26.0)) + bottom_in + top_in
+        # at least one pixel row per GPU: a taller image past 26 inches (2,600 GPUs), not GPUs left out
+        plot_in = max(float(np.clip(n_gpus * 0.03, 2.5, 26.0)), (n_gpus + 2) / HEATMAP_DPI)  # +2: rounding
+        height = plot_in + bottom_in + top_in
         fig.set_size_inches(14, height)
         ax.set_position((0.16, bottom_in / height, 0.82, 1 - (bottom_in + top_in) / height))
         hours = (end - start) / 3600.0
@@ -662,7 +664,12 @@ class _HeatmapFigure:
         centers = (starts + ends) / 2
         labels = [f"{enc.host_names[h].split('.')[0]} ({n})" for h, n in zip(pair_host[starts], ends - starts,
                                                                                strict=True)]
-        self.bounds.set_segments([((0, b), (hours, b)) for b in starts[1:]])
+        # host separators only where a GPU's row is a few pixels high: on thinner rows an antialiased
+        # line tints a whole GPU's row (at 10,000 GPUs most of the plot lost the legend's colours)
+        row_px = plot_in * HEATMAP_DPI / n_gpus
+        self.bounds.set_segments([((0, b), (hours, b)) for b in starts[1:]] if row_px >= 3 else [])
+        for side in ("top", "bottom"):  # nor a frame over the first and last GPU's rows
+            ax.spines[side].set_visible(row_px >= 3)
         self.bounds.set_linewidth(0.6 if n_gpus < 400 else 0.3)
         step = max(1, int(np.ceil(len(centers) / MAX_ROW_LABELS)))
         set_fixed_ticks(ax.yaxis, centers[::step], labels[::step], fontsize=8 if len(centers) <= 40 else 6)

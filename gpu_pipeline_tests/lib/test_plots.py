@@ -50,6 +50,28 @@ def test_heatmap_scales_to_a_thousand_gpus():
     assert w == 1400
 
 
+def test_every_gpu_has_its_row_past_the_height_where_the_image_stopped_growing():
+    """3,000 GPUs (past 2,600, where the image stopped growing and the resize to its rows dropped
+    GPUs): one GPU in seven idle all day among busy ones, and each is a band of its own in the
+    image; hosts of eight GPUs, a few pixels apart, draw no separators that would tint the cells."""
+    n = 3000
+    t0 = dt.datetime(2025, 8, 6, 5, tzinfo=dt.UTC)
+    buckets = pa.array([t0 + dt.timedelta(minutes=5 * b) for b in range(288)] * n, GPU_STATES.schema.field(
+        "bucket_start_utc").type)
+    gpus = np.repeat(np.arange(n), 288)
+    table = conform(pa.table({
+        "bucket_start_utc": buckets, "gpu_id": pa.array([f"GPU-{g:08x}" for g in gpus]),
+        "host": pa.array([f"host{g // 8:04d}" for g in gpus]),
+        "state": pa.array(np.where(gpus % 7 == 3, "idle_shared", "busy_shared")),
+        "n_slot_rows": pa.array(np.ones(n * 288, dtype=np.int64))}), GPU_STATES)
+    img = pixels(gpu_timeline_heatmap(table, DAY, "UTC").png)[..., :3]
+    idle_rows = np.isclose(img, hexrgb(STATE_COLORS["idle_shared"]), atol=0.01).all(axis=-1).sum(axis=1) > 500
+    bands = int(np.count_nonzero(idle_rows[1:] & ~idle_rows[:-1]) + idle_rows[0])
+    assert bands == len(range(3, n, 7))
+    busy = np.isclose(img, hexrgb(STATE_COLORS["busy_shared"]), atol=0.01).all(axis=-1)
+    assert busy.sum() > 0.8 * (6 / 7) * n * 1000  # the cells keep the legend's colour
+
+
 def test_empty_day_renders_a_no_data_figure():
     r = gpu_timeline_heatmap(GPU_STATES.empty(), DAY)
     assert pixels(r.png).shape[0] > 100
