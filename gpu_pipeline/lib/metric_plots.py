@@ -365,9 +365,13 @@ def allocation_counts(
         c2 = np.append(claimed, claimed[-1])
         t2 = np.append(total, total[-1])
         ok = np.isfinite(c2) & np.isfinite(t2)
-        ax.fill_between(x, 0, np.nan_to_num(c2), where=ok, step="post", color=S.TIER_COLORS[tier],
+        # a covered bucket is filled up to its end edge: with where=ok alone, fill_between fills
+        # only between two covered edges, leaving the bucket before a gap (and a lone one) blank
+        span = ok.copy()
+        span[1:] |= ok[:-1]
+        ax.fill_between(x, 0, np.nan_to_num(c2), where=span, step="post", color=S.TIER_COLORS[tier],
                         linewidth=0, label="claimed")
-        ax.fill_between(x, np.nan_to_num(c2), np.nan_to_num(t2), where=ok, step="post",
+        ax.fill_between(x, np.nan_to_num(c2), np.nan_to_num(t2), where=span, step="post",
                         color=S.TIER_LIGHT_COLORS[tier], linewidth=0, label="unclaimed (idle capacity)")
         ax.plot(x, np.where(ok, t2, np.nan), drawstyle="steps-post", color=S.TIER_COLORS[tier], linewidth=0.8)
         top = np.nanmax(t2) if np.isfinite(t2).any() else 0.0

@@ -236,6 +236,25 @@ def test_allocation_counts_draws_the_tier_colors():
             assert pixels_of(img, S.TIER_LIGHT_COLORS[tier]) > 500, f"{tier} tint not drawn"
 
 
+def test_allocation_counts_fills_every_covered_bucket_around_gaps():
+    """A lone covered bucket and a covered hour between collector outages: each covered bucket is
+    filled over its 5 minutes (the bucket before each gap, and so the lone one, were left blank)."""
+    rows = [{"bucket_start_utc": bucket(b), "tier": tier, "device_name": "ALL", "claimed_gpus": c, "total_gpus": c,
+             "allocation_pct": 100.0 if c else None}
+            for b in [120, *range(144, 156)] for tier, c in (("priority", 0), ("shared", 4), ("backfill", 0),
+                                                             ("TOTAL", 4))]
+    img = image(M.allocation_counts(table(ALLOCATION_BUCKETS, rows), DAY, TZ).png)
+    fill = np.isclose(img, hexrgb(S.TIER_COLORS["TOTAL"]), atol=0.012).all(axis=-1)
+    panel = np.flatnonzero(fill.sum(axis=1) > 20)  # the pixel rows across the TOTAL panel's fill
+    row = fill[panel[len(panel) // 2]]
+    xs = np.flatnonzero(row)
+    runs = [len(r) for r in np.split(xs, np.flatnonzero(np.diff(xs) > 1) + 1)]
+    px_per_bucket = runs[-1] / 12
+    assert px_per_bucket > 3
+    assert runs[0] == pytest.approx(px_per_bucket, abs=1.5)  # the lone bucket, 10:00
+    assert len(runs) == 2
+
+
 def test_allocation_heatmap_reads_the_daily_table_and_folds_many_devices():
     r = M.allocation_heatmap(daily_table([H100, A10]), DAY, TZ)
     check(r)
