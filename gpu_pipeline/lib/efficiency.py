@@ -541,7 +541,7 @@ def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _eff_srch2 AS
-        SELECT src.gid, h.gpu_id, h.h, h.source, dense_rank() OVER (ORDER BY h.source) AS sc
+        SELECT src.gid, h.gpu_id, h.h, h.source, CAST(dense_rank() OVER (ORDER BY h.source) AS SMALLINT) AS sc
         FROM _eff_srch h JOIN _eff_src src USING (gpu_id)
         """
     )
@@ -718,6 +718,7 @@ def _stage_next_values(con, group_sql: str, params: list) -> bool:
     sc = scanned["sc"].to_numpy()[order]
     other_source = np.zeros(n, dtype=bool)  # the next sample is another source's: no counter delta
     other_source[:-1] = sc[1:] != sc[:-1]
+    del sc
     columns: dict[str, pa.Array] = {"gid": pa.array(gid)}
     nexts: dict[str, pa.Array] = {}
     for name, next_name in _NEXT:
