@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator, Mapping
 
@@ -45,6 +46,6 @@ def setting_number(name: str, text: str | int | float, *, whole: bool = False, p
         value = int(raw) if whole else float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r}: expected {kind}") from None
-    if (whole and value < 0) or (positive and not value > 0) or value != value or value in (float("inf"),):
+    if not math.isfinite(value) or (whole and value < 0) or (positive and value <= 0):
         raise ValueError(f"{name}={raw!r}: expected {kind}")
     return value

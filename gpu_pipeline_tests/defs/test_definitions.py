@@ -307,6 +307,7 @@ def test_resource_numbers_and_blank_variables(monkeypatch):
     assert isinstance(optional_env("GPU_PIPELINE_ES_TIMEOUT_S", "30"), dg.EnvVar)
     assert setting_number("X", " 7 ", whole=True) == 7 and setting_number("X", "2.5", positive=True) == 2.5
     for text, kw in (("7d", {"whole": True}), ("-1", {"whole": True}), ("0", {"positive": True}),
-                     ("nan", {"positive": True}), ("inf", {"positive": True}), ("1.5", {"whole": True})):
+                     ("nan", {"positive": True}), ("inf", {"positive": True}), ("1.5", {"whole": True}),
+                     ("-inf", {})):
         with pytest.raises(ValueError, match=f"GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS='{text}'"):
             setting_number("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", text, **kw)
