@@ -5,6 +5,7 @@ import datetime as dt
 import math
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from gpu_pipeline.lib.demand import (
@@ -326,6 +327,27 @@ def test_kueue_borrowing_within_a_cohort_uses_the_lent_quota_up(cluster):
     row = _kueue_hour(rows)
     assert (row["idle_gpus"], row["busy_gpus"], row["total_gpus"], row["demand_gpus"]) == (2.0, 8.0, 10.0, 4.0)
     assert row["dcr"] == 2.0 and row["severity"] == "Warning"
+
+
+def test_kueue_quota_is_lent_within_the_root_of_a_cohort_tree():
+    """Cohorts in a tree: cq-a (cohort team-a) owns 8 GPUs and uses none, cq-b (cohort team-b) owns
+    none and borrows all 8; both cohorts are under the root org. No GPU is idle (by the direct
+    cohort, 8 counted idle and 8 busy of 8), the root taken from kueue_cluster_queue_info."""
+    def scrape(cq: str, cohort: str, quota: int, usage: int, pending: int) -> str:
+        flavor = f'cluster_queue="{cq}",cohort="{cohort}",flavor="a100",replica_role="leader",resource="nvidia.com/gpu"'
+        return (f'kueue_cluster_queue_info{{cluster_queue="{cq}",parent_cohort="{cohort}",replica_role="leader",'
+                f'root_cohort="org"}} 1\n'
+                f"kueue_cluster_queue_nominal_quota{{{flavor}}} {quota}\n"
+                f"kueue_cluster_queue_resource_usage{{{flavor}}} {usage}\n"
+                f'kueue_cluster_queue_resource_pending{{cluster_queue="{cq}",replica_role="leader",'
+                f'resource="nvidia.com/gpu"}} {pending}\n')
+    text = scrape("cq-a", "team-a", 8, 0, 0) + scrape("cq-b", "team-b", 0, 8, 4)
+    kueue = parse_kueue_scrapes([(at(10, 5), text)], cluster="k8s").table
+    assert set(kueue.filter(pc.is_valid(kueue["flavor"]))["root_cohort"].to_pylist()) == {"org"}
+    r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END, kueue=kueue)
+    (row,) = r.capacity.to_pylist()
+    assert (row["idle_gpus"], row["busy_gpus"], row["total_gpus"], row["demand_gpus"]) == (0.0, 8.0, 8.0, 4.0)
+    assert row["severity"] == "Critical"
 
 
 @pytest.mark.parametrize("pending", [0, 3])
