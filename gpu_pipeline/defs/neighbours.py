@@ -15,7 +15,8 @@ asset U on day P, and each asset A that reads U at an offset k (A on day P - k r
 compares A's latest materialization of day P - k with U's: when U's came after the start of the
 step that made A's (or, in the same run, after A's own record), that day of A read the U that was
 replaced, or may have (a run of another day can replace U while A's step is going), and the
-sensor asks for one run of A and everything downstream of it, on that day. Days of A never materialized are left alone (nothing to refresh). The re-runs go on
+sensor asks for one run of A and everything downstream of it, on that day. Days of A never
+materialized are left alone (nothing to refresh). The re-runs go on
 from day to day as far as the reads do (the sensor does not compare contents): a re-run of the
 states of D makes D+1's availability and evictions stale, and the next tick re-runs those; a
 re-run of D's availability periods makes the week after's summaries stale (a summary reads a week

@@ -9,24 +9,21 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
+
+from gpu_pipeline.lib.envutil import zone_env
 
 DEFAULT_START_DATE = "2025-01-01"
 DEFAULT_TIMEZONE = "UTC"
 
 # a blank value (a ``.env`` line ``GPU_PIPELINE_TIMEZONE=``) is the default, as when unset
 START_DATE = (os.environ.get("GPU_PIPELINE_START_DATE") or "").strip() or DEFAULT_START_DATE
-TIMEZONE = (os.environ.get("GPU_PIPELINE_TIMEZONE") or "").strip() or DEFAULT_TIMEZONE
+TIMEZONE = zone_env("GPU_PIPELINE_TIMEZONE", DEFAULT_TIMEZONE)
 try:
     dt.date.fromisoformat(START_DATE)
 except ValueError:
     raise ValueError(f"GPU_PIPELINE_START_DATE={START_DATE!r}: expected a date YYYY-MM-DD") from None
-try:
-    ZoneInfo(TIMEZONE)
-except (ValueError, ZoneInfoNotFoundError):
-    raise ValueError(f"GPU_PIPELINE_TIMEZONE={TIMEZONE!r}: not an IANA time zone (e.g. UTC, America/Chicago)") from None
 
 daily_partitions = dg.DailyPartitionsDefinition(start_date=START_DATE, timezone=TIMEZONE)
 

@@ -9,11 +9,10 @@ which disables that source). See README "Configuration".
 import math
 import os
 from pathlib import Path
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
 
-from gpu_pipeline.lib.envutil import setting_number
+from gpu_pipeline.lib.envutil import setting_number, zone_env
 from gpu_pipeline.lib.es_source import EsConfig
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig
 from gpu_pipeline.lib.store import Store
@@ -76,6 +75,9 @@ class JobRecordsResource(dg.ConfigurableResource):
             return "files"
         return "off"
 
+    def lookahead_days_value(self) -> int:
+        return int(setting_number("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", self.lookahead_days, whole=True))
+
     def es_config(self) -> EsConfig:
         return EsConfig(
             hosts=self.es_hosts,
@@ -116,6 +118,9 @@ class TelemetryResource(dg.ConfigurableResource):
     @property
     def files_enabled(self) -> bool:
         return bool(self.telemetry_dir.strip())
+
+    def file_margin_days_value(self) -> int:
+        return int(setting_number("GPU_PIPELINE_TELEMETRY_MARGIN_DAYS", self.file_margin_days, whole=True))
 
     def prometheus_config(self) -> PrometheusConfig | None:
         if not self.prometheus_url.strip():
@@ -164,21 +169,12 @@ class KueueResource(dg.ConfigurableResource):
         return value
 
 
-def _check_zone(name: str) -> None:
-    """A time zone variable that is set must name an IANA zone: said when the definitions load,
-    naming the variable (at run time every day failed with the bare key)."""
-    text = (os.environ.get(name) or "").strip()
-    if text:
-        try:
-            ZoneInfo(text)
-        except (ValueError, ZoneInfoNotFoundError):
-            raise ValueError(f"{name}={text!r}: not an IANA time zone (e.g. UTC, America/Chicago)") from None
-
-
 @dg.definitions
 def resources() -> dg.Definitions:
+    # a time zone that is no zone is said when the definitions load, naming its variable (at run
+    # time every day failed with the bare key)
     for name in ("GPU_PIPELINE_SOURCE_TZ", "GPU_PIPELINE_TELEMETRY_TZ"):
-        _check_zone(name)
+        zone_env(name)
     source_tz = optional_env("GPU_PIPELINE_SOURCE_TZ", "UTC")
     return dg.Definitions(
         resources={

@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 from collections.abc import Iterator, Mapping
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 
 @contextlib.contextmanager
@@ -36,7 +37,20 @@ def whole_number_env(name: str, default: int, unit: str, zero: str,
     return value
 
 
-def setting_number(name: str, text: str | int | float, *, whole: bool = False, positive: bool = False) -> float:
+def zone_env(name: str, default: str = "", environ: Mapping[str, str] = os.environ) -> str:
+    """The variable ``name`` as an IANA time zone name (``default`` when unset or blank); a name
+    that is no zone raises ValueError naming the variable."""
+    text = (environ.get(name) or "").strip() or default
+    if text:
+        try:
+            ZoneInfo(text)
+        except (ValueError, ZoneInfoNotFoundError):
+            raise ValueError(f"{name}={text!r}: not an IANA time zone (e.g. UTC, America/Chicago)") from None
+    return text
+
+
+def setting_number(name: str, text: str | int | float, *, whole: bool = False,
+                   positive: bool = False) -> int | float:
     """A resource setting's value (``text``, as its variable ``name`` gave it) as a number: a whole
     number >= 0 when ``whole``, a number > 0 when ``positive``; anything else raises ValueError
     naming the variable and its value (``int('7d')`` named neither)."""

@@ -21,7 +21,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpu_pipeline.lib.kueue import KUEUE_DEMAND, parse_kueue_scrapes
+from gpu_pipeline.lib.exposition import SeriesParser
+from gpu_pipeline.lib.kueue import KUEUE_DEMAND, kueue_demand, parse_kueue_scrape
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
 RAW_KUEUE_SCRAPES = TableSpec(
@@ -80,17 +81,19 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
         return KUEUE_DEMAND.empty(), {}
     rows = raw.sort_by("scrape_utc").to_pylist()
     counters: dict[str, int] = {}
-    readable = []
+    parser, scrapes, read = SeriesParser(), [], []
     for r in rows:
-        if not r["in_window"]:
-            try:
-                parse_kueue_scrapes([(r["scrape_utc"], r["text"] or "", r["source_file"])], cluster=cluster)
-            except ValueError:
-                counters["baseline_scrapes_unreadable"] = counters.get("baseline_scrapes_unreadable", 0) + 1
-                continue
-        readable.append(r)
-    rows = readable
-    result = parse_kueue_scrapes([(r["scrape_utc"], r["text"] or "", r["source_file"]) for r in rows], cluster=cluster)
+        try:
+            scrapes.append(parse_kueue_scrape(r["text"] or "", r["scrape_utc"], cluster=cluster,
+                                              source_file=r["source_file"], parser=parser))
+        except ValueError:
+            if r["in_window"]:
+                raise
+            counters["baseline_scrapes_unreadable"] = counters.get("baseline_scrapes_unreadable", 0) + 1
+            continue
+        read.append(r)
+    rows = read
+    result = kueue_demand(scrapes)
     first = min(r["scrape_utc"] for r in rows if r["in_window"]) if any(r["in_window"] for r in rows) else None
     table = result.table
     if first is None:

@@ -15,7 +15,6 @@ from gpu_pipeline.defs.common import (
 from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
 from gpu_pipeline.lib.coverage import partition_coverage
 from gpu_pipeline.lib.coverage_table import TELEMETRY_SERIES, TELEMETRY_TIME
-from gpu_pipeline.lib.envutil import setting_number
 from gpu_pipeline.lib.samples import RawStream, write_raw_samples
 from gpu_pipeline.lib.schemas import QUARANTINE_GPU_TELEMETRY
 from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY as SPEC
@@ -47,7 +46,7 @@ def gpu_telemetry(
             start,
             end,
             telemetry.source_timezone,
-            int(setting_number("GPU_PIPELINE_TELEMETRY_MARGIN_DAYS", telemetry.file_margin_days, whole=True)),
+            telemetry.file_margin_days_value(),
             prometheus=telemetry.prometheus_config(),
             terapixel_dir=telemetry.terapixel_dir or None,
         )

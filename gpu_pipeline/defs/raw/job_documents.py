@@ -12,7 +12,6 @@ from gpu_pipeline.defs.common import (
     window,
 )
 from gpu_pipeline.defs.resources import DataStoreResource, JobRecordsResource
-from gpu_pipeline.lib.envutil import setting_number
 from gpu_pipeline.lib.job_source import FileDocsCache, RawDocs, raw_docs_from_es, raw_docs_from_files
 from gpu_pipeline.lib.schemas import RAW_JOB_DOCUMENTS as SPEC
 
@@ -42,7 +41,7 @@ def job_documents(
         if mode == "elasticsearch":
             raw = raw_docs_from_es(job_records.es_config(), start, end)
         elif mode == "files":
-            raw = raw_docs_from_files(job_records.files_dir, start, end, int(setting_number("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", job_records.lookahead_days, whole=True)),
+            raw = raw_docs_from_files(job_records.files_dir, start, end, job_records.lookahead_days_value(),
                                       cache=files_cache)
         else:
             raw = RawDocs(table=SPEC.empty())
