@@ -78,8 +78,12 @@ with it; the seed's min-max normalization over the frame made days incomparable)
 
 Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
     From ``clean/kueue_demand`` rows of the window, per scrape summed over ClusterQueues, per hour
-    the mean over a cluster's scrapes (the time-weighted mean for a regular scrape interval), summed
-    over clusters: demand = ``resource_pending`` of ``nvidia.com/gpu`` (else pending workloads x
+    the time-weighted mean over a cluster's scrapes, summed over clusters. A scrape stands for the
+    time until its cluster's next scrape, split at the hours -- where the next is more than
+    :data:`KUEUE_HOLD_GAP_FACTOR` median intervals away (an outage), and after the cluster's last
+    scrape, for one median interval; clipped to the window (the minutes before a day's first scrape
+    are not covered). ``capacity_coverage`` = the share of the hour that scrapes with the GPU quota
+    stand for (the least over the clusters). The figures: demand = ``resource_pending`` of ``nvidia.com/gpu`` (else pending workloads x
     ``kueue_gpus_per_workload`` when the caller knows it; 0 with no pending workload, else unknown:
     null: DCR null, severity Unknown), pending_jobs = pending workloads (active + inadmissible), capacity per flavor:
     total = nominal quota, busy = usage, idle = max(quota - usage, 0) per pool a quota can be lent
@@ -94,8 +98,9 @@ Top contributors (``metrics/demand_top_contributors``): per window (day), the id
 demand's definition: per scrape its part of the cluster's demand, taken as that demand is (its
 ``resource_pending`` when the scrape has the series, 0 without a sample of its own; else its pending
 workloads x ``kueue_gpus_per_workload``; 0 with no pending workload), averaged over the cluster's
-scrapes of the hour whose demand is known (a scrape with neither series, or with pending workloads
-and no GPUs-per-workload, is left out, as the hourly mean leaves it out), x the hour's length. So
+scrapes of the hour whose demand is known, time-weighted as the hourly mean (a scrape with neither
+series, or with pending workloads and no GPUs-per-workload, is left out, as the hourly mean leaves
+it out), x the hour's length. So
 over all queues an hour adds up to its Kueue ``demand_gpus``, and the day to the hours' GPU-hours;
 a cluster-hour whose demand is unknown makes the hour's ``demand_gpus`` null and adds no GPU-hours.
 """
@@ -108,7 +113,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
-from gpu_pipeline.lib.db import exact_avg, exact_sum
+from gpu_pipeline.lib.db import exact_sum
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND
 from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, TS, TableSpec, _f, conform
 from gpu_pipeline.lib.states import BUCKET
@@ -131,6 +136,10 @@ UNKNOWN_SEVERITY = "Unknown"
 SEVERITIES: tuple[str, ...] = ("Healthy", "Moderate", "Warning", "Critical", UNKNOWN_SEVERITY)
 DIMENSIONS: tuple[str, ...] = ("device_class", "owner", "project", "schedd", "cluster_queue")
 KUEUE_GPU_RESOURCE = "nvidia.com/gpu"
+#: A Kueue scrape stands for the time until its cluster's next scrape, unless that is more than this many
+#: times the cluster's median scrape interval away (a gap, as DESIGN 5.7 counts gaps): it then stands
+#: for one median interval, so an outage is not filled with the last value seen.
+KUEUE_HOLD_GAP_FACTOR = 3
 
 DEMAND_CAPACITY = TableSpec(
     layer="metrics",
@@ -161,7 +170,8 @@ DEMAND_CAPACITY = TableSpec(
             _f("total_gpus", pa.float64(), "idle + busy GPUs (na excluded), time-weighted mean (as "
                "idle_gpus)"),
             _f("capacity_coverage", pa.float64(), "Share of the hour whose 5-minute buckets had a slot "
-               "snapshot (0-1; htcondor); null for kueue, whose rows exist only for scraped hours"),
+               "snapshot (htcondor); for kueue the share of the hour that scrapes with the GPU quota "
+               "stand for, the least over the clusters (0-1)"),
             _f("allocation_pct", pa.float64(), "100 * busy_gpus / total_gpus (null when total is 0 or "
                "unknown)"),
             _f("dcr", pa.float64(), "Demand-capacity ratio demand_gpus / max(idle_gpus, 1e-6), capped "
@@ -415,6 +425,46 @@ _GPU_ROWS = f"kind = 'resource' AND resource = '{KUEUE_GPU_RESOURCE}'"
 # left out of the hour's mean). The hourly demand and the top contributors both read it.
 _SCRAPE_DEMAND = ("coalesce(pending_gpus, pending_wl * (SELECT gpw FROM params), "
                   "CASE WHEN pending_wl = 0 THEN 0.0 END)")
+
+
+def _weighted_avg(value: str) -> str:
+    """The time-weighted mean of ``value`` over the rows' weights ``w`` (rows with NULL left out)."""
+    known = f"{value} IS NOT NULL"
+    return f"({exact_sum(f'{value} * w', known)} / nullif({exact_sum('w', known)}, 0))"
+
+
+# Each Kueue scrape's weight in each hour of the window (``scrape_w``: cluster, t_us, h_start, w in
+# seconds, own_hour), from ``{src}`` (rows with cluster and sample_utc) and ``params`` (s_us, e_us, h_us):
+# a scrape stands for the time until its cluster's next scrape -- one median interval where the next is
+# more than KUEUE_HOLD_GAP_FACTOR intervals away, or after the last; until the end of its hour when the
+# cluster has one scrape -- clipped to the window, and that span is split at the hours.
+_SCRAPE_WEIGHTS_SQL = f"""
+scrape_t AS (SELECT DISTINCT cluster, epoch_us(sample_utc) AS t_us FROM {{src}}),
+scrape_next AS (
+    SELECT cluster, t_us, lead(t_us) OVER (PARTITION BY cluster ORDER BY t_us) AS next_us FROM scrape_t
+),
+scrape_cad AS (
+    SELECT cluster, quantile_disc(next_us - t_us, 0.5) AS c_us
+    FROM scrape_next WHERE next_us IS NOT NULL GROUP BY cluster
+),
+scrape_span AS (
+    SELECT n.cluster, n.t_us,
+        least(CASE WHEN n.next_us - n.t_us <= {KUEUE_HOLD_GAP_FACTOR} * c.c_us THEN n.next_us
+                   WHEN c.c_us IS NOT NULL THEN n.t_us + c.c_us
+                   ELSE p.s_us + ((n.t_us - p.s_us) // p.h_us + 1) * p.h_us END, p.e_us) AS end_us,
+        p.s_us + ((n.t_us - p.s_us) // p.h_us) * p.h_us AS own_h
+    FROM scrape_next n
+    LEFT JOIN scrape_cad c ON c.cluster IS NOT DISTINCT FROM n.cluster  -- a cluster may be NULL
+    CROSS JOIN params p
+),
+scrape_hours AS (SELECT generate_series AS h_start FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)),
+scrape_w AS (
+    SELECT s.cluster, s.t_us, h.h_start, h.h_start = s.own_h AS own_hour,
+        (least(s.end_us, h.h_start + p.h_us) - greatest(s.t_us, h.h_start)) / 1e6 AS w
+    FROM scrape_span s CROSS JOIN params p
+    JOIN scrape_hours h ON h.h_start < s.end_us AND h.h_start + p.h_us > s.t_us
+)"""
+
 _KUEUE_SUMS = {
     "pending_gpus": exact_sum("resource_pending", _GPU_ROWS),
     "pending_wl": exact_sum("pending_workloads", "kind = 'queue'"),
@@ -429,14 +479,17 @@ _KUEUE_SUMS = {
     "idle": exact_sum("greatest(quota - usage, 0)"),
     "wait_sum": exact_sum("wait_mean_s * wait_count_interval", "kind = 'admission_wait'"),
     "wait_n": exact_sum("wait_count_interval", "kind = 'admission_wait' AND wait_mean_s IS NOT NULL"),
-    # pending GPUs, else pending workloads x GPUs a workload; no pending workload is no demand
-    "avg_demand": exact_avg(_SCRAPE_DEMAND),
-    "avg_pending_wl": exact_avg("pending_wl"),
-    "sum_wait_sum": exact_sum("wait_sum"),
-    "sum_wait_n": exact_sum("wait_n"),
-    "avg_idle": exact_avg("idle"),
-    "avg_usage": exact_avg("usage"),
-    "avg_quota": exact_avg("quota"),
+    # time-weighted means over the hour (w: the seconds of the hour a scrape stands for); a scrape
+    # whose value is unknown is left out of both sums
+    "avg_demand": _weighted_avg("demand"),
+    "avg_pending_wl": _weighted_avg("pending_wl"),
+    # admissions are counted in the hour of the scrape that saw them, once
+    "sum_wait_sum": exact_sum("wait_sum", "own_hour"),
+    "sum_wait_n": exact_sum("wait_n", "own_hour"),
+    "avg_idle": _weighted_avg("idle"),
+    "avg_usage": _weighted_avg("usage"),
+    "avg_quota": _weighted_avg("quota"),
+    "cap_w": f"coalesce({exact_sum('w', 'idle IS NOT NULL')}, 0.0)",
     # the clusters' hourly figures added up (a cluster whose demand is unknown makes it unknown)
     "all_demand": f"CASE WHEN count(demand) = count(*) THEN {exact_sum('demand')} END",
     "all_pending": exact_sum("pending"),
@@ -457,23 +510,22 @@ params AS (
            CAST($hour_us AS BIGINT) AS h_us, CAST($gpus_per_workload AS DOUBLE) AS gpw
 ),
 k AS (
-    SELECT *, p.s_us + ((epoch_us(sample_utc) - p.s_us) // p.h_us) * p.h_us AS h_start
-    FROM kueue_rows, params p
+    SELECT * FROM kueue_rows, params p
     WHERE scope = 'cluster_queue'
       AND epoch_us(sample_utc) >= p.s_us AND epoch_us(sample_utc) < p.e_us
 ),
 pools AS (
-    SELECT h_start, cluster, sample_utc, {pool_quota} AS quota, {pool_usage} AS usage
+    SELECT cluster, sample_utc, {pool_quota} AS quota, {pool_usage} AS usage
     FROM k
     WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL
-    GROUP BY h_start, cluster, sample_utc, coalesce('cohort:' || coalesce(root_cohort, cohort), 'queue:' || cluster_queue),
+    GROUP BY cluster, sample_utc, coalesce('cohort:' || coalesce(root_cohort, cohort), 'queue:' || cluster_queue),
              flavor
 ),
 pool_idle AS (
-    SELECT h_start, cluster, sample_utc, {idle} AS idle FROM pools GROUP BY h_start, cluster, sample_utc
+    SELECT cluster, sample_utc, {idle} AS idle FROM pools GROUP BY cluster, sample_utc
 ),
 per_scrape AS (
-    SELECT k.h_start, k.cluster, k.sample_utc,
+    SELECT k.cluster, epoch_us(k.sample_utc) AS t_us,
         {pending_gpus} AS pending_gpus,
         {pending_wl} AS pending_wl,
         {usage} AS usage,
@@ -483,10 +535,18 @@ per_scrape AS (
         {wait_n} AS wait_n
     FROM k
     LEFT JOIN pool_idle pi  -- a cluster may be NULL (none configured): IS NOT DISTINCT FROM, not USING
-      ON pi.h_start = k.h_start AND pi.sample_utc = k.sample_utc AND pi.cluster IS NOT DISTINCT FROM k.cluster
-    GROUP BY k.h_start, k.cluster, k.sample_utc
+      ON pi.sample_utc = k.sample_utc AND pi.cluster IS NOT DISTINCT FROM k.cluster
+    GROUP BY k.cluster, k.sample_utc
 ),
--- each cluster's hour: the mean over its scrapes (clusters are scraped at their own instants)
+{weights},
+-- each scrape in each hour it stands for, with its demand as the hourly mean reads it
+scrape_hour AS (
+    SELECT w.h_start, w.w, w.own_hour, s.*, {scrape_demand} AS demand
+    FROM per_scrape s
+    JOIN scrape_w w ON w.t_us = s.t_us AND w.cluster IS NOT DISTINCT FROM s.cluster
+),
+-- each cluster's hour: the time-weighted mean over its scrapes (clusters are scraped at their own
+-- instants)
 per_cluster AS (
     SELECT h_start, cluster,
         {avg_demand} AS demand,
@@ -495,8 +555,9 @@ per_cluster AS (
         {sum_wait_n} AS wait_n,
         {avg_idle} AS idle,
         {avg_usage} AS usage,
-        {avg_quota} AS quota
-    FROM per_scrape
+        {avg_quota} AS quota,
+        {cap_w} / (least(h_start + any_value(p.h_us), any_value(p.e_us)) - h_start) * 1e6 AS cap_cov
+    FROM scrape_hour, params p
     GROUP BY h_start, cluster
 )
 SELECT
@@ -510,7 +571,7 @@ SELECT
     {all_idle} AS idle_open_gpus,
     {all_usage} AS busy_gpus,
     {all_quota} AS total_gpus,
-    CAST(NULL AS DOUBLE) AS capacity_coverage
+    least(min(cap_cov), 1.0) AS capacity_coverage
 FROM per_cluster
 GROUP BY h_start
 """
@@ -604,43 +665,49 @@ params AS (
            CAST($gpus_per_workload AS DOUBLE) AS gpw
 ),
 cq AS (
-    SELECT *, p.s_us + ((epoch_us(sample_utc) - p.s_us) // p.h_us) * p.h_us AS h_start
-    FROM kueue_rows, params p
+    SELECT * FROM kueue_rows, params p
     WHERE scope = 'cluster_queue' AND epoch_us(sample_utc) >= p.s_us AND epoch_us(sample_utc) < p.e_us
 ),
 -- each queue in each scrape: its pending GPUs and pending workloads (as the hourly demand sums them)
 per_queue AS (
-    SELECT h_start, cluster, sample_utc, coalesce(cluster_queue, '{NO_KEY}') AS key,
+    SELECT cluster, epoch_us(sample_utc) AS t_us, coalesce(cluster_queue, '{NO_KEY}') AS key,
         {_KUEUE_SUMS['pending_gpus']} AS pending_gpus,
         {_KUEUE_SUMS['pending_wl']} AS pending_wl
     FROM cq
-    GROUP BY h_start, cluster, sample_utc, coalesce(cluster_queue, '{NO_KEY}')
+    GROUP BY cluster, sample_utc, coalesce(cluster_queue, '{NO_KEY}')
 ),
 -- each cluster's scrape as the hourly demand reads it (_SCRAPE_DEMAND); NULL = nothing known about
 -- its demand (neither series, or pending workloads without GPUs a workload): left out of the mean
 scrape_sums AS (
-    SELECT h_start, cluster, sample_utc,
+    SELECT cluster, t_us,
         {exact_sum("pending_gpus")} AS pending_gpus,
         {exact_sum("pending_wl")} AS pending_wl
     FROM per_queue
-    GROUP BY h_start, cluster, sample_utc
+    GROUP BY cluster, t_us
 ),
 scrape_demand AS (SELECT *, {_SCRAPE_DEMAND} AS demand FROM scrape_sums),
--- each cluster's scrapes of the hour that carry demand (clusters are scraped at their own instants)
+{_SCRAPE_WEIGHTS_SQL.format(src="cq")},
+-- each cluster's hour: the seconds its scrapes that carry demand stand for (the hourly mean's
+-- denominator; clusters are scraped at their own instants)
 scrapes AS (
-    SELECT h_start, cluster, count(*) AS n FROM scrape_demand WHERE demand IS NOT NULL GROUP BY h_start, cluster
+    SELECT w.h_start, w.cluster, {exact_sum("w.w")} AS w_known
+    FROM scrape_w w
+    JOIN scrape_demand s ON s.t_us = w.t_us AND s.cluster IS NOT DISTINCT FROM w.cluster
+    WHERE s.demand IS NOT NULL
+    GROUP BY w.h_start, w.cluster
 ),
 -- a queue's share of its scrape's demand, taken the way the scrape's demand is: its pending GPUs
 -- when the scrape has the series (0 without a sample of its own), else its pending workloads x GPUs
 -- a workload, else 0 (no pending workload); the shares add up to the scrape's demand
 k AS (
-    SELECT q.key, q.cluster, q.h_start,
+    SELECT q.key, q.cluster, w.h_start, w.w,
         CASE WHEN s.pending_gpus IS NOT NULL THEN coalesce(q.pending_gpus, 0.0)
              WHEN s.pending_wl * p.gpw IS NOT NULL THEN coalesce(q.pending_wl, 0.0) * p.gpw
              ELSE 0.0 END AS pending
     FROM per_queue q
     JOIN scrape_demand s  -- a cluster may be NULL (none configured): IS NOT DISTINCT FROM
-      ON s.h_start = q.h_start AND s.sample_utc = q.sample_utc AND s.cluster IS NOT DISTINCT FROM q.cluster
+      ON s.t_us = q.t_us AND s.cluster IS NOT DISTINCT FROM q.cluster
+    JOIN scrape_w w ON w.t_us = q.t_us AND w.cluster IS NOT DISTINCT FROM q.cluster
     CROSS JOIN params p
     WHERE s.demand IS NOT NULL
 ),
@@ -649,9 +716,10 @@ hours AS (
     FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)
 ),
 per_hour AS (
-    -- mean pending GPUs of the queue over its cluster's scrapes of the hour that carry demand x the
-    -- hour's length = its GPU-hours (as the hourly demand: a cluster's mean, clusters added up)
-    SELECT k.key, k.cluster, k.h_start, {exact_sum("k.pending")} / any_value(sc.n) AS pending
+    -- the queue's time-weighted mean pending GPUs over its cluster's scrapes of the hour that carry
+    -- demand x the hour's length = its GPU-hours (as the hourly demand: a cluster's mean, clusters
+    -- added up)
+    SELECT k.key, k.cluster, k.h_start, {exact_sum("k.pending * k.w")} / any_value(sc.w_known) AS pending
     FROM k JOIN scrapes sc ON sc.h_start = k.h_start AND sc.cluster IS NOT DISTINCT FROM k.cluster
     GROUP BY k.key, k.cluster, k.h_start
 ),
@@ -773,7 +841,8 @@ def compute_demand_capacity(
             kp = {"start": start_utc, "end": end_utc, "hour_us": hour_us}
             parts.append(
                 con.sql(
-                    _KUEUE_SQL.format(all=ALL_DEVICES, gpu=KUEUE_GPU_RESOURCE, **_KUEUE_SUMS),
+                    _KUEUE_SQL.format(all=ALL_DEVICES, gpu=KUEUE_GPU_RESOURCE, scrape_demand=_SCRAPE_DEMAND,
+                                      weights=_SCRAPE_WEIGHTS_SQL.format(src="k"), **_KUEUE_SUMS),
                     params={**kp, "gpus_per_workload": kueue_gpus_per_workload},
                 ).to_arrow_table()
             )

@@ -370,7 +370,7 @@ def test_kueue_demand_without_the_pending_resources_metric(pending):
     else:
         assert (row["dcr"], row["qps"], row["cis"], row["dcr_capped"]) == (None, None, None, False)
         assert (row["idle_gpus"], row["severity"]) == (8.0, "Unknown")
-    assert row["capacity_coverage"] is None  # Kueue rows exist only for scraped hours
+    assert row["capacity_coverage"] == 1.0  # 10:00-10:55 every 5 min, the last standing for 5 min
 
 
 @pytest.mark.parametrize("with_quota", [False, True])
@@ -415,6 +415,58 @@ def test_kueue_clusters_scraped_at_their_own_instants_are_added_up():
         assert row["dcr"] == pytest.approx(10 / 6)
         top = {t["key"]: (t["demand_gpu_hours"], t["share"]) for t in r.top.to_pylist()}
         assert top == ({"cq": (10.0, 1.0)} if names[0] == "cq" else {"cq-east": (6.0, 0.6), "cq-west": (4.0, 0.4)})
+
+
+def _scrape_rows(t: dt.datetime, pending: float, *, cluster: str | None = "k8s", quota: bool = True) -> list[dict]:
+    base = dict(sample_utc=t, cluster=cluster, scope="cluster_queue", cluster_queue="cq")
+    rows = [dict(base, kind="resource", resource="nvidia.com/gpu", resource_pending=pending)]
+    if quota:
+        rows.append(dict(base, kind="resource", resource="nvidia.com/gpu", flavor="a100", resource_usage=2.0,
+                         nominal_quota=8.0))
+    return rows
+
+
+def test_kueue_hourly_demand_is_time_weighted_when_the_scrape_interval_changes():
+    """DESIGN 5.6: demand is the time-weighted mean over the hour. Scraped every 15 s from 10:00 to
+    10:10 with 10 GPUs pending, then every minute to 11:00 with 2: the hour is 10 GPUs for 10 min
+    and 2 for 50 (3.33 GPUs), not the mean over 40 + 50 scrapes (5.56), and so are the queue's
+    GPU-hours."""
+    rows = []
+    for k in range(40):
+        rows += _scrape_rows(at(10) + dt.timedelta(seconds=15 * k), 10.0)
+    for k in range(50):
+        rows += _scrape_rows(at(10, 10) + dt.timedelta(minutes=k), 2.0)
+    r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
+                           kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema))
+    by_hour = hourly(r, source="kueue")
+    # the median interval is 60 s: the last scrape (10:59) stands for 10:59-11:00
+    assert sorted(by_hour) == [10]
+    row = by_hour[10]
+    assert row["demand_gpus"] == pytest.approx((10 * 10 + 2 * 50) / 60, rel=1e-12)
+    assert (row["idle_gpus"], row["total_gpus"], row["capacity_coverage"]) == (6.0, 8.0, 1.0)
+    assert _kueue_top(r) == pytest.approx({"cq": (10 * 10 + 2 * 50) / 60}, rel=1e-12)
+
+
+def test_kueue_scrape_outage_is_not_filled_with_the_last_value():
+    """Scraped every minute; nothing from 10:20 to 10:50 (a controller restart): the 10:19 scrape
+    stands for one minute, not for the outage, so its 9 GPUs weigh 1 minute; the hour's coverage
+    says 30 of 60 minutes were seen. A scrape 2 minutes after the one before (under 3 intervals)
+    holds over the gap. A cluster without the quota series covers no capacity."""
+    rows = []
+    for m in [*range(0, 19), *range(50, 58), 59]:
+        rows += _scrape_rows(at(10, m), 1.0)
+    rows += _scrape_rows(at(10, 19), 9.0)
+    r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
+                           kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema))
+    row = hourly(r, source="kueue")[10]
+    # covered: 10:00-10:20 and 10:50-11:00 (10:57 holds to 10:59, 10:59 stands for a minute)
+    assert row["demand_gpus"] == pytest.approx((19 * 1 + 1 * 9 + 10 * 1) / 30, rel=1e-12)
+    assert row["capacity_coverage"] == pytest.approx(0.5, rel=1e-12)
+    rows += _scrape_rows(at(10, 30), 1.0, cluster="other", quota=False)
+    row = hourly(demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
+                                    kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema)),
+                 source="kueue")[10]
+    assert row["capacity_coverage"] == 0.0 and row["idle_gpus"] is None and row["severity"] == "Unknown"
 
 
 # -- Kueue top contributors against the hourly demand --------------------------------------------
@@ -470,9 +522,14 @@ def _kueue_top(result) -> dict[str, float]:
 
 def _assert_kueue_top_adds_up_to_the_hourly_demand(kueue: pa.Table, hours: list[int], **kwargs) -> None:
     """For every hour (a window of that hour alone), the queues' GPU-hours -- all queues, not only
-    the top N -- add up to the hour's Kueue ``demand_gpus``; and over the day, to the hours' sum."""
+    the top N -- add up to the hour's Kueue ``demand_gpus``; and over the day, to the hours' sum.
+    An hour that only a scrape of the hour before stands into has no row in a window of its own."""
+    taken = kueue["sample_utc"].to_pylist()
     for h in hours:
         r = _kueue_result(kueue, at(h), at(h + 1), top_n=10_000, **kwargs)
+        if not any(at(h) <= t < at(h + 1) for t in taken):
+            assert hourly(r, source="kueue") == {} and _kueue_top(r) == {}, h
+            continue
         (row,) = hourly(r, source="kueue").values()
         assert row["demand_gpus"] is not None, h
         assert sum(_kueue_top(r).values()) == pytest.approx(row["demand_gpus"], rel=1e-12), h
@@ -556,13 +613,24 @@ def test_kueue_top_contributors_add_up_to_the_hourly_demand_every_hour():
     ])
     r = _kueue_result(kueue, DAY, END, kueue_gpus_per_workload=2.0)
     demand = {h: x["demand_gpus"] for h, x in hourly(r, source="kueue").items()}
-    # east 9: (6 + 6) / 2; 10: (10 + 5 x 2) / 2; 11: (6 x 2 + 4 x 2) / 2; west 10: (3 + 6) / 2 (h100's
-    # workloads at 10:15 are not counted: the scrape has the series); 11: 8
-    assert demand == {9: 6.0, 10: 10.0 + 4.5, 11: 10.0 + 8.0}
-    # a100: east 5 + 8 + 1, west 2 + 7; h100: east 1 + 2 + 9, west 2.5 + 1
-    assert _kueue_top(r) == {"gpu-a100": 23.0, "gpu-h100": 15.5}
-    assert sum(demand.values()) == 38.5
-    _assert_kueue_top_adds_up_to_the_hourly_demand(kueue, [9, 10, 11], kueue_gpus_per_workload=2.0)
+    # Time-weighted: a scrape stands for the minutes until its cluster's next scrape (both clusters'
+    # median interval is 20 min; the last scrape stands for 20 min), split at the hours; a scrape
+    # saying nothing about demand is left out with its minutes.
+    # east (a100 + h100 pending GPUs x minutes): 9:05 (4 + 2) x 30, 9:35 (6 + 0) x 25 | x 5 in hour
+    # 10, 10:05 (8 + 2) x 20, 10:25 (4 + 1 workloads x 2) x 20, [10:45 nothing x 15 | 5],
+    # 11:05 (1 + 5 workloads x 2) x 30, 11:35 (0 + 4 workloads x 2) x 20;
+    # west: 10:15 (3 + 0: h100's workloads are not counted, the scrape has the series) x 15,
+    # [10:30 nothing x 20], 10:50 (1 + 5) x 10 | x 15, [11:15 nothing x 30], 11:45 (7 + 1) x 15 | x 5
+    east = {9: (6 * 30 + 6 * 25) / 55, 10: (6 * 5 + 10 * 20 + 10 * 20) / 45, 11: (12 * 30 + 8 * 20) / 50}
+    west = {10: (3 * 15 + 6 * 10) / 25, 11: (6 * 15 + 8 * 15) / 30, 12: 8.0}
+    assert demand == pytest.approx({h: east.get(h, 0.0) + west.get(h, 0.0) for h in (9, 10, 11, 12)},
+                                   rel=1e-12)
+    assert (demand[10], demand[11]) != (14.5, 18.0)  # the plain means over the hours' scrapes
+    a100 = (4 * 30 + 6 * 25) / 55 + (6 * 5 + 8 * 20 + 8 * 20) / 45 + 2 * 30 / 50 + (3 * 15 + 1 * 10) / 25 + 4.0 + 7.0
+    h100 = (2 * 30) / 55 + (2 * 20 + 2 * 20) / 45 + (10 * 30 + 8 * 20) / 50 + (5 * 10) / 25 + 3.0 + 1.0
+    assert _kueue_top(r) == pytest.approx({"gpu-a100": a100, "gpu-h100": h100}, rel=1e-12)
+    assert sum(demand.values()) == pytest.approx(a100 + h100, rel=1e-12)
+    _assert_kueue_top_adds_up_to_the_hourly_demand(kueue, [9, 10, 11, 12], kueue_gpus_per_workload=2.0)
 
 
 # -- simulated pool ----------------------------------------------------------------------------
