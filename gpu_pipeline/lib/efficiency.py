@@ -17,7 +17,12 @@ Seed definitions (exact; users compare with them)
     GPU-hour (of a GPU in a job run) is the seed formula applied to its time-weighted mean power.
 
 Samples and time weighting
-    MIG instances are skipped (their power is the parent board's; counted in ``counters``). When one
+    MIG instances are measured as their board (:func:`_mig_boards_sql`): one GPU under the board's
+    short id, whose utilization is the share of its compute slices busy by the instances'
+    GR_ENGINE_ACTIVE (they export no GPU_UTIL) and whose power is the board's, which each instance
+    repeats (``mig_samples_on_boards``); an instance whose parent UUID the source does not give is
+    skipped (``mig_samples_skipped``). Held-idle needs the board's id in the slot states, which list
+    MIG devices instead, so a board has none. When one
     GPU is reported by several sources, each UTC hour uses the source with the most samples of the
     GPU in that hour (no double counting; a GPU whose collector stopped at 06:00 while another went
     on is measured by the other from then on). Two samples of one GPU at one time (the same sample
@@ -150,8 +155,8 @@ GPU_HOURLY_EFFICIENCY = TableSpec(
     name="gpu_hourly_efficiency",
     description=(
         "Per GPU x UTC hour (clipped to the day): time-weighted utilization and power, PIF, RFU, efficiency "
-        "gap and class (DESIGN.md 5.5), energy, and the share of the hour the GPU was claimed. MIG "
-        "instances are skipped."
+        "gap and class (DESIGN.md 5.5), energy, and the share of the hour the GPU was claimed. A board in "
+        "MIG mode is one GPU, its utilization the share of its compute slices busy (GR_ENGINE_ACTIVE)."
     ),
     key=("gpu_id", "hour_start_utc"),
     schema=pa.schema(
@@ -375,6 +380,8 @@ class EfficiencyResult:
     held_idle: pa.Table
     daily: pa.Table
     counters: dict[str, float] = field(default_factory=dict)
+    #: GPU ids of boards measured from their MIG instances (the slot states may name only the instances)
+    mig_boards: list[str] = field(default_factory=list)
 
 
 def _ts(us_expr: str) -> str:
@@ -412,6 +419,49 @@ _MIG_R = _MIG.replace("mig_", "r.mig_").replace("gpu_id", "r.gpu_id")
 _PLIMIT = "CASE WHEN r.power_limit_w > 0 AND NOT isnan(r.power_limit_w) THEN r.power_limit_w END"
 
 
+#: Compute slices of a MIG-capable board, by a word of its model name (DESIGN 4.3; NVIDIA's MIG user
+#: guide: A30 4 slices; A100, H100, H200, B200 7); any other model 7.
+MIG_BOARD_SLICES = (("A30", 4),)
+MIG_DEFAULT_SLICES = 7
+
+
+def _board_slices_sql(device: str) -> str:
+    cases = " ".join(f"WHEN contains(upper({device}), '{word}') THEN {n}" for word, n in MIG_BOARD_SLICES)
+    return f"CASE {cases} ELSE {MIG_DEFAULT_SLICES} END"
+
+
+def _mig_boards_sql(samples_sql: str) -> str:
+    """A FROM-clause over ``samples_sql`` (same parameters) in which the MIG instances of a board are
+    one row of the board (``gpu_id`` its short id) per host, source and time: MIG instances export
+    no GPU_UTIL (DESIGN 4.3), so its ``util_pct`` is the board's share of busy compute slices,
+    ``sum(slices x gr_engine_active_pct) / board slices`` over its instances (a ``3g.40gb`` instance
+    has 3 of an H100's 7; slices without an instance are idle), null when an instance lacks the
+    ratio or a ``<n>g.`` profile; its power, power limit and energy counter are the board's, which
+    every instance (and a board-level series, where exported) repeats: their greatest. Instances
+    whose parent UUID the source does not give stay MIG rows (skipped)."""
+    mig = _MIG.replace("gpu_id", "b.gpu_id").replace("mig_", "b.mig_")
+    slices = r"TRY_CAST(regexp_extract(b.mig_profile, '^(\d+)g\.', 1) AS INTEGER)"
+    on = "p.host IS NOT DISTINCT FROM b.host AND p.source = b.source AND p.gpu_uuid = b.gpu_uuid"
+    return f"""(
+        WITH base AS (SELECT * FROM {samples_sql}),
+        parents AS (
+            SELECT DISTINCT b.host, b.source, b.gpu_uuid FROM base b
+            WHERE {mig} AND b.gpu_uuid LIKE 'GPU-%-%-%-%-%'
+        )
+        SELECT b.* FROM base b ANTI JOIN parents p ON {on}
+        UNION ALL BY NAME
+        SELECT b.sample_utc, b.source, b.host, b.gpu_uuid, 'GPU-' || lower(substr(b.gpu_uuid, 5, 8)) AS gpu_id,
+               max(b.device_name) AS device_name,
+               CASE WHEN count(*) FILTER (WHERE {mig}) = count({slices} * b.gr_engine_active_pct) FILTER (WHERE {mig})
+                    THEN sum({slices} * b.gr_engine_active_pct) FILTER (WHERE {mig})
+                         / greatest({_board_slices_sql("max(b.device_name)")}, sum({slices}) FILTER (WHERE {mig}))
+               END AS util_pct,
+               max(b.power_w) AS power_w, max(b.power_limit_w) AS power_limit_w, max(b.energy_mj) AS energy_mj
+        FROM base b SEMI JOIN parents p ON {on}
+        GROUP BY b.sample_utc, b.source, b.host, b.gpu_uuid
+    )"""
+
+
 def compute_efficiency(
     con: duckdb.DuckDBPyConnection,
     samples_sql: str,
@@ -442,10 +492,22 @@ def compute_efficiency(
     lo = start_utc - LOOKAROUND
     hi = end_utc + LOOKAROUND
     counters: dict[str, float] = {}
+    mig_boards: list[str] = []
     have_states = states_sql is not None
     try:
         groups = _stage_sources(con, samples_sql, list(samples_params), lo, hi, s_us, e_us, counters,
                                 group_samples)
+        counters["mig_samples_on_boards"] = 0.0
+        if counters["mig_samples_skipped"]:  # MIG instances: measured as their boards (read again)
+            instances = counters["mig_samples_skipped"]
+            mig_boards = [b for (b,) in con.execute(
+                f"SELECT DISTINCT 'GPU-' || lower(substr(gpu_uuid, 5, 8)) FROM {samples_sql} "
+                f"WHERE sample_utc >= ? AND sample_utc < ? AND {_MIG} AND gpu_uuid LIKE 'GPU-%-%-%-%-%' ORDER BY 1",
+                [*samples_params, lo, hi]).fetchall()]
+            samples_sql = _mig_boards_sql(samples_sql)
+            groups = _stage_sources(con, samples_sql, list(samples_params), lo, hi, s_us, e_us, counters,
+                                    group_samples)
+            counters["mig_samples_on_boards"] = instances - counters["mig_samples_skipped"]
         have_jobs = jobs_sql is not None
         if have_jobs:
             _stage_jobruns(con, jobs_sql, list(jobs_params), s_us, e_us)
@@ -479,7 +541,8 @@ def compute_efficiency(
     counters["job_runs_without_telemetry"] = float(
         sum(1 for c in jobs["sample_coverage"].to_pylist() if not c)
     )
-    return EfficiencyResult(hourly=hourly, jobs=jobs, held_idle=held, daily=daily, counters=counters)
+    return EfficiencyResult(hourly=hourly, jobs=jobs, held_idle=held, daily=daily, counters=counters,
+                            mig_boards=mig_boards)
 
 
 def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group_samples) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from gpu_pipeline.defs.metrics.efficiency import efficiency
 from gpu_pipeline.defs.resources import DataStoreResource
-from gpu_pipeline.lib.efficiency import HELD_IDLE_INTERVALS
+from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY, HELD_IDLE_INTERVALS
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_SAMPLES, GPU_STATES, JOBS, conform
 from gpu_pipeline.lib.store import Store
 
@@ -128,3 +128,42 @@ def test_a_day_without_power_readings_has_no_made_up_zero_in_the_metadata(tmp_pa
     assert "rfu_pct_fleet" not in meta and "energy_kwh" not in meta
     assert meta["util_pct"].value > 80
     assert meta["samples_in_window"].value == 1440 and meta["samples_dropped_other_source"].value == 0
+
+
+def test_a_mig_board_is_not_a_gpu_missing_from_the_snapshots(tmp_path):
+    """Host h1 in the slot snapshots with GPU-aaaaaaaa, plus an H100 board in MIG mode whose
+    instances (dcgm-exporter: parent UUID + GPU_I_ID) HTCondor lists by their MIG ids, and an
+    unknown whole GPU GPU-cccccccc. The board gets efficiency rows under its short id and is not
+    reported by the subset check (HTCondor may list only its instances); GPU-cccccccc is."""
+    store = Store(tmp_path / "data")
+    day = dt.date(2025, 8, 5)
+    _write_inputs(store, [day], {GPU: ("s#1.0#1", dt.datetime(2025, 8, 5, 12, tzinfo=UTC),
+                                       dt.datetime(2025, 8, 5, 12, tzinfo=UTC))})
+    parent = "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"
+    extra = []
+    for gi, profile in ((1, "4g.40gb"), (5, "3g.40gb")):
+        extra += _day_rows(day, dt.timedelta(minutes=1), lambda t, gi=gi, p=profile: {
+            "sample_utc": t, "source": "dcgm", "host": "h1", "gpu_uuid": parent, "gpu_id": f"{parent}/{gi}",
+            "mig_profile": p, "mig_instance_id": gi, "device_name": "NVIDIA H100 80GB HBM3",
+            "power_w": 420.0, "gr_engine_active_pct": 70.0})
+    extra += _day_rows(day, dt.timedelta(minutes=1), lambda t: {
+        "sample_utc": t, "source": "nvidia-smi", "host": "h1", "gpu_id": "GPU-cccccccc",
+        "device_name": "NVIDIA A100-SXM4-40GB", "util_pct": 10.0, "power_w": 90.0})
+    samples = pa.concat_tables([store.read_table(GPU_SAMPLES, day.isoformat()),
+                                conform(pa.Table.from_pylist(extra), GPU_SAMPLES)])
+    store.write_partition(GPU_SAMPLES, day.isoformat(), samples)
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([efficiency], resources={"data_store": DataStoreResource(data_root=str(store.root))},
+                                partition_key=day.isoformat(), instance=instance)
+    assert result.success
+    hourly = store.read_table(GPU_HOURLY_EFFICIENCY, day.isoformat()).to_pylist()
+    assert {r["gpu_id"] for r in hourly} == {GPU, "GPU-58e8f5ea", "GPU-cccccccc"}
+    board = [r for r in hourly if r["gpu_id"] == "GPU-58e8f5ea"]
+    assert len(board) == 24 and all(r["util_pct"] == 70.0 and r["power_w"] == 420.0 for r in board)
+    (check,) = result.get_asset_check_evaluations()
+    assert check.check_name == "gpus_subset_of_snapshots" and not check.passed
+    assert check.metadata["gpus_not_in_snapshots"].value == {day.isoformat(): ["GPU-cccccccc"]}
+    (daily,) = [m for m in result.get_asset_materialization_events()
+                if m.asset_key == dg.AssetKey(["metrics", "efficiency_daily"])]
+    meta = daily.materialization.metadata
+    assert meta["mig_samples_on_boards"].value == 2 * 1440 and meta["mig_samples_skipped"].value == 0

@@ -422,7 +422,9 @@ def test_nan_and_absent_power_give_null_metrics_not_zero():
     assert a["pif"] is None and a["efficiency_class"] == "Idle"
 
 
-def test_mig_instances_are_skipped():
+def test_mig_instances_without_their_board_are_skipped():
+    """MIG instances whose parent UUID the source does not give (a ``MIG-`` UUID only, or a
+    ``<uuid>/<GI>`` id without ``gpu_uuid``) cannot be put on a board: skipped and counted."""
     rows = series("GPU-aaaaaaaa", at(10), 61, power_w=200.0, util_pct=80.0)
     rows += series("MIG-0caf1ce3-fcd4-59da-8564-764000e3ace9", at(10), 61, power_w=200.0, mig_profile="1g.5gb",
                    mig_instance_id=1)
@@ -435,6 +437,68 @@ def test_mig_instances_are_skipped():
     (job,) = res.jobs.to_pylist()
     assert (job["gpus"], job["mig_devices"]) == (1, 1)
     assert job["sample_coverage"] == pytest.approx(1.0)
+
+
+def _mig_scrape(t: dt.datetime, board_power_w: float, active: dict[tuple[str, int], float],
+                board_series: bool = False) -> str:
+    """One dcgm-exporter scrape of an H100 in MIG mode, modeled on the H100 MIG excerpt of the real
+    captures (dcgm-exporter issue 512): each instance's series carries the parent UUID with
+    GPU_I_PROFILE / GPU_I_ID; power is a device field, repeated on every instance; no GPU_UTIL."""
+    ms = int(t.timestamp() * 1000)
+    common = ('gpu="0",UUID="GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77",pci_bus_id="00000000:1A:00.0",'
+              'device="nvidia0",modelName="NVIDIA H100 80GB HBM3"')
+    lines = ["# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).", "# TYPE DCGM_FI_DEV_POWER_USAGE gauge"]
+    if board_series:
+        lines.append(f'DCGM_FI_DEV_POWER_USAGE{{{common},Hostname="gsrh100-074"}} {board_power_w} {ms}')
+    for profile, gi in active:
+        lines.append(f'DCGM_FI_DEV_POWER_USAGE{{{common},GPU_I_PROFILE="{profile}",GPU_I_ID="{gi}",'
+                     f'Hostname="gsrh100-074"}} {board_power_w} {ms}')
+    lines += ["# HELP DCGM_FI_PROF_GR_ENGINE_ACTIVE Ratio of time the graphics engine is active.",
+              "# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge"]
+    for (profile, gi), ratio in active.items():
+        lines.append(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{common},GPU_I_PROFILE="{profile}",GPU_I_ID="{gi}",'
+                     f'Hostname="gsrh100-074",DCGM_FI_DRIVER_VERSION="535.129.03"}} {ratio:.6f} {ms}')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("board_series", [False, True])
+def test_mig_board_measured_from_its_instances_graphics_engine_activity(board_series):
+    """DESIGN 4.3: MIG instances have no GPU_UTIL; use GR_ENGINE_ACTIVE. A board split 3g + 2g + 1g
+    (6 of an H100's 7 slices) with the instances 80 %, 50 % and 0 % active has (3 x 80 + 2 x 50) / 7
+    = 48.6 % of its compute busy; its 350 W are the board's, repeated on each instance (and on a
+    board-level series where the exporter gives one), not 3 x 350. The hour is the board's, under
+    its short id (it had no row: MIG samples were all skipped)."""
+    from gpu_pipeline.lib.telemetry import parse_dcgm_text
+
+    active = {("3g.40gb", 1): 0.8, ("2g.20gb", 5): 0.5, ("1g.10gb", 13): 0.0}
+    text = "".join(_mig_scrape(at(10) + dt.timedelta(seconds=30 * i), 350.0, active, board_series)
+                   for i in range(121))
+    parsed = parse_dcgm_text(text, host="gsrh100-074")
+    assert parsed.table.num_rows == 121 * (3 + board_series)
+    assert set(parsed.table["util_pct"].to_pylist()) == {None}
+    res = run(parsed.table)
+    row = hour_row(res, "GPU-58e8f5ea", 10)
+    assert row["util_pct"] == pytest.approx((3 * 80 + 2 * 50) / 7, rel=1e-9)
+    assert row["power_w"] == pytest.approx(350.0) and row["pif"] == pytest.approx(350 / 700)
+    assert row["coverage_s"] == pytest.approx(3600.0)
+    assert row["efficiency_class"] == "Moderate"  # util >= 40 and PIF >= 0.5
+    assert row["energy_kwh"] == pytest.approx(0.35, rel=1e-9)
+    assert res.counters["mig_samples_on_boards"] == 121 * 3 and res.counters["mig_samples_skipped"] == 0
+    assert {r["gpu_id"] for r in res.hourly.to_pylist()} == {"GPU-58e8f5ea"} and res.mig_boards == ["GPU-58e8f5ea"]
+
+
+def test_mig_instance_without_a_profile_leaves_the_board_util_unknown():
+    """An instance without a ``<n>g.`` profile: the board's share of busy slices is unknown (null
+    util, no class), its power still measured."""
+    rows = []
+    for gi, profile in ((1, "3g.40gb"), (2, None)):
+        rows += series(f"GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77/{gi}", at(10), 61, device="NVIDIA H100 80GB HBM3",
+                       gpu_uuid="GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77", mig_profile=profile, mig_instance_id=gi,
+                       power_w=280.0, gr_engine_active_pct=60.0)
+    res = run(samples_table(rows))
+    row = hour_row(res, "GPU-58e8f5ea", 10)
+    assert row["util_pct"] is None and row["efficiency_class"] is None
+    assert row["power_w"] == pytest.approx(280.0) and row["pif"] == pytest.approx(0.4)
 
 
 def test_one_source_per_gpu_no_double_counting():

@@ -3,6 +3,8 @@
 import datetime as dt
 
 import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
 from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
@@ -33,7 +35,7 @@ SPECS = (GPU_HOURLY_EFFICIENCY, JOB_EFFICIENCY, HELD_IDLE_INTERVALS, EFFICIENCY_
 KEYS = [table_key(s) for s in SPECS]
 #: The samples the day's figures left out, and why; in the daily table's metadata.
 SAMPLE_COUNTERS = ("samples_in_window", "samples_dropped_other_source", "duplicate_samples_dropped",
-                   "mig_samples_skipped", "gaps_over_3x_cadence")
+                   "mig_samples_on_boards", "mig_samples_skipped", "gaps_over_3x_cadence")
 DEPS = [SAMPLES_KEY, STATES_KEY, JOBS_KEY]
 SUBSET = dg.AssetCheckSpec(
     "gpus_subset_of_snapshots", asset=KEYS[0],
@@ -64,8 +66,12 @@ def efficiency(context: dg.AssetExecutionContext, data_store: DataStoreResource)
                                      jobs_sql=j_sql, jobs_params=j_params)
             slots_sql, slots_params = store.relation_sql(CLEAN_SLOT_SNAPSHOTS, [day])
             # GPUs of pool hosts must be in the snapshots; hosts outside the HTCondor pool (e.g. a
-            # Terapixel render farm) have telemetry only.
-            con.register("hourly_rows", res.hourly.select(["gpu_id", "host"]))
+            # Terapixel render farm) have telemetry only. A board measured from its MIG instances is
+            # left out: HTCondor may list only the instances.
+            hourly_ids = res.hourly.select(["gpu_id", "host"])
+            if res.mig_boards:
+                hourly_ids = hourly_ids.filter(pc.invert(pc.is_in(hourly_ids["gpu_id"], pa.array(res.mig_boards))))
+            con.register("hourly_rows", hourly_ids)
             strays[day] = [r[0] for r in con.sql(
                 f"""WITH slots AS (SELECT DISTINCT host, gpu_id FROM {slots_sql})
                     SELECT DISTINCT gpu_id FROM hourly_rows
