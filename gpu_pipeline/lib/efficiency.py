@@ -86,8 +86,11 @@ Jobs
     is the GPU-time of held-idle runs whose state names this job.
 
 Fleet RFU
-    ``100 x sum(realized_tflops x coverage_s) / sum(achievable_tflops x coverage_s)`` over GPU-hours
-    with a PIF, per day and per device class (:func:`fleet_rfu`, ``metrics/efficiency_daily``).
+    ``100 x sum(realized_tflops x power_coverage_s) / sum(achievable_tflops x power_coverage_s)``
+    over GPU-hours with a PIF, per day and per device class (:func:`fleet_rfu`,
+    ``metrics/efficiency_daily``): an hour weighs the time its power was known, so an hour with two
+    minutes of power readings does not weigh as a full one; the daily utilization likewise weighs
+    ``util_coverage_s``. (Days written before these columns existed are weighed by ``coverage_s``.)
 """
 
 from __future__ import annotations
@@ -159,6 +162,7 @@ GPU_HOURLY_EFFICIENCY = TableSpec(
         "MIG mode is one GPU, its utilization the share of its compute slices busy (GR_ENGINE_ACTIVE)."
     ),
     key=("gpu_id", "hour_start_utc"),
+    version=2,
     schema=pa.schema(
         [
             _f("gpu_id", pa.string(), "HTCondor short GPU id", nullable=False),
@@ -169,6 +173,10 @@ GPU_HOURLY_EFFICIENCY = TableSpec(
             _f("samples", pa.int64(), "Samples of the GPU in the hour (one source)", nullable=False),
             _f("coverage_s", pa.float64(), "Time covered by sample segments (gaps <= 3x cadence) (s)",
                nullable=False),
+            _f("util_coverage_s", pa.float64(), "Of coverage_s, the time with a utilization reading (s): "
+               "util_pct's weight in daily and fleet means"),
+            _f("power_coverage_s", pa.float64(), "Of coverage_s, the time with a power reading (s): the "
+               "weight of the hour's RFU in the fleet RFU"),
             _f("util_pct", pa.float64(), "Time-weighted mean GPU utilization (%)"),
             _f("power_w", pa.float64(), "Time-weighted mean power draw (W)"),
             _f("max_power_w", pa.float64(), "Denominator of PIF: sampled power limit, else spec TDP (W)",
@@ -283,8 +291,9 @@ EFFICIENCY_DAILY = TableSpec(
             _f("device_name", pa.string(), "GPU model name, or ALL", nullable=False),
             _f("gpus", pa.int64(), "GPUs with samples", nullable=False),
             _f("gpu_hours_sampled", pa.float64(), "Sum of coverage_s / 3600", nullable=False),
-            _f("util_pct", pa.float64(), "Coverage-weighted mean utilization (%)"),
-            _f("rfu_pct_fleet", pa.float64(), "100 x sum(realized x coverage) / sum(achievable x coverage)"),
+            _f("util_pct", pa.float64(), "Mean utilization, each GPU-hour weighted by util_coverage_s (%)"),
+            _f("rfu_pct_fleet", pa.float64(), "100 x sum(realized x power_coverage_s) / sum(achievable x "
+               "power_coverage_s)"),
             _f("energy_kwh", pa.float64(), "Energy (kWh)"),
             _f("held_idle_gpu_hours", pa.float64(), "Held-but-idle GPU-hours (null without gpu_states)"),
         ]
@@ -403,9 +412,13 @@ def _mean_us(value: str, weight_us: str) -> str:
     return f"{exact_sum(f'{value} * {weight_us}', known)} / nullif(sum({weight_us}) FILTER (WHERE {known}), 0)"
 
 
-# Capability-weighted fleet RFU: sum(realized x coverage) / sum(achievable x coverage) over GPU-hours with a PIF
-_RFU_NUM = exact_sum("realized_tflops * coverage_s", "pif IS NOT NULL")
-_RFU_DEN = exact_sum("achievable_tflops * coverage_s", "pif IS NOT NULL")
+# Capability-weighted fleet RFU: sum(realized x power time) / sum(achievable x power time) over GPU-hours
+# with a PIF, an hour weighed by the time its power was known (coverage_s in days written before it was
+# stored); the utilization by the time it was known
+_POWER_W = "coalesce(power_coverage_s, coverage_s)"
+_UTIL_W = "coalesce(util_coverage_s, coverage_s)"
+_RFU_NUM = exact_sum(f"realized_tflops * {_POWER_W}", "pif IS NOT NULL")
+_RFU_DEN = exact_sum(f"achievable_tflops * {_POWER_W}", "pif IS NOT NULL")
 
 
 def _trap(col: str) -> str:
@@ -1005,6 +1018,8 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
             SELECT *, cb - ca AS w_us, (cb - ca) / {_US}.0 AS w FROM pieces WHERE cb > ca
         ), seg_h AS (
             SELECT gid, h, sum(cb - ca) / {_US}.0 AS coverage_s,
+                   sum(cb - ca) FILTER (WHERE util IS NOT NULL) / {_US}.0 AS util_cov_s,
+                   sum(cb - ca) FILTER (WHERE power IS NOT NULL) / {_US}.0 AS power_cov_s,
                    {_mean_us("util", "w_us")} AS util_tw, {_mean_us("power", "w_us")} AS power_tw,
                    {_mean_us("plimit", "w_us")} AS plimit_tw,
                    {exact_sum('coalesce(energy_counter_j, energy_power_j) * w / len_s')} AS energy_j,
@@ -1018,6 +1033,8 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
             FROM _eff_samples WHERE t >= {s_us} AND t < {e_us} GROUP BY ALL
         ){busy}, base AS (
             SELECT gid, h, coalesce(smp_h.samples, 0) AS samples, coalesce(seg_h.coverage_s, 0.0) AS coverage_s,
+                   coalesce(seg_h.util_cov_s, 0.0) AS util_coverage_s,
+                   coalesce(seg_h.power_cov_s, 0.0) AS power_coverage_s,
                    -- the plain means only for an hour without covered time (all its samples isolated):
                    -- an hour whose segments have no power reading has no power, whatever a lone sample says
                    CASE WHEN coalesce(seg_h.coverage_s, 0.0) > 0 THEN util_tw ELSE util_m END AS util,
@@ -1039,6 +1056,7 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
             FROM f
         )
         SELECT r.gpu_id, r.host, r.device_name, {_ts("r.h")} AS hour_start_utc, r.samples, r.coverage_s,
+               r.util_coverage_s, r.power_coverage_s,
                r.util AS util_pct, r.power AS power_w, r.max_power_w, r.max_power_source, r.pif,
                r.achievable_tflops, r.realized_tflops, r.rfu_pct, r.util - r.rfu_pct AS efficiency_gap_pp,
                {class_sql("r.util", "r.pif")} AS efficiency_class,
@@ -1266,7 +1284,7 @@ def efficiency_daily(hourly: pa.Table, held_idle: pa.Table | None, day_start_utc
             per AS (
                 SELECT GROUPING(device_name) AS is_all, device_name,
                        count(DISTINCT gpu_id) AS gpus, {exact_sum('coverage_s')} / 3600.0 AS gpu_hours_sampled,
-                       {_mean("util_pct", "coverage_s")} AS util_pct,
+                       {_mean("util_pct", _UTIL_W)} AS util_pct,
                        100.0 * {_RFU_NUM} / nullif({_RFU_DEN}, 0) AS rfu_pct_fleet,
                        {exact_sum('energy_kwh')} AS energy_kwh
                 FROM h GROUP BY GROUPING SETS ((device_name), ())
@@ -1293,8 +1311,9 @@ def efficiency_daily(hourly: pa.Table, held_idle: pa.Table | None, day_start_utc
 def fleet_rfu(hourly: pa.Table, tz: str = "UTC") -> dict[str, dict[str, float | None]]:
     """Capability-weighted fleet RFU (%) per day (in ``tz``) and device class:
     ``{"2025-08-05": {"ALL": 41.2, "NVIDIA A100-SXM4-80GB": 55.0, ...}}`` --
-    ``100 x sum(realized_tflops x coverage_s) / sum(achievable_tflops x coverage_s)`` over GPU-hours with
-    a PIF; None for a class without any."""
+    ``100 x sum(realized_tflops x power_coverage_s) / sum(achievable_tflops x power_coverage_s)`` over
+    GPU-hours with a PIF (``coverage_s`` where a day was written without it); None for a class
+    without any."""
     con = db_connect()
     try:
         con.register("hourly", hourly)
@@ -1304,7 +1323,7 @@ def fleet_rfu(hourly: pa.Table, tz: str = "UTC") -> dict[str, dict[str, float | 
                    100.0 * {_RFU_NUM} / nullif({_RFU_DEN}, 0)
             FROM (SELECT CAST(timezone(?, hour_start_utc) AS DATE) AS day,
                          coalesce(device_name, 'unknown') AS device_name, realized_tflops, achievable_tflops,
-                         coverage_s, pif FROM hourly)
+                         coverage_s, {_POWER_W} AS power_coverage_s, pif FROM hourly)
             GROUP BY GROUPING SETS ((day, device_name), (day))
             ORDER BY day, is_all DESC, device_name
             """,

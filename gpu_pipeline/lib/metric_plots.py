@@ -1175,10 +1175,11 @@ def efficiency_classes(
 
 
 def rfu_over_day(hourly: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None) -> Rendered:
-    """Fleet utilization vs capability-weighted RFU per hour: utilization = coverage-weighted mean
-    of ``util_pct``; RFU = 100 x sum(realized_tflops x coverage) / sum(achievable_tflops x coverage)
-    over GPU-hours with a PIF (as ``efficiency_daily.rfu_pct_fleet``). The band between them is
-    the efficiency gap.
+    """Fleet utilization vs capability-weighted RFU per hour: utilization = the mean of ``util_pct``
+    weighted by the time it was known (``util_coverage_s``); RFU = 100 x sum(realized_tflops x
+    power time) / sum(achievable_tflops x power time) over GPU-hours with a PIF, power time =
+    ``power_coverage_s`` (as ``efficiency_daily``; ``coverage_s`` for days written without them).
+    The band between them is the efficiency gap.
 
     ``numbers``: ``util_pct``, ``rfu_pct_fleet``, ``efficiency_gap_pp`` (day), ``hours``,
     ``coverage_pct``."""
@@ -1195,16 +1196,22 @@ def rfu_over_day(hourly: pa.Table, day: dt.date, tz: str, *, coverage_pct: float
     h = np.where(ok_t, h, 0).astype(np.int64)
     cov = _num(hourly, "coverage_s") if "coverage_s" in hourly.column_names else np.full(hourly.num_rows, HOUR_S)
     cov = np.where(np.isfinite(cov), cov, 0.0)
+
+    def known_time(col: str) -> np.ndarray:  # the time a reading was known; coverage_s in older days
+        w = _num(hourly, col) if col in hourly.column_names else np.full(hourly.num_rows, np.nan)
+        return np.where(np.isfinite(w), w, cov)
+
+    cov_u, cov_p = known_time("util_coverage_s"), known_time("power_coverage_s")
     util = _num(hourly, "util_pct")
     pif = _num(hourly, "pif")
     real = _num(hourly, "realized_tflops")
     ach = _num(hourly, "achievable_tflops")
     mu = ok_t & np.isfinite(util)
     mr = ok_t & np.isfinite(pif) & np.isfinite(real) & np.isfinite(ach)
-    u_num = np.bincount(h[mu], weights=(util * cov)[mu], minlength=n_h)
-    u_den = np.bincount(h[mu], weights=cov[mu], minlength=n_h)
-    r_num = np.bincount(h[mr], weights=(real * cov)[mr], minlength=n_h)
-    r_den = np.bincount(h[mr], weights=(ach * cov)[mr], minlength=n_h)
+    u_num = np.bincount(h[mu], weights=(util * cov_u)[mu], minlength=n_h)
+    u_den = np.bincount(h[mu], weights=cov_u[mu], minlength=n_h)
+    r_num = np.bincount(h[mr], weights=(real * cov_p)[mr], minlength=n_h)
+    r_den = np.bincount(h[mr], weights=(ach * cov_p)[mr], minlength=n_h)
     gpus = np.bincount(h[ok_t], minlength=n_h)
     with np.errstate(invalid="ignore", divide="ignore"):
         u_h = np.where(u_den > 0, u_num / u_den, np.nan)

@@ -382,6 +382,9 @@ def all_tables() -> dict[str, TableSpec]:
 SCHEMA_CHANGES: list[tuple[str, int, str]] = [
     ("*", 1, "initial schemas"),
     ("clean/kueue_demand", 2, "root_cohort added (days written before read it as null)"),
+    ("metrics/gpu_hourly_efficiency", 2, "util_coverage_s and power_coverage_s added: the daily and fleet "
+     "means weigh an hour by the time its reading was known (days written before read them as null and "
+     "are weighed by coverage_s)"),
 ]
 
 

@@ -933,6 +933,39 @@ def test_fleet_rfu_is_capability_weighted():
     assert daily["ALL"]["day_start_utc"] == D0
 
 
+def test_fleet_means_weigh_an_hour_by_the_time_its_reading_was_known():
+    """Two A100s, one hour, samples every minute. A: 400 W (PIF 1) and 20 % util all hour. B: power
+    read only at 10:00-10:02 (40 W, PIF 0.1: the segments to 10:03, 3 minutes), util 80 % read only
+    at 10:30-10:32 (the segments from 10:29 to 10:33, 4 minutes). The hour of B is measured on those
+    minutes; in the fleet figures it weighs them, not the hour: RFU (100 x 3600 + 10 x 180) / 3780 =
+    95.7 %, util (20 x 3600 + 80 x 240) / 3840 = 23.75 % (weighed by the covered hour: 55 % and
+    50 %). The plot's day figures agree. A day written
+    before the columns existed (null) is weighed by coverage_s, as it was."""
+    rows = series("GPU-00000001", at(10), 61, power_w=400.0, util_pct=20.0)
+    rows += series("GPU-00000002", at(10), 61, power_w=lambda i: 40.0 if i < 3 else None,
+                   util_pct=lambda i: 80.0 if 30 <= i < 33 else None)
+    res = run(samples_table(rows))
+    b = hour_row(res, "GPU-00000002", 10)
+    assert (b["coverage_s"], b["power_coverage_s"], b["util_coverage_s"]) == (3600.0, 180.0, 240.0)
+    assert b["pif"] == pytest.approx(0.1) and b["util_pct"] == pytest.approx(80.0)
+    a = hour_row(res, "GPU-00000001", 10)
+    assert (a["power_coverage_s"], a["util_coverage_s"]) == (3600.0, 3600.0)
+    rfu = 100 * (1.0 * 3600 + 0.1 * 180) / 3780
+    util = (20 * 3600 + 80 * 240) / 3840
+    (day,) = [r for r in res.daily.to_pylist() if r["device_name"] == "ALL"]
+    assert day["rfu_pct_fleet"] == pytest.approx(rfu) and day["util_pct"] == pytest.approx(util)
+    assert fleet_rfu(res.hourly)[DAY]["ALL"] == pytest.approx(rfu)
+    from gpu_pipeline.lib.metric_plots import rfu_over_day
+    numbers = rfu_over_day(res.hourly, dt.date.fromisoformat(DAY), "UTC").numbers
+    assert numbers["rfu_pct_fleet"] == pytest.approx(rfu) and numbers["util_pct"] == pytest.approx(util)
+    older = res.hourly
+    for col in ("power_coverage_s", "util_coverage_s"):
+        older = older.set_column(older.schema.get_field_index(col), col, pa.nulls(older.num_rows, pa.float64()))
+    assert fleet_rfu(older)[DAY]["ALL"] == pytest.approx(55.0)
+    numbers = rfu_over_day(older, dt.date.fromisoformat(DAY), "UTC").numbers
+    assert numbers["rfu_pct_fleet"] == pytest.approx(55.0) and numbers["util_pct"] == pytest.approx(50.0)
+
+
 def test_empty_inputs_give_empty_tables_with_the_schema():
     res = run(GPU_SAMPLES.empty(), states=GPU_STATES.empty(), jobs=JOBS.empty())
     assert res.hourly.num_rows == res.jobs.num_rows == res.held_idle.num_rows == 0
