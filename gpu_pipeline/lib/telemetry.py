@@ -767,7 +767,7 @@ def _parse_nvidia_smi_lines(
                 ln, f"expected {layout.n_fields} fields, got {len(cells)}", line, src))
             continue
         try:
-            row = _nvsmi_row(cells, layout)
+            row, nans = _nvsmi_row(cells, layout)
             if "timestamp" in layout.cells:
                 ts_text = row.pop("timestamp")
                 if ts_text is None:
@@ -786,6 +786,8 @@ def _parse_nvidia_smi_lines(
         except ValueError as exc:  # short_gpu_id
             quarantine.append(QuarantinedLine(ln, f"uuid: {exc}", line, src))
             continue
+        if nans:
+            counters["nan_values"] += nans
         row_host = host if host is not None else row.pop("hostname", None)
         row.pop("hostname", None)
         out["sample_utc"].append(sample_utc)
@@ -813,16 +815,20 @@ def _query_fields(fields: Sequence[str] | None) -> list[tuple[str, str | None]]:
     return parsed
 
 
-def _nvsmi_row(cells: Sequence[str], layout: _Layout) -> dict[str, object]:
+def _nvsmi_row(cells: Sequence[str], layout: _Layout) -> tuple[dict[str, object], int]:
+    """The row's values, and how many of its cells read ``nan`` (null; ``nvidia-smi`` prints
+    ``nan W`` for a power it could not read)."""
     row: dict[str, object] = {}
+    nans = 0
     for col, sources in layout.cells.items():
         value: object = None
         for i, unit in sources:
             value = _nvsmi_value(col, cells[i], unit, layout.names[i])
             if value is not None:
                 break
+            nans += cells[i][:3].lower() == "nan"
         row[col] = value
-    return row
+    return row, nans
 
 
 def _nvsmi_value(col: str, cell: str, unit: str | None, name: str) -> object:

@@ -120,6 +120,22 @@ def test_a_telemetry_file_the_reader_cannot_take_is_named_in_the_metadata(tmp_pa
     (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
     assert mat.metadata["files_not_recognized"].value == 1
     assert mat.metadata["samples"].value == 24 * 60 * 2  # every 30 s
+    assert (mat.metadata["nan_values"].value, mat.metadata["blank_values"].value) == (0, 0)
+
+
+def test_values_read_as_null_are_counted_in_the_metadata(tmp_path, store_res):
+    """nvidia-smi's ``nan W`` (the power of 10 samples) is null in the day's rows and counted."""
+    path = tmp_path / "tel" / "nvidia-smi" / "gpu01" / "nvidia-smi-2025-08-05.csv"
+    nvsmi_log(path, dt.datetime(2025, 8, 5), 24 * 60)
+    lines = path.read_text().splitlines()
+    for i in range(1, 11):
+        lines[i] = lines[i].replace("250.00 W", "nan W")
+    path.write_text("\n".join(lines) + "\n")
+    res = {"data_store": store_res, "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"))}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([gpu_telemetry], resources=res, partition_key=DAY, instance=instance)
+    (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
+    assert (mat.metadata["nan_values"].value, mat.metadata["samples"].value) == (10, 24 * 60 * 2)
 
 
 def test_telemetry_gap_fails_coverage_and_blocks(tmp_path, store_res):

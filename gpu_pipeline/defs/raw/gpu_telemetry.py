@@ -32,6 +32,9 @@ COVERAGE = dg.AssetCheckSpec(
 )
 
 
+#: Reader counters of values read as null, in the day's metadata
+VALUE_COUNTERS = ("nan_values", "blank_values")
+
 @daily_table_asset(SPEC, kinds={"nvidia", "prometheus", "parquet"}, check_specs=[HAS_SAMPLES, COVERAGE])
 def gpu_telemetry(
     context: dg.AssetExecutionContext, data_store: DataStoreResource, telemetry: TelemetryResource
@@ -65,6 +68,11 @@ def gpu_telemetry(
             context.log.warning(f"{day}: {unread} file(s) in the telemetry host folders are not read "
                                 "(not *.csv / *.prom, optionally .N, .gz or .zst)")
         metrics = {"samples": result.rows, "lines_quarantined": quarantine.num_rows, "files_not_recognized": unread}
+        # values read as null, not as numbers: NaN (nvidia-smi's "nan W", an exporter's NaN) and DCGM's
+        # "blank" sentinels, summed over the readers (their counters are "<kind>:<name>")
+        for name in VALUE_COUNTERS:
+            metrics[name] = int(sum(v for k, v in stream.counters.items()
+                                    if k == name or k.endswith((f":{name}", f"_{name}"))))
         metrics.update(cov.as_metadata("telemetry"))
         return DayOutcome(day=day, result=result, metrics=metrics, details={"files": len(stream.files)})
 
