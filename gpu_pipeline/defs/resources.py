@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from gpu_pipeline.lib.demand import kueue_gpu_resources
 from gpu_pipeline.lib.envutil import setting_number, zone_env
 from gpu_pipeline.lib.es_source import EsConfig
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig
@@ -146,11 +147,17 @@ class KueueResource(dg.ConfigurableResource):
 
     ``gpus_per_workload``: GPUs a pending workload asks for, where every workload of the cluster asks
     for the same number; the demand of a scrape without the pending-resources series is then its
-    pending workloads x this (empty: such a scrape's demand is unknown unless nothing is pending)."""
+    pending workloads x this (empty: such a scrape's demand is unknown unless nothing is pending).
+    ``gpu_resources``: the Kubernetes resource names counted as GPUs, comma-separated, ``*`` a
+    glob (empty: ``nvidia.com/gpu``)."""
 
     scrape_dir: str = ""
     cluster: str = ""
     gpus_per_workload: str = ""
+    gpu_resources: str = ""
+
+    def gpu_resources_value(self) -> tuple[str, ...]:
+        return kueue_gpu_resources(self.gpu_resources, GPU_RESOURCES_VAR)
 
     @property
     def enabled(self) -> bool:
@@ -169,12 +176,16 @@ class KueueResource(dg.ConfigurableResource):
         return value
 
 
+GPU_RESOURCES_VAR = "GPU_PIPELINE_KUEUE_GPU_RESOURCES"
+
+
 @dg.definitions
 def resources() -> dg.Definitions:
     # a time zone that is no zone is said when the definitions load, naming its variable (at run
     # time every day failed with the bare key)
     for name in ("GPU_PIPELINE_SOURCE_TZ", "GPU_PIPELINE_TELEMETRY_TZ"):
         zone_env(name)
+    kueue_gpu_resources(os.environ.get(GPU_RESOURCES_VAR), GPU_RESOURCES_VAR)  # a bad name, said at load
     source_tz = optional_env("GPU_PIPELINE_SOURCE_TZ", "UTC")
     return dg.Definitions(
         resources={
@@ -200,6 +211,7 @@ def resources() -> dg.Definitions:
                 scrape_dir=optional_env("GPU_PIPELINE_KUEUE_DIR"),
                 cluster=optional_env("GPU_PIPELINE_KUEUE_CLUSTER"),
                 gpus_per_workload=optional_env("GPU_PIPELINE_KUEUE_GPUS_PER_WORKLOAD"),
+                gpu_resources=optional_env(GPU_RESOURCES_VAR),
             ),
             "telemetry": TelemetryResource(
                 telemetry_dir=optional_env("GPU_PIPELINE_TELEMETRY_DIR"),

@@ -83,7 +83,9 @@ Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
     :data:`KUEUE_HOLD_GAP_FACTOR` median intervals away (an outage), and after the cluster's last
     scrape, for one median interval; clipped to the window (the minutes before a day's first scrape
     are not covered). ``capacity_coverage`` = the share of the hour that scrapes with the GPU quota
-    stand for (the least over the clusters). The figures: demand = ``resource_pending`` of ``nvidia.com/gpu`` (else pending workloads x
+    stand for (the least over the clusters). The GPU resources are ``kueue_resources`` (default
+    ``nvidia.com/gpu``; a list, ``*`` globs, each unit one GPU). The figures: demand =
+    ``resource_pending`` of the GPU resources (else pending workloads x
     ``kueue_gpus_per_workload`` when the caller knows it; 0 with no pending workload, else unknown:
     null: DCR null, severity Unknown), pending_jobs = pending workloads (active + inadmissible), capacity per flavor:
     total = nominal quota, busy = usage, idle = max(quota - usage, 0) per pool a quota can be lent
@@ -108,6 +110,8 @@ a cluster-hour whose demand is unknown makes the hour's ``demand_gpus`` null and
 from __future__ import annotations
 
 import datetime as dt
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import duckdb
@@ -136,6 +140,32 @@ UNKNOWN_SEVERITY = "Unknown"
 SEVERITIES: tuple[str, ...] = ("Healthy", "Moderate", "Warning", "Critical", UNKNOWN_SEVERITY)
 DIMENSIONS: tuple[str, ...] = ("device_class", "owner", "project", "schedd", "cluster_queue")
 KUEUE_GPU_RESOURCE = "nvidia.com/gpu"
+_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9._/*-]+$")
+
+
+def kueue_gpu_resources(text: str | None, what: str = "GPU resource names") -> tuple[str, ...]:
+    """Kubernetes resource names counted as GPUs in Kueue's metrics, from a comma-separated list
+    (``*`` matches any characters: ``nvidia.com/mig-*``); each unit of each counts as one GPU.
+    Empty: :data:`KUEUE_GPU_RESOURCE`. A name with other characters raises ``ValueError`` naming
+    ``what``."""
+    names = tuple(dict.fromkeys(n.strip() for n in (text or "").split(",") if n.strip()))
+    bad = [n for n in names if not _RESOURCE_NAME.match(n)]
+    if bad:
+        raise ValueError(f"{what}: {bad[0]!r} is not a resource name (letters, digits, . _ / - and * only)")
+    return names or (KUEUE_GPU_RESOURCE,)
+
+
+def _gpu_resource_sql(names: Sequence[str], column: str = "resource") -> str:
+    """SQL: ``column`` is one of the resource names (checked by :func:`kueue_gpu_resources`: no quote
+    can be in them; ``_`` is escaped, ``*`` is LIKE's ``%``)."""
+    parts = []
+    for n in names:
+        if "*" in n:
+            pattern = n.replace("_", "\\_").replace("*", "%")
+            parts.append(f"{column} LIKE '{pattern}' ESCAPE '\\'")
+        else:
+            parts.append(f"{column} = '{n}'")
+    return "(" + " OR ".join(parts) + ")"
 #: A Kueue scrape stands for the time until its cluster's next scrape, unless that is more than this many
 #: times the cluster's median scrape interval away (a gap, as DESIGN 5.7 counts gaps): it then stands
 #: for one median interval, so an outage is not filled with the last value seen.
@@ -419,7 +449,7 @@ LEFT JOIN dem d ON d.h_start = g.h_start AND d.device_class = g.device_class
 """
 
 # The Kueue sums and means, the same on every run (lib.db.exact_sum)
-_GPU_ROWS = f"kind = 'resource' AND resource = '{KUEUE_GPU_RESOURCE}'"
+_GPU_ROWS = "kind = 'resource' AND {gpu_resource}"
 # A cluster's pending GPUs in one scrape: pending GPUs (the pending-resources series), else pending
 # workloads x GPUs a workload; no pending workload is no demand; else unknown (NULL: the scrape is
 # left out of the hour's mean). The hourly demand and the top contributors both read it.
@@ -517,7 +547,7 @@ k AS (
 pools AS (
     SELECT cluster, sample_utc, {pool_quota} AS quota, {pool_usage} AS usage
     FROM k
-    WHERE kind = 'resource' AND resource = '{gpu}' AND flavor IS NOT NULL
+    WHERE kind = 'resource' AND {gpu_resource} AND flavor IS NOT NULL
     GROUP BY cluster, sample_utc, coalesce('cohort:' || coalesce(root_cohort, cohort), 'queue:' || cluster_queue),
              flavor
 ),
@@ -804,6 +834,7 @@ def compute_demand_capacity(
     kueue_from_sql: str | None = None,
     kueue_params: list | None = None,
     kueue_gpus_per_workload: float | None = None,
+    kueue_resources: Sequence[str] = (KUEUE_GPU_RESOURCE,),
     efficiency_from_sql: str | None = None,
     efficiency_params: list | None = None,
     top_n: int = TOP_N,
@@ -813,7 +844,8 @@ def compute_demand_capacity(
     FROM-clauses (with their parameter lists) as ``Store.relation_sql`` returns them:
     ``jobs_from_sql`` -- clean jobs of the window's days and the :data:`JOBS_LOOKBACK_DAYS` before;
     ``states_from_sql`` -- ``metrics/gpu_states`` of the window's days; optional ``kueue_from_sql``
-    -- ``clean/kueue_demand`` rows (adds ``source = 'kueue'`` rows); optional
+    -- ``clean/kueue_demand`` rows (adds ``source = 'kueue'`` rows; ``kueue_resources``: the
+    Kubernetes resource names counted as GPUs, :func:`kueue_gpu_resources`); optional
     ``efficiency_from_sql`` with ``hour_start_utc, device_class, efficiency_gap_pp``.
     Hours are ``start_utc + k h``; the top contributors cover the whole window (call per day).
     """
@@ -839,15 +871,17 @@ def compute_demand_capacity(
                 kueue_params or [],
             )
             kp = {"start": start_utc, "end": end_utc, "hour_us": hour_us}
+            gres = _gpu_resource_sql(kueue_gpu_resources(",".join(kueue_resources)))
             parts.append(
                 con.sql(
-                    _KUEUE_SQL.format(all=ALL_DEVICES, gpu=KUEUE_GPU_RESOURCE, scrape_demand=_SCRAPE_DEMAND,
-                                      weights=_SCRAPE_WEIGHTS_SQL.format(src="k"), **_KUEUE_SUMS),
+                    _KUEUE_SQL.format(all=ALL_DEVICES, gpu_resource=gres, scrape_demand=_SCRAPE_DEMAND,
+                                      weights=_SCRAPE_WEIGHTS_SQL.format(src="k"), **_KUEUE_SUMS)
+                    .replace("{gpu_resource}", gres),
                     params={**kp, "gpus_per_workload": kueue_gpus_per_workload},
                 ).to_arrow_table()
             )
             tops.append(
-                con.sql(_KUEUE_TOP_SQL, params={**kp, "top_n": top_n, "day_start": start_utc,
+                con.sql(_KUEUE_TOP_SQL.replace("{gpu_resource}", gres), params={**kp, "top_n": top_n, "day_start": start_utc,
                                                 "gpus_per_workload": kueue_gpus_per_workload}).to_arrow_table()
             )
         base_rows = pa.concat_tables([_cast(p, _BASE_SCHEMA) for p in parts])

@@ -116,3 +116,22 @@ def test_a_kueue_gpus_per_workload_that_is_not_a_positive_number_fails_naming_th
         (failure,) = [e for e in result.all_events if e.is_step_failure]
         assert "GPU_PIPELINE_KUEUE_GPUS_PER_WORKLOAD" in str(failure.step_failure_data.error), bad
     assert not store.has_partition(DEMAND_CAPACITY, DAY.isoformat())
+
+
+def test_the_kueue_gpu_resources_setting_reaches_the_demand(tmp_path):
+    """A cluster of ``amd.com/gpu``: with the default resource name its capacity and demand are
+    unknown; with ``gpu_resources="amd.com/gpu"`` (``GPU_PIPELINE_KUEUE_GPU_RESOURCES``) they count."""
+    store = Store(tmp_path / "data")
+    labels = 'cluster_queue="cq",cohort="team",flavor="mi300",resource="amd.com/gpu"'
+    text = (f"kueue_cluster_queue_nominal_quota{{{labels}}} 8\n"
+            f"kueue_cluster_queue_resource_usage{{{labels}}} 5\n"
+            'kueue_cluster_queue_resource_pending{cluster_queue="cq",resource="amd.com/gpu"} 6\n'
+            'kueue_pending_workloads{cluster_queue="cq",status="active"} 2\n')
+    start = dt.datetime.combine(DAY, dt.time(), UTC)
+    _kueue_day(store, {})
+    store.write_partition(KUEUE_DEMAND, DAY.isoformat(), parse_kueue_scrapes(
+        [(start + dt.timedelta(minutes=10 * k), text) for k in range(144)]).table)
+    for setting, want in (("", {(None, None, "Unknown")}), ("amd.com/gpu", {(6.0, 3.0, "Warning")})):
+        assert _materialize(store, KueueResource(scrape_dir=str(tmp_path), gpu_resources=setting)).success
+        rows = [r for r in store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist() if r["source"] == "kueue"]
+        assert len(rows) == 24 and {(r["demand_gpus"], r["idle_gpus"], r["severity"]) for r in rows} == want

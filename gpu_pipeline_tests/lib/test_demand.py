@@ -17,6 +17,7 @@ from gpu_pipeline.lib.demand import (
     demand_from_tables,
     efficiency_by_class_sql,
     job_days,
+    kueue_gpu_resources,
 )
 from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND, parse_kueue_scrapes
@@ -467,6 +468,39 @@ def test_kueue_scrape_outage_is_not_filled_with_the_last_value():
                                     kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema)),
                  source="kueue")[10]
     assert row["capacity_coverage"] == 0.0 and row["idle_gpus"] is None and row["severity"] == "Unknown"
+
+
+def test_kueue_gpu_resource_names_are_configurable():
+    """A cluster whose GPUs are ``amd.com/gpu`` and MIG slices ``nvidia.com/mig-1g.10gb`` /
+    ``nvidia.com/mig-3g.40gb``: by default (``nvidia.com/gpu``) its capacity is unknown; named, or as
+    a ``*`` glob, they count (each unit one GPU) and the top contributors follow; ``_`` in a name is
+    no wildcard."""
+    rows = []
+    for cq, resource, quota, usage, pending in (("cq-amd", "amd.com/gpu", 8.0, 6.0, 3.0),
+                                                ("cq-mig1", "nvidia.com/mig-1g.10gb", 7.0, 7.0, 2.0),
+                                                ("cq-mig3", "nvidia.com/mig-3g.40gb", 2.0, 0.0, 0.0),
+                                                ("cq-xmig", "nvidia.comXmig-1g", 5.0, 0.0, 9.0)):
+        base = dict(sample_utc=at(10, 5), cluster="k8s", scope="cluster_queue", cluster_queue=cq)
+        rows += [dict(base, kind="resource", resource=resource, resource_pending=pending),
+                 dict(base, kind="resource", resource=resource, flavor="f-" + cq, resource_usage=usage,
+                      nominal_quota=quota)]
+    kueue = pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema)
+
+    def hour(resources=None):
+        kw = {} if resources is None else {"kueue_resources": kueue_gpu_resources(resources)}
+        r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END, kueue=kueue, **kw)
+        (row,) = r.capacity.to_pylist()
+        return (row["demand_gpus"], row["idle_gpus"], row["total_gpus"], row["severity"]), _kueue_top(r)
+
+    assert hour() == ((None, None, None, "Unknown"), {})
+    assert hour("amd.com/gpu") == ((3.0, 2.0, 8.0, "Warning"), {"cq-amd": 3.0})
+    both = ((5.0, 4.0, 17.0, "Warning"), {"cq-amd": 3.0, "cq-mig1": 2.0})
+    assert hour("amd.com/gpu, nvidia.com/mig-*") == both
+    assert hour("amd.com/gpu,nvidia.com/mig-1g.10gb,nvidia.com/mig-3g.40gb") == both
+    assert hour("amd.com/gpu,nvidia.com_mig-*") == ((3.0, 2.0, 8.0, "Warning"), {"cq-amd": 3.0})
+    assert kueue_gpu_resources("") == ("nvidia.com/gpu",) and kueue_gpu_resources(" a/b , a/b ") == ("a/b",)
+    with pytest.raises(ValueError, match="MY_VAR: \"x' OR 1=1\" is not a resource name"):
+        kueue_gpu_resources("x' OR 1=1", "MY_VAR")
 
 
 # -- Kueue top contributors against the hourly demand --------------------------------------------

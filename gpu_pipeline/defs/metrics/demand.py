@@ -43,6 +43,7 @@ FINITE = dg.AssetCheckSpec("dcr_finite_and_shares_in_range", asset=CAP_KEY,
 def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreResource, kueue: KueueResource):
     store = SelectedStore(data_store.store(), context)
     gpus_per_workload = kueue.gpus_per_workload_value()
+    gpu_resources = kueue.gpu_resources_value()
     bad: dict[str, int] = {}
 
     def one_day(day: str):
@@ -53,7 +54,8 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
         # efficiency rows but are not the capacity these rows compare demand with
         pool_eff = f"(SELECT * FROM {eff_sql} WHERE gpu_id IN (SELECT gpu_id FROM {st_sql}))"
         res = demand_for_day(store, day, start, end, efficiency_from_sql=efficiency_by_class_sql(pool_eff),
-                             efficiency_params=[*eff_params, *st_params], kueue_gpus_per_workload=gpus_per_workload)
+                             efficiency_params=[*eff_params, *st_params], kueue_gpus_per_workload=gpus_per_workload,
+                             kueue_resources=gpu_resources)
         dcr, share = res.capacity["dcr"], res.top["share"]
         bad[day] = int(pc.sum(pc.invert(pc.is_finite(pc.fill_null(dcr, 0.0)))).as_py() or 0) + int(
             pc.sum(pc.or_(pc.less(share, -1e-9), pc.greater(share, 1 + 1e-9))).as_py() or 0)
