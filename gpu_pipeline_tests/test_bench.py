@@ -454,3 +454,14 @@ def test_a_sizes_own_earlier_simulation_counts_as_room_for_it(tmp_path):
     samples_30s = 1000 * 86400 // 30
     assert choose_telemetry_interval(1000, 1, 30, 10 * samples_30s, 2 * 1024**3)[0] > 30
     assert choose_telemetry_interval(1000, 1, 30, 10 * samples_30s, 6 * 1024**3)[0] == 30
+
+
+def test_the_default_budget_keeps_one_10000_gpu_day_at_30_seconds():
+    """The issue's 10,000-GPU target is at 30-second telemetry: one day of it (28.8 million samples)
+    is within the default budget where the disk has room; two days are coarsened, and say why."""
+    from gpu_pipeline.bench import MAX_TELEMETRY_SAMPLES, choose_telemetry_interval
+
+    assert choose_telemetry_interval(10_000, 1, 30, MAX_TELEMETRY_SAMPLES) == (30, None)
+    step, why = choose_telemetry_interval(10_000, 2, 30, MAX_TELEMETRY_SAMPLES)
+    assert step == 60 and "57,600,000 samples" in why and "30,000,000" in why
+    assert choose_telemetry_interval(10_000, 1, 30, MAX_TELEMETRY_SAMPLES, 20 * 1024**3)[0] == 60  # disk short
