@@ -81,9 +81,11 @@ Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
     the time-weighted mean over a cluster's scrapes, summed over clusters. A scrape stands for the
     time until its cluster's next scrape, split at the hours -- where the next is more than
     :data:`KUEUE_HOLD_GAP_FACTOR` median intervals away (an outage), and after the cluster's last
-    scrape, for one median interval; clipped to the window (the minutes before a day's first scrape
-    are not covered). ``capacity_coverage`` = the share of the hour that scrapes with the GPU quota
-    stand for (the least over the clusters). The GPU resources are ``kueue_resources`` (default
+    scrape, for one median interval; a cluster's only scrape until the end of its hour; never for more than :data:`KUEUE_MAX_HOLD`;
+    clipped to the window (the minutes before a day's first scrape are not covered). A cluster of
+    the window that no scrape stands for in an hour makes that hour's demand and capacity unknown.
+    ``capacity_coverage`` = the share of the hour that scrapes with the GPU quota stand for, the
+    least over the window's clusters (0 for one without any). The GPU resources are ``kueue_resources`` (default
     ``nvidia.com/gpu``; a list, ``*`` globs, each unit one GPU). The figures: demand =
     ``resource_pending`` of the GPU resources (else pending workloads x
     ``kueue_gpus_per_workload`` when the caller knows it; 0 with no pending workload, else unknown:
@@ -167,9 +169,13 @@ def _gpu_resource_sql(names: Sequence[str], column: str = "resource") -> str:
             parts.append(f"{column} = '{n}'")
     return "(" + " OR ".join(parts) + ")"
 #: A Kueue scrape stands for the time until its cluster's next scrape, unless that is more than this many
-#: times the cluster's median scrape interval away (a gap, as DESIGN 5.7 counts gaps): it then stands
-#: for one median interval, so an outage is not filled with the last value seen.
+#: times the cluster's median scrape interval away (a gap, as DESIGN 5.7 counts gaps; the median as the
+#: coverage module takes it): it then stands for one median interval, so an outage is not filled with
+#: the last value seen.
 KUEUE_HOLD_GAP_FACTOR = 3
+#: ... and never for more than this (a scrape hours old is not the present; 10:00 and 16:00 alone
+#: stand for 10-11 and 16-17).
+KUEUE_MAX_HOLD = dt.timedelta(hours=1)
 
 DEMAND_CAPACITY = TableSpec(
     layer="metrics",
@@ -465,23 +471,24 @@ def _weighted_avg(value: str) -> str:
 
 # Each Kueue scrape's weight in each hour of the window (``scrape_w``: cluster, t_us, h_start, w in
 # seconds, own_hour), from ``{src}`` (rows with cluster and sample_utc) and ``params`` (s_us, e_us, h_us):
-# a scrape stands for the time until its cluster's next scrape -- one median interval where the next is
-# more than KUEUE_HOLD_GAP_FACTOR intervals away, or after the last; until the end of its hour when the
-# cluster has one scrape -- clipped to the window, and that span is split at the hours.
+# a scrape stands for the time until its cluster's next scrape -- one median interval where the next
+# is more than KUEUE_HOLD_GAP_FACTOR intervals away, or after the last; until the end of
+# its hour when the cluster has one scrape; at most KUEUE_MAX_HOLD -- clipped to the window, and that
+# span is split at the hours.
 _SCRAPE_WEIGHTS_SQL = f"""
 scrape_t AS (SELECT DISTINCT cluster, epoch_us(sample_utc) AS t_us FROM {{src}}),
 scrape_next AS (
     SELECT cluster, t_us, lead(t_us) OVER (PARTITION BY cluster ORDER BY t_us) AS next_us FROM scrape_t
 ),
 scrape_cad AS (
-    SELECT cluster, quantile_disc(next_us - t_us, 0.5) AS c_us
-    FROM scrape_next WHERE next_us IS NOT NULL GROUP BY cluster
+    SELECT cluster, median(next_us - t_us) AS c_us FROM scrape_next WHERE next_us IS NOT NULL GROUP BY cluster
 ),
 scrape_span AS (
     SELECT n.cluster, n.t_us,
         least(CASE WHEN n.next_us - n.t_us <= {KUEUE_HOLD_GAP_FACTOR} * c.c_us THEN n.next_us
                    WHEN c.c_us IS NOT NULL THEN n.t_us + c.c_us
-                   ELSE p.s_us + ((n.t_us - p.s_us) // p.h_us + 1) * p.h_us END, p.e_us) AS end_us,
+                   ELSE p.s_us + ((n.t_us - p.s_us) // p.h_us + 1) * p.h_us END,
+              n.t_us + {int(KUEUE_MAX_HOLD / dt.timedelta(microseconds=1))}, p.e_us) AS end_us,
         p.s_us + ((n.t_us - p.s_us) // p.h_us) * p.h_us AS own_h
     FROM scrape_next n
     LEFT JOIN scrape_cad c ON c.cluster IS NOT DISTINCT FROM n.cluster  -- a cluster may be NULL
@@ -589,6 +596,17 @@ per_cluster AS (
         {cap_w} / (least(h_start + any_value(p.h_us), any_value(p.e_us)) - h_start) * 1e6 AS cap_cov
     FROM scrape_hour, params p
     GROUP BY h_start, cluster
+),
+-- every cluster of the window in every hour that has any: a cluster no scrape stands for in an hour
+-- (its collector down) has unknown figures and coverage 0 there, not a silent share of nothing
+cluster_hours AS (
+    SELECT h.h_start, c.cluster
+    FROM (SELECT DISTINCT h_start FROM per_cluster) h CROSS JOIN (SELECT DISTINCT cluster FROM per_scrape) c
+),
+all_clusters AS (
+    SELECT ch.h_start, ch.cluster, pc.* EXCLUDE (h_start, cluster)
+    FROM cluster_hours ch
+    LEFT JOIN per_cluster pc ON pc.h_start = ch.h_start AND pc.cluster IS NOT DISTINCT FROM ch.cluster
 )
 SELECT
     make_timestamptz(h_start) AS hour_start_utc,
@@ -601,8 +619,8 @@ SELECT
     {all_idle} AS idle_open_gpus,
     {all_usage} AS busy_gpus,
     {all_quota} AS total_gpus,
-    least(min(cap_cov), 1.0) AS capacity_coverage
-FROM per_cluster
+    least(min(coalesce(cap_cov, 0.0)), 1.0) AS capacity_coverage
+FROM all_clusters
 GROUP BY h_start
 """
 

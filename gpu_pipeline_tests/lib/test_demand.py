@@ -470,6 +470,28 @@ def test_kueue_scrape_outage_is_not_filled_with_the_last_value():
     assert row["capacity_coverage"] == 0.0 and row["idle_gpus"] is None and row["severity"] == "Unknown"
 
 
+def test_kueue_a_cluster_without_scrapes_in_an_hour_makes_it_unknown_and_no_scrape_stands_for_hours():
+    """Two clusters every 10 minutes; ``west`` has none from 10:00 to 11:00 (its 09:50 scrape stands
+    for 10 minutes, to 10:00): hour 10 is unknown with coverage 0, not east's half of the pool at
+    coverage 1. Scrapes at 13:00 and 17:00 only (a collector that mostly failed): each stands for an
+    hour at most, not the 4 hours between them."""
+    rows = []
+    for cluster in ("east", "west"):
+        for m in range(9 * 60, 12 * 60, 10):
+            if cluster == "west" and 10 * 60 <= m < 11 * 60:
+                continue
+            rows += _scrape_rows(at(m // 60, m % 60), 2.0, cluster=cluster)
+    by_hour = hourly(demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
+                                        kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema)), source="kueue")
+    assert [(h, x["demand_gpus"], x["capacity_coverage"]) for h, x in sorted(by_hour.items())] == [
+        (9, 4.0, 1.0), (10, None, 0.0), (11, 4.0, 1.0)]
+    assert by_hour[10]["idle_gpus"] is None and by_hour[10]["severity"] == "Unknown"
+    sparse = _scrape_rows(at(13), 5.0) + _scrape_rows(at(17), 1.0)
+    by_hour = hourly(demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
+                                        kueue=pa.Table.from_pylist(sparse, schema=KUEUE_DEMAND.schema)), source="kueue")
+    assert {h: x["demand_gpus"] for h, x in by_hour.items()} == {13: 5.0, 17: 1.0}
+
+
 def test_kueue_gpu_resource_names_are_configurable():
     """A cluster whose GPUs are ``amd.com/gpu`` and MIG slices ``nvidia.com/mig-1g.10gb`` /
     ``nvidia.com/mig-3g.40gb``: by default (``nvidia.com/gpu``) its capacity is unknown; named, or as
@@ -554,10 +576,13 @@ def _kueue_top(result) -> dict[str, float]:
     return {t["key"]: t["demand_gpu_hours"] for t in result.top.to_pylist() if t["source"] == "kueue"}
 
 
-def _assert_kueue_top_adds_up_to_the_hourly_demand(kueue: pa.Table, hours: list[int], **kwargs) -> None:
+def _assert_kueue_top_adds_up_to_the_hourly_demand(kueue: pa.Table, hours: list[int], unknown_gpu_hours: float = 0.0,
+                                                   **kwargs) -> None:
     """For every hour (a window of that hour alone), the queues' GPU-hours -- all queues, not only
-    the top N -- add up to the hour's Kueue ``demand_gpus``; and over the day, to the hours' sum.
-    An hour that only a scrape of the hour before stands into has no row in a window of its own."""
+    the top N -- add up to the hour's Kueue ``demand_gpus``; and over the day, to the hours' sum
+    plus ``unknown_gpu_hours``, those of clusters in hours whose demand is unknown (another cluster
+    of the day has no scrape for them). An hour that only a scrape of the hour before stands into
+    has no row in a window of its own."""
     taken = kueue["sample_utc"].to_pylist()
     for h in hours:
         r = _kueue_result(kueue, at(h), at(h + 1), top_n=10_000, **kwargs)
@@ -568,9 +593,9 @@ def _assert_kueue_top_adds_up_to_the_hourly_demand(kueue: pa.Table, hours: list[
         assert row["demand_gpus"] is not None, h
         assert sum(_kueue_top(r).values()) == pytest.approx(row["demand_gpus"], rel=1e-12), h
     r = _kueue_result(kueue, DAY, END, top_n=10_000, **kwargs)
-    day_hours = sum(x["demand_gpus"] for x in hourly(r, source="kueue").values())
+    day_hours = sum(x["demand_gpus"] or 0.0 for x in hourly(r, source="kueue").values())
     assert sorted(hourly(r, source="kueue")) == sorted(hours)
-    assert sum(_kueue_top(r).values()) == pytest.approx(day_hours, rel=1e-12)
+    assert sum(_kueue_top(r).values()) == pytest.approx(day_hours + unknown_gpu_hours, rel=1e-12)
     assert sum(t["share"] for t in r.top.to_pylist()) == pytest.approx(1.0)
 
 
@@ -647,24 +672,28 @@ def test_kueue_top_contributors_add_up_to_the_hourly_demand_every_hour():
     ])
     r = _kueue_result(kueue, DAY, END, kueue_gpus_per_workload=2.0)
     demand = {h: x["demand_gpus"] for h, x in hourly(r, source="kueue").items()}
-    # Time-weighted: a scrape stands for the minutes until its cluster's next scrape (both clusters'
-    # median interval is 20 min; the last scrape stands for 20 min), split at the hours; a scrape
-    # saying nothing about demand is left out with its minutes.
+    # Time-weighted: a scrape stands for the minutes until its cluster's next scrape (the last for the
+    # cluster's median interval: east 25, west 22.5 min), split at the hours; a scrape saying nothing
+    # about demand is left out with its minutes.
     # east (a100 + h100 pending GPUs x minutes): 9:05 (4 + 2) x 30, 9:35 (6 + 0) x 25 | x 5 in hour
     # 10, 10:05 (8 + 2) x 20, 10:25 (4 + 1 workloads x 2) x 20, [10:45 nothing x 15 | 5],
-    # 11:05 (1 + 5 workloads x 2) x 30, 11:35 (0 + 4 workloads x 2) x 20;
+    # 11:05 (1 + 5 workloads x 2) x 30, 11:35 (0 + 4 workloads x 2) x 25;
     # west: 10:15 (3 + 0: h100's workloads are not counted, the scrape has the series) x 15,
-    # [10:30 nothing x 20], 10:50 (1 + 5) x 10 | x 15, [11:15 nothing x 30], 11:45 (7 + 1) x 15 | x 5
-    east = {9: (6 * 30 + 6 * 25) / 55, 10: (6 * 5 + 10 * 20 + 10 * 20) / 45, 11: (12 * 30 + 8 * 20) / 50}
+    # [10:30 nothing x 20], 10:50 (1 + 5) x 10 | x 15, [11:15 nothing x 30], 11:45 (7 + 1) x 15 | x 7.5.
+    # Hour 9 has no west scrape, hour 12 no east one: unknown (their queues still count GPU-hours).
+    east = {9: (6 * 30 + 6 * 25) / 55, 10: (6 * 5 + 10 * 20 + 10 * 20) / 45, 11: (12 * 30 + 8 * 25) / 55}
     west = {10: (3 * 15 + 6 * 10) / 25, 11: (6 * 15 + 8 * 15) / 30, 12: 8.0}
-    assert demand == pytest.approx({h: east.get(h, 0.0) + west.get(h, 0.0) for h in (9, 10, 11, 12)},
-                                   rel=1e-12)
+    assert (demand[9], demand[12]) == (None, None) and sorted(demand) == [9, 10, 11, 12]
+    assert [demand[10], demand[11]] == pytest.approx([east[10] + west[10], east[11] + west[11]], rel=1e-12)
     assert (demand[10], demand[11]) != (14.5, 18.0)  # the plain means over the hours' scrapes
-    a100 = (4 * 30 + 6 * 25) / 55 + (6 * 5 + 8 * 20 + 8 * 20) / 45 + 2 * 30 / 50 + (3 * 15 + 1 * 10) / 25 + 4.0 + 7.0
-    h100 = (2 * 30) / 55 + (2 * 20 + 2 * 20) / 45 + (10 * 30 + 8 * 20) / 50 + (5 * 10) / 25 + 3.0 + 1.0
+    rows = hourly(r, source="kueue")
+    assert [rows[h]["capacity_coverage"] for h in (9, 12)] == [0.0, 0.0] and rows[9]["severity"] == "Unknown"
+    a100 = (4 * 30 + 6 * 25) / 55 + (6 * 5 + 8 * 20 + 8 * 20) / 45 + 2 * 30 / 55 + (3 * 15 + 1 * 10) / 25 + 4.0 + 7.0
+    h100 = (2 * 30) / 55 + (2 * 20 + 2 * 20) / 45 + (10 * 30 + 8 * 25) / 55 + (5 * 10) / 25 + 3.0 + 1.0
     assert _kueue_top(r) == pytest.approx({"gpu-a100": a100, "gpu-h100": h100}, rel=1e-12)
-    assert sum(demand.values()) == pytest.approx(a100 + h100, rel=1e-12)
-    _assert_kueue_top_adds_up_to_the_hourly_demand(kueue, [9, 10, 11, 12], kueue_gpus_per_workload=2.0)
+    assert a100 + h100 == pytest.approx(sum(east.values()) + sum(west.values()), rel=1e-12)
+    _assert_kueue_top_adds_up_to_the_hourly_demand(kueue, [9, 10, 11, 12], unknown_gpu_hours=east[9] + west[12],
+                                                   kueue_gpus_per_workload=2.0)
 
 
 # -- simulated pool ----------------------------------------------------------------------------
