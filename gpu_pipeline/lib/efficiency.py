@@ -22,10 +22,10 @@ Samples and time weighting
     GR_ENGINE_ACTIVE (they export no GPU_UTIL) and whose power is the board's, which each instance
     repeats (``mig_samples_on_boards``); an instance whose parent UUID the source does not give is
     skipped (``mig_samples_skipped``). Held-idle needs the board's id in the slot states, which list
-    MIG devices instead, so a board has none. When one
-    GPU is reported by several sources, each UTC hour uses the source with the most samples of the
-    GPU in that hour (no double counting; a GPU whose collector stopped at 06:00 while another went
-    on is measured by the other from then on). Two samples of one GPU at one time (the same sample
+    MIG devices instead, so a board has none. When one GPU is reported by several sources, each UTC
+    hour uses the source with the most utilization readings of the GPU in that hour, then the most
+    samples (no double counting; a GPU whose collector stopped at 06:00 while another went on is
+    measured by the other from then on). Two samples of one GPU at one time (the same sample
     under two host names) are read once (``duplicate_samples_dropped``). The cadence in force at a
     sample is the median interval between the GPU's consecutive samples in its UTC hour, where the
     hour has at least 5 of them, else over all its samples (a logger switched from 60 s to 10 s
@@ -450,15 +450,19 @@ def _mig_boards_sql(samples_sql: str) -> str:
     ``sum(slices x gr_engine_active_pct) / board slices`` over its instances (a ``3g.40gb`` instance
     has 3 of an H100's 7; slices without an instance are idle), null when an instance lacks the
     ratio or a ``<n>g.`` profile; its power, power limit and energy counter are the board's, which
-    every instance (and a board-level series, where exported) repeats: their greatest. Instances
-    whose parent UUID the source does not give stay MIG rows (skipped)."""
+    every instance (and a board-level series, where exported) repeats: their greatest. Only the
+    times at which the board has instances are merged: a board switched into MIG mode at 11:00 keeps
+    its own rows (and GPU_UTIL) before. Instances of one scrape are merged by their timestamp (one
+    per scrape from dcgm-exporter). Instances whose parent UUID the source does not give stay MIG
+    rows (skipped)."""
     mig = _MIG.replace("gpu_id", "b.gpu_id").replace("mig_", "b.mig_")
     slices = r"TRY_CAST(regexp_extract(b.mig_profile, '^(\d+)g\.', 1) AS INTEGER)"
-    on = "p.host IS NOT DISTINCT FROM b.host AND p.source = b.source AND p.gpu_uuid = b.gpu_uuid"
+    on = ("p.host IS NOT DISTINCT FROM b.host AND p.source = b.source AND p.gpu_uuid = b.gpu_uuid "
+          "AND p.sample_utc = b.sample_utc")
     return f"""(
         WITH base AS (SELECT * FROM {samples_sql}),
         parents AS (
-            SELECT DISTINCT b.host, b.source, b.gpu_uuid FROM base b
+            SELECT DISTINCT b.host, b.source, b.gpu_uuid, b.sample_utc FROM base b
             WHERE {mig} AND b.gpu_uuid LIKE 'GPU-%-%-%-%-%'
         )
         SELECT b.* FROM base b ANTI JOIN parents p ON {on}
@@ -517,6 +521,7 @@ def compute_efficiency(
                 f"SELECT DISTINCT 'GPU-' || lower(substr(gpu_uuid, 5, 8)) FROM {samples_sql} "
                 f"WHERE sample_utc >= ? AND sample_utc < ? AND {_MIG} AND gpu_uuid LIKE 'GPU-%-%-%-%-%' ORDER BY 1",
                 [*samples_params, lo, hi]).fetchall()]
+        if mig_boards:  # (instances without a parent UUID cannot be merged: no second pass for them)
             samples_sql = _mig_boards_sql(samples_sql)
             groups = _stage_sources(con, samples_sql, list(samples_params), lo, hi, s_us, e_us, counters,
                                     group_samples)
@@ -569,6 +574,7 @@ def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_count AS
         SELECT gpu_id, source, {_MIG} AS is_mig, epoch_us(sample_utc) // {_HOUR_US} AS h, count(*) AS n,
+               count(*) FILTER (WHERE isfinite(util_pct) AND util_pct >= 0) AS nu,
                count(*) FILTER (WHERE epoch_us(sample_utc) >= {s_us} AND epoch_us(sample_utc) < {e_us}) AS n_window,
                mode(host) AS host, mode(device_name) AS device_name
         FROM {samples_sql}
@@ -588,15 +594,18 @@ def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group
     counters["mig_samples_skipped"] = float(row[1])
     counters["samples_dropped_other_source"] = float(row[2])  # less each group's kept samples
     counters["duplicate_samples_dropped"] = 0.0
-    # One source per GPU and UTC hour: the one with most samples in that hour (ties: the greatest
-    # name), so that a GPU whose sources change in the day (a collector that stops, another that
-    # starts) is measured by whichever reported it in each hour; ``sc`` numbers the sources.
+    # One source per GPU and UTC hour: the one with most utilization readings in that hour, then most
+    # samples (ties: the greatest name), so that a GPU whose sources change in the day (a collector
+    # that stops, another that starts) is measured by whichever reported it in each hour, and a
+    # source without utilization (nvidia-smi on a board in MIG mode, beside DCGM's instances) does
+    # not win over one with it; ``sc`` numbers the sources.
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _eff_srch AS
-        SELECT gpu_id, h, arg_max(source, struct_pack(n := n, s := source)) AS source,
-               arg_max(host, struct_pack(n := n, s := source)) AS host,
-               arg_max(device_name, struct_pack(n := n, s := source)) AS device_name, max(n) AS n
+        SELECT gpu_id, h, arg_max(source, struct_pack(nu := nu, n := n, s := source)) AS source,
+               arg_max(host, struct_pack(nu := nu, n := n, s := source)) AS host,
+               arg_max(device_name, struct_pack(nu := nu, n := n, s := source)) AS device_name,
+               arg_max(n, struct_pack(nu := nu, n := n, s := source)) AS n
         FROM _eff_count WHERE NOT is_mig GROUP BY gpu_id, h
         """
     )

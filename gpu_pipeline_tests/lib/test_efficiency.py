@@ -234,8 +234,11 @@ def test_every_model_name_in_the_real_captures_resolves():
 
 
 def samples_table(rows: list[dict]) -> pa.Table:
+    """The rows as samples; a column any row has is read from every row (``from_pylist`` takes
+    the first row's keys only), the source and host defaulted."""
     base = {"source": "nvidia-smi", "host": "h1"}
-    return conform(pa.Table.from_pylist([{**base, **r} for r in rows]), GPU_SAMPLES)
+    blank = dict.fromkeys(set().union(*rows) if rows else ())
+    return conform(pa.Table.from_pylist([{**blank, **base, **r} for r in rows]), GPU_SAMPLES)
 
 
 def series(gpu: str, start: dt.datetime, n: int, step_s: int = 60, device: str = "NVIDIA A100-SXM4-40GB",
@@ -485,6 +488,40 @@ def test_mig_board_measured_from_its_instances_graphics_engine_activity(board_se
     assert row["energy_kwh"] == pytest.approx(0.35, rel=1e-9)
     assert res.counters["mig_samples_on_boards"] == 121 * 3 and res.counters["mig_samples_skipped"] == 0
     assert {r["gpu_id"] for r in res.hourly.to_pylist()} == {"GPU-58e8f5ea"} and res.mig_boards == ["GPU-58e8f5ea"]
+
+
+def _mig_instances(start: dt.datetime, n: int, **values) -> list[dict]:
+    """A board's 3g and 4g instances (all 7 of an H100's slices) as dcgm-exporter gives them."""
+    parent = "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"
+    return [r for gi, profile in ((1, "3g.40gb"), (2, "4g.40gb"))
+            for r in series(f"{parent}/{gi}", start, n, device="NVIDIA H100 80GB HBM3", gpu_uuid=parent,
+                            mig_profile=profile, mig_instance_id=gi, source="dcgm", **values)]
+
+
+def test_a_board_switched_into_mig_mode_keeps_its_own_readings_before():
+    """Whole GPU at 90 % (GPU_UTIL) until 11:00, then MIG instances at 100 %: only the times with
+    instances are merged, so hour 10 keeps its 90 % (all its rows had been merged into the board,
+    which threw their GPU_UTIL away: 100 % on one minute)."""
+    rows = series("GPU-58e8f5ea", at(10), 60, device="NVIDIA H100 80GB HBM3",
+                  gpu_uuid="GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77", source="dcgm", util_pct=90.0, power_w=600.0)
+    rows += _mig_instances(at(11), 61, power_w=600.0, gr_engine_active_pct=100.0)
+    res = run(samples_table(rows))
+    ten, eleven = hour_row(res, "GPU-58e8f5ea", 10), hour_row(res, "GPU-58e8f5ea", 11)
+    assert ten["util_coverage_s"] == 3600.0 and ten["util_pct"] == pytest.approx(90 + 10 / 120)  # 10:59-11:00 half way
+    assert (eleven["util_pct"], eleven["util_coverage_s"]) == (100.0, 3600.0)
+
+
+def test_a_mig_board_logged_by_nvidia_smi_too_is_read_from_its_instances():
+    """nvidia-smi on a board in MIG mode reads power but no utilization, at the DCGM scrapes'
+    cadence: the hour's source is the one with utilization readings (on a tie in samples, the greater
+    source name, nvidia-smi, was taken: util unknown)."""
+    rows = _mig_instances(at(10), 61, power_w=600.0, gr_engine_active_pct=100.0)
+    rows += series("GPU-58e8f5ea", at(10), 61, device="NVIDIA H100 80GB HBM3",
+                   gpu_uuid="GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77", source="nvidia-smi", power_w=600.0)
+    res = run(samples_table(rows))
+    row = hour_row(res, "GPU-58e8f5ea", 10)
+    assert (row["util_pct"], row["power_w"], row["samples"]) == (100.0, 600.0, 60)
+    assert res.counters["samples_dropped_other_source"] == 61
 
 
 def test_mig_instance_without_a_profile_leaves_the_board_util_unknown():
