@@ -816,18 +816,21 @@ def _query_fields(fields: Sequence[str] | None) -> list[tuple[str, str | None]]:
 
 
 def _nvsmi_row(cells: Sequence[str], layout: _Layout) -> tuple[dict[str, object], int]:
-    """The row's values, and how many of its cells read ``nan`` (null; ``nvidia-smi`` prints
-    ``nan W`` for a power it could not read)."""
+    """The row's values, and how many of them are null because a field read ``nan`` (``nvidia-smi``
+    prints ``nan W`` / ``-nan W`` for a power it could not read); a value another field of the
+    column gave (``power.draw.instant`` for ``power.draw``) is no null."""
     row: dict[str, object] = {}
     nans = 0
     for col, sources in layout.cells.items():
         value: object = None
+        saw_nan = False
         for i, unit in sources:
             value = _nvsmi_value(col, cells[i], unit, layout.names[i])
             if value is not None:
                 break
-            nans += cells[i][:3].lower() == "nan"
+            saw_nan = saw_nan or cells[i].lstrip("+-")[:3].lower() == "nan"
         row[col] = value
+        nans += value is None and saw_nan
     return row, nans
 
 

@@ -340,9 +340,9 @@ def test_nvidia_smi_with_header_units_repeated_header_and_garbage():
 
 
 def test_nvidia_smi_nan_reads_null_and_is_counted(tmp_path):
-    """nvidia-smi prints ``nan W`` for a power it could not read: the value is null (not a NaN in the
-    table) and counted as ``nan_values``, as a DCGM NaN is; the fast path, which does not read it,
-    gives way to the line parser for that file."""
+    """nvidia-smi prints ``nan W`` (``-nan W``) for a power it could not read: the value is null
+    (not a NaN in the table) and counted as ``nan_values``, as a DCGM NaN is, once a value; the
+    fast path, which does not read it, gives way to the line parser for that file."""
     header = ("timestamp, name, index, uuid, utilization.gpu [%], memory.used [MiB], power.draw [W], "
               "power.draw.instant [W], enforced.power.limit [W]\n")
     lines = ["2026/07/14 08:12:38.696, NVIDIA A100-SXM4-80GB, 0, GPU-3f2a9c1e-5b7d-4e21-9a0c-1d2e3f405162, 38 %, "
@@ -350,14 +350,17 @@ def test_nvidia_smi_nan_reads_null_and_is_counted(tmp_path):
              "2026/07/14 08:12:38.701, NVIDIA A100-SXM4-80GB, 1, GPU-b81c0d4e-77aa-4c3b-8e9f-0a1b2c3d4e5f, 0 %, "
              "4 MiB, NaN W, 61.50 W, 400.00 W",
              "2026/07/14 08:12:38.705, NVIDIA A100-SXM4-80GB, 2, GPU-0a1b2c3d-77aa-4c3b-8e9f-0a1b2c3d4e5f, 5 %, "
-             "4 MiB, 70.25 W, 70.00 W, 400.00 W"]
+             "4 MiB, 70.25 W, 70.00 W, 400.00 W",
+             "2026/07/14 08:12:38.709, NVIDIA A100-SXM4-80GB, 3, GPU-1a1b2c3d-77aa-4c3b-8e9f-0a1b2c3d4e5f, 7 %, "
+             "4 MiB, -nan W, -nan W, 400.00 W"]
     path = tmp_path / "nvidia-smi.csv"
     path.write_text(header + "\n".join(lines) + "\n")
     result = parse_nvidia_smi_csv(path, "UTC", host="h1")
-    assert result.rows == 3 and result.quarantine == []
+    assert result.rows == 4 and result.quarantine == []
     power = {r["gpu_index"]: r["power_w"] for r in rows(result)}
-    assert power == {0: None, 1: 61.50, 2: 70.25}
-    assert result.counters["nan_values"] == 3  # both power fields of GPU 0, power.draw of GPU 1
+    assert power == {0: None, 1: 61.50, 2: 70.25, 3: None}
+    # the power of GPUs 0 and 3 (glibc's -nan); GPU 1's power.draw NaN is no null: power.draw.instant gave it
+    assert result.counters["nan_values"] == 2
     clean = parse_nvidia_smi_csv(FIXTURES / "nvidia-smi-a100-header.csv", "UTC", host="h1")
     assert "nan_values" not in clean.counters
 
