@@ -4,6 +4,7 @@ import datetime as dt
 
 import dagster as dg
 import pyarrow as pa
+import pytest
 
 from gpu_pipeline.defs.metrics.efficiency import efficiency
 from gpu_pipeline.defs.resources import DataStoreResource
@@ -141,11 +142,11 @@ def test_a_mig_board_is_not_a_gpu_missing_from_the_snapshots(tmp_path):
                                        dt.datetime(2025, 8, 5, 12, tzinfo=UTC))})
     parent = "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"
     extra = []
-    for gi, profile in ((1, "4g.40gb"), (5, "3g.40gb")):
-        extra += _day_rows(day, dt.timedelta(minutes=1), lambda t, gi=gi, p=profile: {
+    for gi, profile, active in ((1, "4g.40gb", 70.0), (5, "3g.40gb", 35.0)):
+        extra += _day_rows(day, dt.timedelta(minutes=1), lambda t, gi=gi, p=profile, a=active: {
             "sample_utc": t, "source": "dcgm", "host": "h1", "gpu_uuid": parent, "gpu_id": f"{parent}/{gi}",
             "mig_profile": p, "mig_instance_id": gi, "device_name": "NVIDIA H100 80GB HBM3",
-            "power_w": 420.0, "gr_engine_active_pct": 70.0})
+            "power_w": 420.0, "gr_engine_active_pct": a})
     extra += _day_rows(day, dt.timedelta(minutes=1), lambda t: {
         "sample_utc": t, "source": "nvidia-smi", "host": "h1", "gpu_id": "GPU-cccccccc",
         "device_name": "NVIDIA A100-SXM4-40GB", "util_pct": 10.0, "power_w": 90.0})
@@ -159,7 +160,8 @@ def test_a_mig_board_is_not_a_gpu_missing_from_the_snapshots(tmp_path):
     hourly = store.read_table(GPU_HOURLY_EFFICIENCY, day.isoformat()).to_pylist()
     assert {r["gpu_id"] for r in hourly} == {GPU, "GPU-58e8f5ea", "GPU-cccccccc"}
     board = [r for r in hourly if r["gpu_id"] == "GPU-58e8f5ea"]
-    assert len(board) == 24 and all(r["util_pct"] == 70.0 and r["power_w"] == 420.0 for r in board)
+    # (4 x 70 + 3 x 35) / 7 slices = 55 % (the plain mean of the instances: 52.5)
+    assert len(board) == 24 and all(r["util_pct"] == pytest.approx(55.0) and r["power_w"] == 420.0 for r in board)
     (check,) = result.get_asset_check_evaluations()
     assert check.check_name == "gpus_subset_of_snapshots" and not check.passed
     assert check.metadata["gpus_not_in_snapshots"].value == {day.isoformat(): ["GPU-cccccccc"]}
