@@ -101,6 +101,18 @@ def _mine() -> list[duckdb.DuckDBPyConnection]:
         return [db for key, db in _databases.items() if key[0] == os.getpid()]
 
 
+def _spill_path() -> Path:
+    return Path(os.environ.get(ENV_TEMP_DIR) or Path(tempfile.gettempdir()) / "gpu_pipeline_duckdb")
+
+
+def spill_dir() -> Path:
+    """The folder DuckDB spills to (``GPU_PIPELINE_DUCKDB_TEMP_DIR``, else the system's temporary
+    folder's ``gpu_pipeline_duckdb``), made if missing: for a step's own temporary files too."""
+    path = _spill_path()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def connect(threads: int | None = None, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """A new connection, with UTC session time zone, to the process's in-memory database with these
     limits; arguments win over the environment. Close it when done."""
@@ -108,7 +120,7 @@ def connect(threads: int | None = None, memory_limit: str | None = None) -> duck
     memory_limit = memory_limit or os.environ.get(ENV_MEMORY_LIMIT) or None
     spill = None
     if memory_limit:  # made when the database starts
-        spill = str(Path(os.environ.get(ENV_TEMP_DIR) or Path(tempfile.gettempdir()) / "gpu_pipeline_duckdb"))
+        spill = str(_spill_path())
     block_memory = (os.environ.get(ENV_BLOCK_MEMORY) or "").strip() or DEFAULT_BLOCK_MEMORY
     con = _session(threads, memory_limit, spill, "0MB" if block_memory == "0" else block_memory)
     con.execute("SET TimeZone = 'UTC'")

@@ -623,9 +623,11 @@ def test_a_counter_that_stops_while_the_board_draws_power_is_not_read_as_no_ener
     assert (r["energy_kwh"], r["energy_source"]) == (0.0, "counter")
 
 
-def test_the_same_sample_under_two_host_names_is_counted_once():
+@pytest.mark.parametrize("staged", [False, True])
+def test_the_same_sample_under_two_host_names_is_counted_once(staged, monkeypatch):
     # one exporter scraped by two jobs whose instance labels differ: the clean key (with the host)
-    # keeps both rows; efficiency reads each (GPU, time) once
+    # keeps both rows; efficiency reads each (GPU, time) once, also from the groups' one-pass copy
+    monkeypatch.setattr(efficiency_module, "STAGE_ONCE_MIN_GROUPS", 1 if staged else 10**9)
     g = "GPU-aaaaaaaa"
     one = series(g, at(10), 61, power_w=40.0, util_pct=0.0, power_limit_w=400.0)
     rows = [{**r, "host": "node1"} for r in one] + [{**r, "host": "node1:9400"} for r in one]
@@ -1036,15 +1038,29 @@ def sim(tmp_path_factory):
     return ds, results, pq.read_table(ds.truth / "jobs.parquet")
 
 
-def test_sim_tables_do_not_depend_on_the_gpu_groups(sim):
+@pytest.mark.parametrize("staged", [False, True])
+def test_sim_tables_do_not_depend_on_the_gpu_groups(sim, staged, monkeypatch, tmp_path):
     # GPUs taken a few at a time (one group's samples held at a time) give the same tables and
-    # counters, bit for bit, as all of them at once
+    # counters, bit for bit, as all of them at once; so do the groups' samples read from the files
+    # once into a temporary file per group (many groups), which is removed after
     ds, results, _ = sim
     day = ds.days[-1]
     one = results[day]
     assert one.counters["gpus"] >= 8 and one.counters["samples_in_window"] < GROUP_SAMPLES  # one group
     per_gpu = one.counters["samples_in_window"] / one.counters["gpus"]
+    monkeypatch.setattr(efficiency_module, "STAGE_ONCE_MIN_GROUPS", 2 if staged else 10**9)
+    monkeypatch.setenv("GPU_PIPELINE_DUCKDB_TEMP_DIR", str(tmp_path))
+    copies = []
+    real = efficiency_module._stage_groups_once
+    monkeypatch.setattr(efficiency_module, "_stage_groups_once",
+                        lambda *a: copies.append(sorted(p.name for p in a[-1].iterdir())) if real(*a) is None else None)
     split = sim_day_efficiency(ds, day, group_samples=int(3 * per_gpu))
+    if staged:  # one pass, a folder per group
+        (folders,) = copies
+        assert len(folders) >= 3 and sorted(folders) == sorted(f"grp={k}" for k in range(len(folders)))
+    else:
+        assert copies == []
+    assert list(tmp_path.iterdir()) == []  # the temporary files are gone
     assert split.hourly.equals(one.hourly)
     assert split.jobs.equals(one.jobs)
     assert split.held_idle.equals(one.held_idle)
