@@ -696,7 +696,8 @@ def _stage_groups_once(con, samples_sql, params, lo, hi, groups: list[tuple[int,
     sql = (_picked_samples_sql(samples_sql, "true")
            .replace("SELECT p.gid,", "SELECT p.grp, p.gid,", 1)
            .replace("SELECT gid, gpu_id, h, source, sc FROM _eff_srch2", f"SELECT *, {grp} AS grp FROM _eff_srch2", 1))
-    con.execute(f"COPY ({sql}) TO '{where}' (FORMAT parquet, PARTITION_BY (grp), COMPRESSION '{_STAGE_CODEC}')",
+    target = str(where).replace("'", "''")
+    con.execute(f"COPY ({sql}) TO '{target}' (FORMAT parquet, PARTITION_BY (grp), COMPRESSION '{_STAGE_CODEC}')",
                 [*params, lo, hi])
 
 
@@ -717,8 +718,8 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     def group(*extra: str) -> str:
         return _picked_samples_sql(samples_sql, f"gid BETWEEN {int(gids[0])} AND {int(gids[1])}", *extra)
 
-    first = (f"SELECT gid, t, sc, util, power, plimit, energy_mj FROM read_parquet('{staged}/*.parquet')", []) \
-        if staged is not None else (group(), gparams)
+    first = ("SELECT gid, t, sc, util, power, plimit, energy_mj FROM read_parquet(?)",
+             [[str(f) for f in sorted(staged.glob("*.parquet"))]]) if staged is not None else (group(), gparams)
     # (the rare group with a repeated (GPU, time) is read from the files again, with the hosts)
     if not _stage_next_values(con, *first):
         # A GPU with two samples at one time (the same sample under two host names: one exporter
