@@ -81,12 +81,13 @@ Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
     the time-weighted mean over a cluster's scrapes, summed over clusters. A scrape stands for the
     time until its cluster's next scrape, split at the hours -- where the next is more than
     :data:`KUEUE_HOLD_GAP_FACTOR` median intervals away (an outage), and after the cluster's last
-    scrape, for one median interval; a cluster's only scrape until the end of its hour; never for more than :data:`KUEUE_MAX_HOLD`;
-    clipped to the window (the minutes before a day's first scrape are not covered). A cluster of
-    the window that no scrape stands for in an hour makes that hour's demand and capacity unknown.
-    ``capacity_coverage`` = the share of the hour that scrapes with the GPU quota stand for, the
-    least over the window's clusters (0 for one without any). The GPU resources are ``kueue_resources`` (default
-    ``nvidia.com/gpu``; a list, ``*`` globs, each unit one GPU). The figures: demand =
+    scrape, for one median interval; a cluster's only scrape until the end of its hour; never for
+    more than :data:`KUEUE_MAX_HOLD`; clipped to the window (the minutes before a day's first scrape
+    are not covered). A cluster of the window that no scrape stands for in an hour makes that
+    hour's demand and capacity unknown. ``capacity_coverage`` = the share of the hour that scrapes
+    with the GPU quota stand for, the least over the window's clusters (0 for one without any). The
+    GPU resources are ``kueue_resources`` (default ``nvidia.com/gpu``; a list, ``*`` globs, each
+    unit one GPU). The figures: demand =
     ``resource_pending`` of the GPU resources (else pending workloads x
     ``kueue_gpus_per_workload`` when the caller knows it; 0 with no pending workload, else unknown:
     null: DCR null, severity Unknown), pending_jobs = pending workloads (active + inadmissible), capacity per flavor:
@@ -472,9 +473,9 @@ def _weighted_avg(value: str) -> str:
 # Each Kueue scrape's weight in each hour of the window (``scrape_w``: cluster, t_us, h_start, w in
 # seconds, own_hour), from ``{src}`` (rows with cluster and sample_utc) and ``params`` (s_us, e_us, h_us):
 # a scrape stands for the time until its cluster's next scrape -- one median interval where the next
-# is more than KUEUE_HOLD_GAP_FACTOR intervals away, or after the last; until the end of
-# its hour when the cluster has one scrape; at most KUEUE_MAX_HOLD -- clipped to the window, and that
-# span is split at the hours.
+# is more than KUEUE_HOLD_GAP_FACTOR intervals away, or after the last; until the end of its hour when
+# the cluster has one scrape; at most KUEUE_MAX_HOLD -- clipped to the window, and that span is split
+# at the hours.
 _SCRAPE_WEIGHTS_SQL = f"""
 scrape_t AS (SELECT DISTINCT cluster, epoch_us(sample_utc) AS t_us FROM {{src}}),
 scrape_next AS (
