@@ -84,7 +84,7 @@ Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
     scrape, for one median interval; a cluster's only scrape until the end of its hour; never for
     more than :data:`KUEUE_MAX_HOLD`; clipped to the window (the minutes before a day's first scrape
     are not covered). A cluster of the window that no scrape stands for in an hour makes that
-    hour's demand and capacity unknown. ``capacity_coverage`` = the share of the hour that scrapes
+    hour's demand and capacity unknown: a window with scrapes has a row for every hour. ``capacity_coverage`` = the share of the hour that scrapes
     with the GPU quota stand for, the least over the window's clusters (0 for one without any). The
     GPU resources are ``kueue_resources`` (default ``nvidia.com/gpu``; a list, ``*`` globs, each
     unit one GPU). The figures: demand =
@@ -155,6 +155,11 @@ def kueue_gpu_resources(text: str | None, what: str = "GPU resource names") -> t
     bad = [n for n in names if not _RESOURCE_NAME.match(n)]
     if bad:
         raise ValueError(f"{what}: {bad[0]!r} is not a resource name (letters, digits, . _ / - and * only)")
+    # a GPU is an extended resource, <domain>/<name>: a bare * (or cpu) would count cpu and memory
+    bare = [n for n in names if "/" not in n.strip("*/") or n.split("/", 1)[0].strip("*") == ""]
+    if bare:
+        raise ValueError(f"{what}: {bare[0]!r} is not an extended resource name (<domain>/<name>, "
+                         "as nvidia.com/gpu)")
     return names or (KUEUE_GPU_RESOURCE,)
 
 
@@ -598,11 +603,13 @@ per_cluster AS (
     FROM scrape_hour, params p
     GROUP BY h_start, cluster
 ),
--- every cluster of the window in every hour that has any: a cluster no scrape stands for in an hour
--- (its collector down) has unknown figures and coverage 0 there, not a silent share of nothing
+-- every cluster of the window in every hour of the window: a cluster no scrape stands for in an hour
+-- (its collector down, or every collector) has unknown figures and coverage 0 there, not a silent
+-- share of nothing or no row
 cluster_hours AS (
     SELECT h.h_start, c.cluster
-    FROM (SELECT DISTINCT h_start FROM per_cluster) h CROSS JOIN (SELECT DISTINCT cluster FROM per_scrape) c
+    FROM (SELECT generate_series AS h_start FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)) h
+    CROSS JOIN (SELECT DISTINCT cluster FROM per_scrape) c
 ),
 all_clusters AS (
     SELECT ch.h_start, ch.cluster, pc.* EXCLUDE (h_start, cluster)

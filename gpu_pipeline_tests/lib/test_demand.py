@@ -66,6 +66,17 @@ def hourly(result, device="ALL", source="htcondor"):
             if r["device_class"] == device and r["source"] == source}
 
 
+def kueue_hour(result, hour: int) -> dict:
+    """The Kueue row of ``hour``; every other hour of the window has a row too, Unknown with
+    coverage 0 (no scrape stands for it: an outage is not a missing row)."""
+    rows = hourly(result, source="kueue")
+    assert len(rows) == 24, sorted(rows)
+    others = [x for h, x in rows.items() if h != hour]
+    assert all(x["capacity_coverage"] == 0.0 and x["demand_gpus"] is None and x["severity"] == "Unknown"
+               for x in others), others[:2]
+    return rows[hour]
+
+
 def reasons(result):
     return sorted((r["global_job_id"], r["reason"], r["start_utc"], r["end_utc"], r["open_end"])
                   for r in result.intervals.to_pylist())
@@ -295,7 +306,7 @@ def test_kueue_rows():
         ]
     kueue = pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema)
     r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END, kueue=kueue)
-    (row,) = r.capacity.to_pylist()
+    row = kueue_hour(r, 10)
     assert (row["source"], row["device_class"], row["hour_start_utc"]) == ("kueue", "ALL", at(10))
     assert (row["demand_gpus"], row["pending_jobs"], row["mean_wait_s"]) == (3.0, 2.0, 200.0)
     assert (row["idle_gpus"], row["busy_gpus"], row["total_gpus"], row["dcr"]) == (1.0, 7.0, 8.0, 3.0)
@@ -308,8 +319,7 @@ def test_kueue_rows():
 def _kueue_hour(rows: list[dict]) -> dict:
     r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
                            kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema))
-    (row,) = r.capacity.to_pylist()
-    return row
+    return kueue_hour(r, rows[0]["sample_utc"].hour)
 
 
 @pytest.mark.parametrize("cluster", ["k8s", None])  # None: no cluster configured, the default
@@ -346,7 +356,7 @@ def test_kueue_quota_is_lent_within_the_root_of_a_cohort_tree():
     kueue = parse_kueue_scrapes([(at(10, 5), text)], cluster="k8s").table
     assert set(kueue.filter(pc.is_valid(kueue["flavor"]))["root_cohort"].to_pylist()) == {"org"}
     r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END, kueue=kueue)
-    (row,) = r.capacity.to_pylist()
+    row = kueue_hour(r, 10)
     assert (row["idle_gpus"], row["busy_gpus"], row["total_gpus"], row["demand_gpus"]) == (0.0, 8.0, 8.0, 4.0)
     assert row["severity"] == "Critical"
 
@@ -390,7 +400,7 @@ def test_kueue_capacity_without_its_series_is_unknown_not_zero(with_quota):
                              nominal_quota=8.0))
     r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
                            kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema), kueue_gpus_per_workload=1.0)
-    (row,) = r.capacity.to_pylist()
+    row = kueue_hour(r, 10)
     assert row["demand_gpus"] == 6.0
     assert (row["idle_gpus"], row["busy_gpus"], row["total_gpus"]) == (None, None, None)
     assert (row["dcr"], row["dcr_capped"], row["severity"]) == (None, False, "Unknown")
@@ -411,7 +421,7 @@ def test_kueue_clusters_scraped_at_their_own_instants_are_added_up():
                           nominal_quota=quota)]
         r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
                                kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema))
-        (row,) = r.capacity.to_pylist()
+        row = kueue_hour(r, 10)
         assert (row["demand_gpus"], row["idle_gpus"], row["busy_gpus"], row["total_gpus"]) == (10.0, 6.0, 10.0, 16.0)
         assert row["dcr"] == pytest.approx(10 / 6)
         top = {t["key"]: (t["demand_gpu_hours"], t["share"]) for t in r.top.to_pylist()}
@@ -439,10 +449,8 @@ def test_kueue_hourly_demand_is_time_weighted_when_the_scrape_interval_changes()
         rows += _scrape_rows(at(10, 10) + dt.timedelta(minutes=k), 2.0)
     r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
                            kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema))
-    by_hour = hourly(r, source="kueue")
     # the median interval is 60 s: the last scrape (10:59) stands for 10:59-11:00
-    assert sorted(by_hour) == [10]
-    row = by_hour[10]
+    row = kueue_hour(r, 10)
     assert row["demand_gpus"] == pytest.approx((10 * 10 + 2 * 50) / 60, rel=1e-12)
     assert (row["idle_gpus"], row["total_gpus"], row["capacity_coverage"]) == (6.0, 8.0, 1.0)
     assert _kueue_top(r) == pytest.approx({"cq": (10 * 10 + 2 * 50) / 60}, rel=1e-12)
@@ -483,13 +491,14 @@ def test_kueue_a_cluster_without_scrapes_in_an_hour_makes_it_unknown_and_no_scra
             rows += _scrape_rows(at(m // 60, m % 60), 2.0, cluster=cluster)
     by_hour = hourly(demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
                                         kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema)), source="kueue")
-    assert [(h, x["demand_gpus"], x["capacity_coverage"]) for h, x in sorted(by_hour.items())] == [
+    assert [(h, x["demand_gpus"], x["capacity_coverage"]) for h, x in sorted(by_hour.items()) if 9 <= h <= 11] == [
         (9, 4.0, 1.0), (10, None, 0.0), (11, 4.0, 1.0)]
     assert by_hour[10]["idle_gpus"] is None and by_hour[10]["severity"] == "Unknown"
     sparse = _scrape_rows(at(13), 5.0) + _scrape_rows(at(17), 1.0)
     by_hour = hourly(demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
                                         kueue=pa.Table.from_pylist(sparse, schema=KUEUE_DEMAND.schema)), source="kueue")
-    assert {h: x["demand_gpus"] for h, x in by_hour.items()} == {13: 5.0, 17: 1.0}
+    assert {h: x["demand_gpus"] for h, x in by_hour.items() if x["demand_gpus"] is not None} == {13: 5.0, 17: 1.0}
+    assert len(by_hour) == 24 and by_hour[14]["capacity_coverage"] == 0.0
 
 
 def test_kueue_gpu_resource_names_are_configurable():
@@ -511,7 +520,7 @@ def test_kueue_gpu_resource_names_are_configurable():
     def hour(resources=None):
         kw = {} if resources is None else {"kueue_resources": kueue_gpu_resources(resources)}
         r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END, kueue=kueue, **kw)
-        (row,) = r.capacity.to_pylist()
+        row = hourly(r, source="kueue")[10]
         return (row["demand_gpus"], row["idle_gpus"], row["total_gpus"], row["severity"]), _kueue_top(r)
 
     assert hour() == ((None, None, None, "Unknown"), {})
@@ -519,10 +528,13 @@ def test_kueue_gpu_resource_names_are_configurable():
     both = ((5.0, 4.0, 17.0, "Warning"), {"cq-amd": 3.0, "cq-mig1": 2.0})
     assert hour("amd.com/gpu, nvidia.com/mig-*") == both
     assert hour("amd.com/gpu,nvidia.com/mig-1g.10gb,nvidia.com/mig-3g.40gb") == both
-    assert hour("amd.com/gpu,nvidia.com_mig-*") == ((3.0, 2.0, 8.0, "Warning"), {"cq-amd": 3.0})
+    assert hour("amd.com/gpu,nvidia.com/mig_1g*") == ((3.0, 2.0, 8.0, "Warning"), {"cq-amd": 3.0})  # _ is no wildcard
     assert kueue_gpu_resources("") == ("nvidia.com/gpu",) and kueue_gpu_resources(" a/b , a/b ") == ("a/b",)
     with pytest.raises(ValueError, match="MY_VAR: \"x' OR 1=1\" is not a resource name"):
         kueue_gpu_resources("x' OR 1=1", "MY_VAR")
+    for bare in ("*", "cpu", "*/gpu", "nvidia.com/gpu,memory"):  # would count cpu / memory rows as GPUs
+        with pytest.raises(ValueError, match="is not an extended resource name"):
+            kueue_gpu_resources(bare, "MY_VAR")
 
 
 # -- Kueue top contributors against the hourly demand --------------------------------------------
@@ -594,7 +606,9 @@ def _assert_kueue_top_adds_up_to_the_hourly_demand(kueue: pa.Table, hours: list[
         assert sum(_kueue_top(r).values()) == pytest.approx(row["demand_gpus"], rel=1e-12), h
     r = _kueue_result(kueue, DAY, END, top_n=10_000, **kwargs)
     day_hours = sum(x["demand_gpus"] or 0.0 for x in hourly(r, source="kueue").values())
-    assert sorted(hourly(r, source="kueue")) == sorted(hours)
+    outside = [x for h, x in hourly(r, source="kueue").items() if h not in hours]
+    assert len(outside) == 24 - len(hours) and all(x["demand_gpus"] is None and x["capacity_coverage"] == 0.0
+                                                    for x in outside)
     assert sum(_kueue_top(r).values()) == pytest.approx(day_hours + unknown_gpu_hours, rel=1e-12)
     assert sum(t["share"] for t in r.top.to_pylist()) == pytest.approx(1.0)
 
@@ -611,7 +625,7 @@ def test_kueue_top_contributors_take_a_scrape_without_pending_resources_as_the_h
         ("k8s", at(10, 40), {"gpu-a100": (12, 5, 0), "gpu-h100": (6, 1, 2)}),
     ])
     r = _kueue_result(kueue, DAY, END, kueue_gpus_per_workload=gpus_per_workload)
-    (row,) = hourly(r, source="kueue").values()
+    row = kueue_hour(r, 10)
     if gpus_per_workload is None:  # 10:20 unknown: skipped
         assert row["demand_gpus"] == 17.0
         assert _kueue_top(r) == {"gpu-a100": 11.0, "gpu-h100": 6.0}
@@ -629,7 +643,7 @@ def test_kueue_top_contributors_of_an_hour_with_pending_workloads_only():
                ("k8s", at(11, 30), {"gpu-a100": (None, 5, 0), "gpu-h100": (None, 1, 2)})]
     kueue = _kueue_table(scrapes)
     r = _kueue_result(kueue, DAY, END, kueue_gpus_per_workload=2.0)
-    (row,) = hourly(r, source="kueue").values()
+    row = kueue_hour(r, 11)
     assert (row["demand_gpus"], row["pending_jobs"]) == (14.0, 7.0)
     assert _kueue_top(r) == {"gpu-a100": 9.0, "gpu-h100": 5.0}
     assert [(t["key"], t["share"], t["rank"]) for t in r.top.to_pylist()] == [
@@ -683,7 +697,7 @@ def test_kueue_top_contributors_add_up_to_the_hourly_demand_every_hour():
     # Hour 9 has no west scrape, hour 12 no east one: unknown (their queues still count GPU-hours).
     east = {9: (6 * 30 + 6 * 25) / 55, 10: (6 * 5 + 10 * 20 + 10 * 20) / 45, 11: (12 * 30 + 8 * 25) / 55}
     west = {10: (3 * 15 + 6 * 10) / 25, 11: (6 * 15 + 8 * 15) / 30, 12: 8.0}
-    assert (demand[9], demand[12]) == (None, None) and sorted(demand) == [9, 10, 11, 12]
+    assert (demand[9], demand[12]) == (None, None) and sorted(h for h, d in demand.items() if d is not None) == [10, 11]
     assert [demand[10], demand[11]] == pytest.approx([east[10] + west[10], east[11] + west[11]], rel=1e-12)
     assert (demand[10], demand[11]) != (14.5, 18.0)  # the plain means over the hours' scrapes
     rows = hourly(r, source="kueue")
