@@ -23,9 +23,11 @@ Samples and time weighting
     repeats (``mig_samples_on_boards``); an instance whose parent UUID the source does not give is
     skipped (``mig_samples_skipped``). Held-idle needs the board's id in the slot states, which list
     MIG devices instead, so a board has none. When one GPU is reported by several sources, each UTC
-    hour uses the source with the most utilization readings of the GPU in that hour, then the most
-    samples (no double counting; a GPU whose collector stopped at 06:00 while another went on is
-    measured by the other from then on). Two samples of one GPU at one time (the same sample
+    hour uses one source: one with utilization readings in that hour before one without, then the
+    one whose samples span most of the hour (whole minutes), then the one with most samples (no
+    double counting; a GPU whose collector stopped at 06:00 while another went on is measured by the
+    other from then on). Utilization and power come from that one source: a util-only source beats
+    a power-only one, whose power the hour then lacks. Two samples of one GPU at one time (the same sample
     under two host names) are read once (``duplicate_samples_dropped``). The cadence in force at a
     sample is the median interval between the GPU's consecutive samples in its UTC hour, where the
     hour has at least 5 of them, else over all its samples (a logger switched from 60 s to 10 s
@@ -593,7 +595,8 @@ def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_count AS
         SELECT gpu_id, source, {_MIG} AS is_mig, epoch_us(sample_utc) // {_HOUR_US} AS h, count(*) AS n,
-               count(*) FILTER (WHERE isfinite(util_pct) AND util_pct >= 0) AS nu,
+               count(*) FILTER (WHERE isfinite(util_pct) AND util_pct >= 0) > 0 AS has_util,
+               (max(epoch_us(sample_utc)) - min(epoch_us(sample_utc))) // 60000000 AS span_min,
                count(*) FILTER (WHERE epoch_us(sample_utc) >= {s_us} AND epoch_us(sample_utc) < {e_us}) AS n_window,
                mode(host) AS host, mode(device_name) AS device_name
         FROM {samples_sql}
@@ -613,18 +616,19 @@ def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group
     counters["mig_samples_skipped"] = float(row[1])
     counters["samples_dropped_other_source"] = float(row[2])  # less each group's kept samples
     counters["duplicate_samples_dropped"] = 0.0
-    # One source per GPU and UTC hour: the one with most utilization readings in that hour, then most
-    # samples (ties: the greatest name), so that a GPU whose sources change in the day (a collector
-    # that stops, another that starts) is measured by whichever reported it in each hour, and a
-    # source without utilization (nvidia-smi on a board in MIG mode, beside DCGM's instances) does
-    # not win over one with it; ``sc`` numbers the sources.
+    # One source per GPU and UTC hour: one with utilization readings in that hour before one without
+    # (nvidia-smi on a board in MIG mode, beside DCGM's instances), then the one whose samples span
+    # most of the hour (in whole minutes: a 10-second exporter started at 10:45 does not win over a
+    # 60-second logger that ran all hour), then most samples (ties: the greatest name); so a GPU
+    # whose sources change in the day (a collector that stops, another that starts) is measured by
+    # whichever reported it in each hour; ``sc`` numbers the sources.
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _eff_srch AS
-        SELECT gpu_id, h, arg_max(source, struct_pack(nu := nu, n := n, s := source)) AS source,
-               arg_max(host, struct_pack(nu := nu, n := n, s := source)) AS host,
-               arg_max(device_name, struct_pack(nu := nu, n := n, s := source)) AS device_name,
-               arg_max(n, struct_pack(nu := nu, n := n, s := source)) AS n
+        SELECT gpu_id, h, arg_max(source, struct_pack(u := has_util, m := span_min, n := n, s := source)) AS source,
+               arg_max(host, struct_pack(u := has_util, m := span_min, n := n, s := source)) AS host,
+               arg_max(device_name, struct_pack(u := has_util, m := span_min, n := n, s := source)) AS device_name,
+               arg_max(n, struct_pack(u := has_util, m := span_min, n := n, s := source)) AS n
         FROM _eff_count WHERE NOT is_mig GROUP BY gpu_id, h
         """
     )

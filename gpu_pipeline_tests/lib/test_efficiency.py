@@ -524,6 +524,21 @@ def test_a_mig_board_logged_by_nvidia_smi_too_is_read_from_its_instances():
     assert res.counters["samples_dropped_other_source"] == 61
 
 
+def test_the_hours_source_is_the_one_that_spans_the_hour_not_the_one_with_most_samples():
+    """A 60-second nvidia-smi logger all hour and a 10-second exporter started at 10:45 (90 samples
+    against 60): the hour is read from the logger, so it is covered whole (by most samples it was
+    the exporter's last 15 minutes: 900 s of coverage). From 11:00 the exporter spans the hour too,
+    and its finer samples win."""
+    g = "GPU-aaaaaaaa"
+    rows = series(g, at(10), 120, step_s=60, source="nvidia-smi", util_pct=50.0, power_w=200.0)
+    rows += series(g, at(10, 45), 450, step_s=10, source="dcgm", util_pct=90.0, power_w=300.0)
+    res = run(samples_table(rows))
+    ten, eleven = hour_row(res, g, 10), hour_row(res, g, 11)
+    assert (ten["coverage_s"], ten["samples"]) == (3600.0, 60)
+    assert ten["util_pct"] == pytest.approx((59 * 50 + 70) / 60)  # 10:59-11:00 to the exporter's 90 %
+    assert (eleven["util_pct"], eleven["samples"]) == (90.0, 360)
+
+
 def test_mig_instance_without_a_profile_leaves_the_board_util_unknown():
     """An instance without a ``<n>g.`` profile: the board's share of busy slices is unknown (null
     util, no class), its power still measured."""
