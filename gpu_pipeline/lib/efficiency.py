@@ -102,6 +102,7 @@ import datetime as dt
 import math
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -547,7 +548,8 @@ def compute_efficiency(
             _stage_jobruns(con, jobs_sql, list(jobs_params), s_us, e_us)
         hourly_parts, held_parts = [], []
         if len(groups) >= STAGE_ONCE_MIN_GROUPS:
-            staged = Path(tempfile.mkdtemp(prefix="efficiency-groups-", dir=spill_dir()))
+            _remove_stale_stages(spill_dir())
+            staged = Path(tempfile.mkdtemp(prefix=_STAGE_PREFIX, dir=spill_dir()))
             _stage_groups_once(con, samples_sql, list(samples_params), lo, hi, groups, staged)
         for k, gids in enumerate(groups):  # GPU groups in gpu_id order: the parts, each sorted, make sorted tables
             _stage_samples(con, samples_sql, list(samples_params), lo, hi, s_us, e_us, states_sql,
@@ -691,6 +693,19 @@ def _picked_samples_sql(samples_sql: str, gid_where: str, *extra: str) -> str:
           ON p.gpu_id = r.gpu_id AND p.source = r.source AND p.h = epoch_us(r.sample_utc) // {_HOUR_US}
         WHERE r.sample_utc >= ? AND r.sample_utc < ? AND NOT {_MIG_R}
     """
+
+
+_STAGE_PREFIX = "efficiency-groups-"
+#: A one-pass folder older than this was left by a process that was killed (a run's is removed
+#: when its step ends, also on an error).
+_STALE_STAGE_S = 86_400
+
+
+def _remove_stale_stages(where: Path) -> None:
+    for old in where.glob(f"{_STAGE_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > _STALE_STAGE_S:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def _stage_groups_once(con, samples_sql, params, lo, hi, groups: list[tuple[int, int]], where: Path) -> None:

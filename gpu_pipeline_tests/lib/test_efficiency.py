@@ -1066,6 +1066,12 @@ def test_sim_tables_do_not_depend_on_the_gpu_groups(sim, staged, monkeypatch, tm
     monkeypatch.setattr(efficiency_module, "STAGE_ONCE_MIN_GROUPS", 2 if staged else 10**9)
     spill = tmp_path / "spill 'it' [1]"  # a quote and glob characters in the folder's name
     monkeypatch.setenv("GPU_PIPELINE_DUCKDB_TEMP_DIR", str(spill))
+    # a killed run's folder from two days ago (removed by a staged run) and another run's of now (kept)
+    import os
+    import time
+    (spill / "efficiency-groups-killed" / "grp=0").mkdir(parents=True)
+    (spill / "efficiency-groups-running").mkdir()
+    os.utime(spill / "efficiency-groups-killed", (time.time() - 2 * 86400,) * 2)
     copies = []
     real = efficiency_module._stage_groups_once
     monkeypatch.setattr(efficiency_module, "_stage_groups_once",
@@ -1076,7 +1082,9 @@ def test_sim_tables_do_not_depend_on_the_gpu_groups(sim, staged, monkeypatch, tm
         assert len(folders) >= 3 and sorted(folders) == sorted(f"grp={k}" for k in range(len(folders)))
     else:
         assert copies == []
-    assert not spill.exists() or list(spill.iterdir()) == []  # the temporary files are gone
+    # the run's temporary files are gone
+    assert sorted(p.name for p in spill.iterdir()) == (
+        ["efficiency-groups-running"] if staged else ["efficiency-groups-killed", "efficiency-groups-running"])
     assert split.hourly.equals(one.hourly)
     assert split.jobs.equals(one.jobs)
     assert split.held_idle.equals(one.held_idle)
