@@ -193,6 +193,13 @@ def exact_sum(value: str, where: str | None = None) -> str:
             f"ELSE sum({value}){f} END)")
 
 
+def exact_weighted_avg(value: str, weight: str) -> str:
+    """SQL: the ``weight``-weighted mean of ``value`` over the rows where it is known, by
+    :func:`exact_sum` (NULL when no row has both)."""
+    known = f"{value} IS NOT NULL"
+    return f"({exact_sum(f'{value} * {weight}', known)} / nullif({exact_sum(weight, known)}, 0))"
+
+
 def exact_avg(value: str, where: str | None = None) -> str:
     """SQL for ``avg(value) [FILTER (WHERE where)]`` by :func:`exact_sum`."""
     f = f" FILTER (WHERE {where})" if where else ""

@@ -120,7 +120,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
-from gpu_pipeline.lib.db import exact_sum
+from gpu_pipeline.lib.db import exact_sum, exact_weighted_avg
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND
 from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, TS, TableSpec, _f, conform
 from gpu_pipeline.lib.states import BUCKET
@@ -151,7 +151,13 @@ def kueue_gpu_resources(text: str | None, what: str = "GPU resource names") -> t
     (``*`` matches any characters: ``nvidia.com/mig-*``); each unit of each counts as one GPU.
     Empty: :data:`KUEUE_GPU_RESOURCE`. A name with other characters raises ``ValueError`` naming
     ``what``."""
-    names = tuple(dict.fromkeys(n.strip() for n in (text or "").split(",") if n.strip()))
+    return _checked_resources(tuple(dict.fromkeys(n.strip() for n in (text or "").split(",") if n.strip())),
+                              what)
+
+
+def _checked_resources(names: Sequence[str], what: str = "GPU resource names") -> tuple[str, ...]:
+    """``names`` (:data:`KUEUE_GPU_RESOURCE` when none), each a valid extended resource name; else
+    ``ValueError`` naming ``what``."""
     bad = [n for n in names if not _RESOURCE_NAME.match(n)]
     if bad:
         raise ValueError(f"{what}: {bad[0]!r} is not a resource name (letters, digits, . _ / - and * only)")
@@ -160,11 +166,11 @@ def kueue_gpu_resources(text: str | None, what: str = "GPU resource names") -> t
     if bare:
         raise ValueError(f"{what}: {bare[0]!r} is not an extended resource name (<domain>/<name>, "
                          "as nvidia.com/gpu)")
-    return names or (KUEUE_GPU_RESOURCE,)
+    return tuple(names) or (KUEUE_GPU_RESOURCE,)
 
 
 def _gpu_resource_sql(names: Sequence[str], column: str = "resource") -> str:
-    """SQL: ``column`` is one of the resource names (checked by :func:`kueue_gpu_resources`: no quote
+    """SQL: ``column`` is one of the resource names (checked by :func:`_checked_resources`: no quote
     can be in them; ``_`` is escaped, ``*`` is LIKE's ``%``)."""
     parts = []
     for n in names:
@@ -469,12 +475,6 @@ _SCRAPE_DEMAND = ("coalesce(pending_gpus, pending_wl * (SELECT gpw FROM params),
                   "CASE WHEN pending_wl = 0 THEN 0.0 END)")
 
 
-def _weighted_avg(value: str) -> str:
-    """The time-weighted mean of ``value`` over the rows' weights ``w`` (rows with NULL left out)."""
-    known = f"{value} IS NOT NULL"
-    return f"({exact_sum(f'{value} * w', known)} / nullif({exact_sum('w', known)}, 0))"
-
-
 # Each Kueue scrape's weight in each hour of the window (``scrape_w``: cluster, t_us, h_start, w in
 # seconds, own_hour), from ``{src}`` (rows with cluster and sample_utc) and ``params`` (s_us, e_us, h_us):
 # a scrape stands for the time until its cluster's next scrape -- one median interval where the next
@@ -500,7 +500,10 @@ scrape_span AS (
     LEFT JOIN scrape_cad c ON c.cluster IS NOT DISTINCT FROM n.cluster  -- a cluster may be NULL
     CROSS JOIN params p
 ),
-scrape_hours AS (SELECT generate_series AS h_start FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)),
+scrape_hours AS (
+    SELECT generate_series AS h_start, least(generate_series + p.h_us, p.e_us) - generate_series AS h_len
+    FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)
+),
 scrape_w AS (
     SELECT s.cluster, s.t_us, h.h_start, h.h_start = s.own_h AS own_hour,
         (least(s.end_us, h.h_start + p.h_us) - greatest(s.t_us, h.h_start)) / 1e6 AS w
@@ -524,14 +527,14 @@ _KUEUE_SUMS = {
     "wait_n": exact_sum("wait_count_interval", "kind = 'admission_wait' AND wait_mean_s IS NOT NULL"),
     # time-weighted means over the hour (w: the seconds of the hour a scrape stands for); a scrape
     # whose value is unknown is left out of both sums
-    "avg_demand": _weighted_avg("demand"),
-    "avg_pending_wl": _weighted_avg("pending_wl"),
+    "avg_demand": exact_weighted_avg("demand", "w"),
+    "avg_pending_wl": exact_weighted_avg("pending_wl", "w"),
     # admissions are counted in the hour of the scrape that saw them, once
     "sum_wait_sum": exact_sum("wait_sum", "own_hour"),
     "sum_wait_n": exact_sum("wait_n", "own_hour"),
-    "avg_idle": _weighted_avg("idle"),
-    "avg_usage": _weighted_avg("usage"),
-    "avg_quota": _weighted_avg("quota"),
+    "avg_idle": exact_weighted_avg("idle", "w"),
+    "avg_usage": exact_weighted_avg("usage", "w"),
+    "avg_quota": exact_weighted_avg("quota", "w"),
     "cap_w": f"coalesce({exact_sum('w', 'idle IS NOT NULL')}, 0.0)",
     # the clusters' hourly figures added up (a cluster whose demand is unknown makes it unknown)
     "all_demand": f"CASE WHEN count(demand) = count(*) THEN {exact_sum('demand')} END",
@@ -599,8 +602,8 @@ per_cluster AS (
         {avg_idle} AS idle,
         {avg_usage} AS usage,
         {avg_quota} AS quota,
-        {cap_w} / (least(h_start + any_value(p.h_us), any_value(p.e_us)) - h_start) * 1e6 AS cap_cov
-    FROM scrape_hour, params p
+        {cap_w} / any_value(h_len) * 1e6 AS cap_cov
+    FROM scrape_hour JOIN scrape_hours USING (h_start)
     GROUP BY h_start, cluster
 ),
 -- every cluster of the window in every hour of the window: a cluster no scrape stands for in an hour
@@ -608,8 +611,7 @@ per_cluster AS (
 -- share of nothing or no row
 cluster_hours AS (
     SELECT h.h_start, c.cluster
-    FROM (SELECT generate_series AS h_start FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)) h
-    CROSS JOIN (SELECT DISTINCT cluster FROM per_scrape) c
+    FROM scrape_hours h CROSS JOIN (SELECT DISTINCT cluster FROM per_scrape) c
 ),
 all_clusters AS (
     SELECT ch.h_start, ch.cluster, pc.* EXCLUDE (h_start, cluster)
@@ -767,10 +769,6 @@ k AS (
     CROSS JOIN params p
     WHERE s.demand IS NOT NULL
 ),
-hours AS (
-    SELECT generate_series AS h_start, least(generate_series + p.h_us, p.e_us) - generate_series AS h_len
-    FROM params p, generate_series(p.s_us, p.e_us - 1, p.h_us)
-),
 per_hour AS (
     -- the queue's time-weighted mean pending GPUs over its cluster's scrapes of the hour that carry
     -- demand x the hour's length = its GPU-hours (as the hourly demand: a cluster's mean, clusters
@@ -781,7 +779,7 @@ per_hour AS (
 ),
 agg AS (
     SELECT ph.key, {exact_sum("ph.pending * h.h_len / 3.6e9")} AS demand_gpu_hours
-    FROM per_hour ph JOIN hours h ON h.h_start = ph.h_start
+    FROM per_hour ph JOIN scrape_hours h ON h.h_start = ph.h_start
     GROUP BY ph.key
 ),
 total AS (SELECT {exact_sum("demand_gpu_hours")} AS t FROM agg),
@@ -897,7 +895,7 @@ def compute_demand_capacity(
                 kueue_params or [],
             )
             kp = {"start": start_utc, "end": end_utc, "hour_us": hour_us}
-            gres = _gpu_resource_sql(kueue_gpu_resources(",".join(kueue_resources)))
+            gres = _gpu_resource_sql(_checked_resources(kueue_resources))
             parts.append(
                 con.sql(
                     _KUEUE_SQL.format(all=ALL_DEVICES, gpu_resource=gres, scrape_demand=_SCRAPE_DEMAND,

@@ -113,7 +113,7 @@ import pyarrow as pa
 
 from gpu_pipeline.lib.coverage import series_time_order as _gpu_time_order
 from gpu_pipeline.lib.db import connect as db_connect
-from gpu_pipeline.lib.db import exact_avg, exact_sum, spill_dir
+from gpu_pipeline.lib.db import exact_avg, exact_sum, exact_weighted_avg, spill_dir
 from gpu_pipeline.lib.gpu_specs import UNKNOWN, name_map
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 from gpu_pipeline.lib.timeutil import epoch_us
@@ -412,15 +412,9 @@ def _ts(us_expr: str) -> str:
     return f"(TIMESTAMPTZ '1970-01-01 00:00:00+00' + to_microseconds(CAST({us_expr} AS BIGINT)))"
 
 
-def _mean(value: str, weight: str) -> str:
-    """SQL: the ``weight``-weighted mean of ``value`` over the rows where it is known, by exact sums (the
-    same bits on every run, whatever order DuckDB's threads add the rows in; lib.db.exact_sum)."""
-    known = f"{value} IS NOT NULL"
-    return f"{exact_sum(f'{value} * {weight}', known)} / nullif({exact_sum(weight, known)}, 0)"
-
-
 def _mean_us(value: str, weight_us: str) -> str:
-    """:func:`_mean` for an integer weight (microseconds), whose sum is exact as it is: half the
+    """:func:`~gpu_pipeline.lib.db.exact_weighted_avg` for an integer weight (microseconds), whose
+    sum is exact as it is: half the
     exact sums, each of which costs DuckDB's planner as much as a few plain aggregates."""
     known = f"{value} IS NOT NULL"
     return f"{exact_sum(f'{value} * {weight_us}', known)} / nullif(sum({weight_us}) FILTER (WHERE {known}), 0)"
@@ -681,15 +675,18 @@ def _gid_groups(samples: list[int], limit: int) -> list[tuple[int, int]]:
     return groups or [(1, 0)]  # no GPU: one empty group, so that every table and counter is made
 
 
-def _picked_samples_sql(samples_sql: str, gid_where: str, *extra: str) -> str:
+def _picked_samples_sql(samples_sql: str, gid_where: str, *extra: str, group_of: str | None = None) -> str:
     """SQL: the samples of the picked source of the GPUs ``gid_where`` selects (on ``gid``), as
-    per-sample values (parameters: the relation's, then the read range's two ends)."""
+    per-sample values (parameters: the relation's, then the read range's two ends); ``extra``
+    columns of the samples (``r.``) after ``gid``; ``group_of``: an expression of ``gid`` given
+    first, as ``grp``."""
+    grp = f"{group_of} AS grp, " if group_of else ""
     return f"""
-        SELECT p.gid, {"".join(c + ", " for c in extra)}epoch_us(r.sample_utc) AS t, p.sc,
+        SELECT {"p.grp, " if group_of else ""}p.gid, {"".join(c + ", " for c in extra)}epoch_us(r.sample_utc) AS t, p.sc,
                {_NUM.format(c="r.util_pct")} AS util, {_NUM.format(c="r.power_w")} AS power,
                {_PLIMIT} AS plimit, {_NUM.format(c="r.energy_mj")} AS energy_mj
         FROM {samples_sql} r
-        JOIN (SELECT gid, gpu_id, h, source, sc FROM _eff_srch2 WHERE {gid_where}) p
+        JOIN (SELECT {grp}gid, gpu_id, h, source, sc FROM _eff_srch2 WHERE {gid_where}) p
           ON p.gpu_id = r.gpu_id AND p.source = r.source AND p.h = epoch_us(r.sample_utc) // {_HOUR_US}
         WHERE r.sample_utc >= ? AND r.sample_utc < ? AND NOT {_MIG_R}
     """
@@ -712,9 +709,7 @@ def _stage_groups_once(con, samples_sql, params, lo, hi, groups: list[tuple[int,
     """Every group's samples (as :func:`_picked_samples_sql` gives them) read from the files in one
     pass and written to ``where/grp=<k>/`` (k: the group's index), Parquet."""
     grp = "CASE " + " ".join(f"WHEN gid <= {int(hi_gid)} THEN {k}" for k, (_, hi_gid) in enumerate(groups)) + " END"
-    sql = (_picked_samples_sql(samples_sql, "true")
-           .replace("SELECT p.gid,", "SELECT p.grp, p.gid,", 1)
-           .replace("SELECT gid, gpu_id, h, source, sc FROM _eff_srch2", f"SELECT *, {grp} AS grp FROM _eff_srch2", 1))
+    sql = _picked_samples_sql(samples_sql, "true", group_of=grp)
     target = str(where).replace("'", "''")
     con.execute(f"COPY ({sql}) TO '{target}' (FORMAT parquet, PARTITION_BY (grp), COMPRESSION '{_STAGE_CODEC}')",
                 [*params, lo, hi])
@@ -1357,7 +1352,7 @@ def efficiency_daily(hourly: pa.Table, held_idle: pa.Table | None, day_start_utc
             per AS (
                 SELECT GROUPING(device_name) AS is_all, device_name,
                        count(DISTINCT gpu_id) AS gpus, {exact_sum('coverage_s')} / 3600.0 AS gpu_hours_sampled,
-                       {_mean("util_pct", _UTIL_W)} AS util_pct,
+                       {exact_weighted_avg("util_pct", _UTIL_W)} AS util_pct,
                        100.0 * {_RFU_NUM} / nullif({_RFU_DEN}, 0) AS rfu_pct_fleet,
                        {exact_sum('energy_kwh')} AS energy_kwh
                 FROM h GROUP BY GROUPING SETS ((device_name), ())

@@ -35,6 +35,7 @@ COVERAGE = dg.AssetCheckSpec(
 #: Reader counters of values read as null, in the day's metadata
 VALUE_COUNTERS = ("nan_values", "blank_values")
 
+
 @daily_table_asset(SPEC, kinds={"nvidia", "prometheus", "parquet"}, check_specs=[HAS_SAMPLES, COVERAGE])
 def gpu_telemetry(
     context: dg.AssetExecutionContext, data_store: DataStoreResource, telemetry: TelemetryResource
