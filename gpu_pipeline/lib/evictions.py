@@ -107,7 +107,7 @@ EVICTIONS = TableSpec(
                "day, else shared (the rule of eviction_rates' tier)"),
             _f("started_utc", TS, "Start of the evicted run (first snapshot seen running when from snapshots)"),
             _f("evicted_utc", TS, "End of the run (job record), else the first snapshot showing the primary "
-               "claim", nullable=False),
+               "claim with the backfill job gone from the GPU", nullable=False),
             _f("runtime_s", pa.float64(), "evicted_utc - started_utc (s)"),
             _f("runtime_is_lower_bound", pa.bool_(), "The run was already running at the first snapshot read "
                "(snapshots only): runtime_s is a lower bound", nullable=False),
@@ -117,8 +117,8 @@ EVICTIONS = TableSpec(
             _f("reason", pa.string(), "VacateReason, or how the eviction was inferred"),
             _f("reason_code", pa.int32(), "VacateReasonCode"),
             _f("evicted_by_job_id", pa.string(), "Primary job that claimed the GPU (from snapshots)"),
-            _f("resolution_s", pa.float64(), "Uncertainty of evicted_utc: 1 s for job records, the snapshot "
-               "interval before the primary claim was seen for snapshots", nullable=False),
+            _f("resolution_s", pa.float64(), "Uncertainty of evicted_utc: 1 s for job records, for snapshots "
+               "the time from the last snapshot showing the run to evicted_utc", nullable=False),
             _f("detected_by", pa.string(), "job_records, snapshots, or job_records,snapshots", nullable=False),
         ]
     ),
@@ -271,7 +271,12 @@ seen AS (
            lag(bf_job) OVER w AS prev_bf_job,
            lead(state) OVER w AS next_state,
            lead(global_job_id) OVER w AS next_job,
-           lead(obs_utc) OVER w AS next_obs
+           lead(obs_utc) OVER w AS next_obs,
+           lead(bucket_start_utc) OVER w AS next_bucket,
+           -- where the primary claim that follows a row (its next row's, and those after it) ends:
+           -- the next row after that one in another state
+           min(CASE WHEN state NOT IN ('busy_prioritized', 'busy_shared') THEN bucket_start_utc END)
+               OVER (w ROWS BETWEEN 2 FOLLOWING AND UNBOUNDED FOLLOWING) AS claim_end
     FROM segs
     WHERE NOT unseen
     WINDOW w AS (PARTITION BY gpu_id ORDER BY bucket_start_utc)
@@ -288,22 +293,36 @@ run_start AS (
     SELECT gpu_id, run_no, min(obs_utc) AS started_utc, arg_min(first_row, bucket_start_utc) AS from_first_obs
     FROM runs_on_gpu WHERE state = 'busy_backfill' GROUP BY gpu_id, run_no
 ),
+-- a backfill run followed by a primary claim of its GPU, and the claim's first observation where
+-- J is absent: with the clean slot snapshots, J may still be named on the GPU there (its slot
+-- Preempting, being vacated, out-ranked by the primary claim in the states); the eviction is then
+-- seen in a later snapshot of the same claim, where J is gone. J never gone while the claim lasts
+-- (it ran on beside it, or came back): no eviction. Without the snapshots, the claim's first.
+claimed AS (
+    SELECT * FROM runs_on_gpu
+    WHERE state = 'busy_backfill' AND bf_job IS NOT NULL AND next_state IN ('busy_prioritized', 'busy_shared')
+),
+gone AS (
+    SELECT c.gpu_id, c.bucket_start_utc, min(x.obs_utc) AS gone_utc
+    FROM claimed c
+    JOIN obs x ON x.gpu_id = c.gpu_id AND x.bucket_start_utc >= c.next_bucket
+                  AND (c.claim_end IS NULL OR x.bucket_start_utc < c.claim_end)
+                  AND x.state IN ('busy_prioritized', 'busy_shared')
+    WHERE NOT EXISTS (
+        SELECT 1 FROM _ev_slots sl
+        WHERE sl.snapshot_utc = x.obs_utc AND sl.gpu_id = c.gpu_id AND sl.global_job_id = c.bf_job
+    )
+    GROUP BY c.gpu_id, c.bucket_start_utc
+),
 sn AS (
     SELECT r.bf_job AS global_job_id, r.gpu_id,
-           rs.started_utc, r.seg_last_obs AS last_seen_utc, r.next_obs AS evicted_utc,
+           rs.started_utc, r.seg_last_obs AS last_seen_utc, g.gone_utc AS evicted_utc,
            rs.from_first_obs AS runtime_is_lower_bound,
            r.next_job AS evicted_by_job_id,
-           epoch(r.next_obs) - epoch(r.seg_last_obs) AS resolution_s
-    FROM runs_on_gpu r
+           epoch(g.gone_utc) - epoch(r.seg_last_obs) AS resolution_s
+    FROM claimed r
+    JOIN gone g USING (gpu_id, bucket_start_utc)
     JOIN run_start rs USING (gpu_id, run_no)
-    WHERE r.state = 'busy_backfill' AND r.bf_job IS NOT NULL
-      AND r.next_state IN ('busy_prioritized', 'busy_shared')
-      -- with the clean slot snapshots: J must be gone from the GPU in that snapshot (not merely
-      -- out-ranked by the primary claim while it is still being vacated)
-      AND NOT EXISTS (
-          SELECT 1 FROM _ev_slots sl
-          WHERE sl.snapshot_utc = r.next_obs AND sl.gpu_id = r.gpu_id AND sl.global_job_id = r.bf_job
-      )
 )
 """
 

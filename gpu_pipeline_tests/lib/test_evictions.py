@@ -327,8 +327,16 @@ def test_a_run_seen_first_after_a_hole_in_the_gpus_rows_has_a_lower_bound_runtim
 
 
 def test_snapshot_detector_checks_the_clean_snapshots_when_given():
-    """The states show only the winning row; the clean snapshots can show J still on the GPU."""
-    t = states(day_of({"GPU-a": ["P", "B:J", "B:J", "P:Q", "P:Q"], "GPU-b": ["P", "B:K", "P:R"]}))
+    """The states show only the winning row; the clean snapshots can show J still on the GPU under
+    the primary claim. J is evicted where it is first gone while the claim lasts (DESIGN 5.4: the
+    GPU claimed by a primary slot while J is absent), not where the claim is first seen; J named in
+    every snapshot of the claim (it ran on beside it, or came back after it) is not evicted."""
+    t = states(day_of({
+        "GPU-a": ["I", "B:J", "B:J", "P:Q", "P:Q", "B:J", "I"],  # J named under Q's claim, then runs on
+        "GPU-b": ["I", "B:K", "P:R"],  # K gone at R's claim
+        "GPU-c": ["I", "B:L", "B:L", "P:S", "P:S", "P:S"],  # L vacating at 00:15, gone at 00:20
+        "GPU-d": ["I", "B:M", "P:T", "P:T", "I"],  # M named while T's claim lasts, which then ends
+    }))
 
     def slot(k, gpu, name, state, jid):
         return dict(snapshot_utc=snap(DAY0, k), host="h1", slot_name=f"{name}@h1", gpu_id=gpu,
@@ -336,17 +344,29 @@ def test_snapshot_detector_checks_the_clean_snapshots_when_given():
                     slot_state=state, global_job_id=jid)
 
     clean = conform(pa.Table.from_pylist([
-        slot(3, "GPU-a", "slot1_1", "Claimed", "Q"), slot(3, "GPU-a", "backfill2_1", "Claimed", "J"),  # still there
-        slot(2, "GPU-b", "slot1_1", "Claimed", "R"),  # K gone
+        *(row for k in (3, 4) for row in (slot(k, "GPU-a", "slot1_1", "Claimed", "Q"),
+                                          slot(k, "GPU-a", "backfill2_1", "Claimed", "J"))),
+        slot(2, "GPU-b", "slot1_1", "Claimed", "R"),
+        slot(3, "GPU-c", "slot1_1", "Claimed", "S"), slot(3, "GPU-c", "backfill2_1", "Preempting", "L"),
+        slot(4, "GPU-c", "slot1_1", "Claimed", "S"),
+        *(row for k in (2, 3) for row in (slot(k, "GPU-d", "slot1_1", "Claimed", "T"),
+                                          slot(k, "GPU-d", "backfill2_1", "Claimed", "M"))),
     ]), CLEAN_SLOT_SNAPSHOTS)
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     con.register("st", t)
     con.register("cl", clean)
     with_clean = compute_evictions(con, DAY0, DAY1, "st", [], snapshots_from_sql="cl", snapshots_params=[])
-    assert with_clean.column("global_job_id").to_pylist() == ["K"]
-    without = compute_evictions(con, DAY0, DAY1, "st", [])
-    assert sorted(without.column("global_job_id").to_pylist()) == ["J", "K"]
+    got = {r["global_job_id"]: r for r in with_clean.to_pylist()}
+    assert sorted(got) == ["K", "L"]
+    assert (got["K"]["evicted_utc"], got["K"]["evicted_by_job_id"]) == (snap(DAY0, 2), "R")
+    r = got["L"]
+    assert (r["started_utc"], r["evicted_utc"], r["evicted_by_job_id"]) == (snap(DAY0, 1), snap(DAY0, 4), "S")
+    assert r["resolution_s"] == (snap(DAY0, 4) - snap(DAY0, 2)).total_seconds()
+    assert r["runtime_s"] == (snap(DAY0, 4) - snap(DAY0, 1)).total_seconds()
+    # from the states alone, each claim's first snapshot
+    without = {r["global_job_id"]: r["evicted_utc"] for r in compute_evictions(con, DAY0, DAY1, "st", []).to_pylist()}
+    assert without == {"J": snap(DAY0, 3), "K": snap(DAY0, 2), "L": snap(DAY0, 3), "M": snap(DAY0, 2)}
 
 
 def test_snapshot_eviction_at_midnight_looks_back_into_the_previous_day():
