@@ -266,8 +266,9 @@ shaped AS (
     CROSS JOIN prev_exists pe
 ),
 -- available at the previous day's last bucket and not seen in the day at all (its host gone): the
--- period ends as a dropout at the day's first observation, the first bucket's first snapshot (its
--- start when the collector saw nothing)
+-- period ends as a dropout at the day's first snapshot (the day's start when the collector saw
+-- nothing); not the first bucket's snapshot, which is the last one before midnight when the
+-- collector missed that bucket
 vanished AS (
     SELECT r.gpu_id, r.host, r.device_name, r.tier
     FROM src r, params
@@ -275,10 +276,10 @@ vanished AS (
       AND r.gpu_id NOT IN (SELECT gpu_id FROM day_gpus)
 ),
 day_first AS (
-    SELECT least(greatest(coalesce(
-               (SELECT min(first_snap) FROM clean_first WHERE bucket_start_utc = params.s),
-               (SELECT min(first_snap) FROM state_first WHERE bucket_start_utc = params.s),
-               params.s), params.s), params.e) AS t
+    SELECT least(coalesce(
+               (SELECT min(first_snap) FROM clean_first WHERE first_snap >= params.s AND first_snap < params.e),
+               (SELECT min(snapshot_utc) FROM src WHERE snapshot_utc >= params.s AND snapshot_utc < params.e),
+               params.s), params.e) AS t
     FROM params
 ),
 pieces AS (

@@ -274,10 +274,23 @@ def test_a_period_open_at_midnight_ends_in_the_next_day_even_without_a_row_there
     snaps = pa.table({"snapshot_utc": pa.array([snap(s2, k) for k in range(n2)], pa.timestamp("us", tz="UTC"))})
     d1, d2 = periods(day1, s1, e1), periods(day2, s2, e2, prev=day1, snapshots=snaps)
     assert {r["gpu_id"]: r["end_reason"] for r in d1} == {"v": "open", "z": "open"}
-    # without the clean snapshots, the day's first bucket is dated by its earliest snapshot, z's
-    # carried one (clipped to midnight): v's closing piece is empty too
+    # without the clean snapshots, the day's first snapshot in the states' rows: k's (z's first
+    # bucket carries one from before midnight, which is not the day's)
     (v_no_clean,) = only(periods(day2, s2, e2, prev=day1), "v")
-    assert (v_no_clean["end_utc"], v_no_clean["end_reason"]) == (s2, "dropout")
+    assert (v_no_clean["end_utc"], v_no_clean["end_reason"]) == (snap(s2, 0), "dropout")
+    # the collector missed the day's first bucket: v's piece runs to the first snapshot of the day,
+    # in the second bucket (not to the first bucket's carried snapshot, clipped to an empty piece)
+    late = snaps.filter(pa.compute.greater_equal(snaps["snapshot_utc"], pa.scalar(snap(s2, 1))))
+    day2_late = states(z2, gpu_rows("k", s2, ["H"] * n2))
+    day2_late = day2_late.set_column(
+        day2_late.schema.get_field_index("snapshot_utc"), "snapshot_utc",
+        pa.compute.if_else(pa.compute.equal(day2_late["bucket_start_utc"], pa.scalar(s2)),
+                           pa.scalar(s2 - dt.timedelta(seconds=10), day2_late.schema.field("snapshot_utc").type),
+                           day2_late["snapshot_utc"]))
+    for snapshots in (late, None):
+        (v_late,) = only(periods(day2_late, s2, e2, prev=day1, snapshots=snapshots), "v")
+        assert (v_late["end_utc"], v_late["end_reason"]) == (snap(s2, 1), "dropout")
+        assert v_late["duration_s"] == (snap(s2, 1) - s2).total_seconds()
     (v,) = only(d2, "v")
     assert (v["start_utc"], v["end_utc"], v["end_reason"], v["host"]) == (s2, snap(s2, 0), "dropout", "h2")
     assert v["starts_before_day"] is True and v["continues_after_day"] is False and v["duration_s"] == 7.0
