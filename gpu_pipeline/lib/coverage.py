@@ -1,20 +1,24 @@
 """Coverage of a time series source over a window: observed cadence, expected vs seen, gaps.
 
 The cadence is never assumed: it is the median interval between consecutive distinct timestamps
-of each series (a GPU of one source on one host, or the pool for snapshots). Series of one source
+of each series (a GPU of one source, or the pool for snapshots). Series of one source
 (the value of a ``source`` column among the series columns, :data:`CADENCE_GROUP`) share a cadence,
 the median of the cadences of their series with at least :data:`MIN_INTERVALS` intervals (a source
 without such a series takes the median over all series): a 2-second exporter and a 60-second
 logger are each measured against their own (one cadence over both let the fast series' samples
 hide an outage of the slow ones), and a GPU that sent two samples all day is not read as a series
-of a 12-hour cadence. A series' expected samples = window length / its source's cadence; the window's ``coverage`` is the
-mean over its series of min(1, seen / expected), every GPU weighing the same; ``cadence_s`` is the
-median of all series' cadences. A gap is an interval longer than ``gap_factor`` x the series'
-cadence without a sample of the series: between two of its samples, or at an edge of the window
-(from the window's start to the series' first sample, from its last sample to the window's end), so
-that a collector that stopped at 06:00 shows an 18-hour gap, as a day without any sample shows one
-of the whole window. A window where no series has two samples has no cadence to expect samples
-from: its coverage is 0, as a window without samples.
+of a 12-hour cadence. A series' expected samples = window length / its source's cadence; its share
+min(1, seen / expected). A GPU read by several sources (series that differ only in ``source``) is
+measured by its best series (the greatest share, then the most samples, the fewest gaps): a GPU
+read all day by DCGM and for two hours by nvidia-smi is covered all day, and nvidia-smi's 22 hours
+without samples are not its gaps. The window's ``coverage`` is the mean of those shares, every GPU
+weighing the same; ``series``, ``samples``, ``expected``, the gaps and the longest gap are those of
+the GPUs' best series; ``cadence_s`` is the median of all series' cadences. A gap is an interval
+longer than ``gap_factor`` x the series' cadence without a sample of the series: between two of its
+samples, or at an edge of the window (from the window's start to the series' first sample, from its
+last sample to the window's end), so that a collector that stopped at 06:00 shows an 18-hour gap,
+as a day without any sample shows one of the whole window. A window where no series has two
+samples has no cadence to expect samples from: its coverage is 0, as a window without samples.
 """
 
 from __future__ import annotations
@@ -89,10 +93,13 @@ def coverage(
             con.execute(f"CREATE OR REPLACE TEMP TABLE _cov_series AS "
                         f"SELECT row_number() OVER () AS k, {cols} FROM _cov_points GROUP BY ALL")
             points = f'SELECT DISTINCT s.k, epoch_us(p."{time_col}") AS t FROM _cov_points p JOIN _cov_series s ON {on}'
-            groups = f"SELECT k, dense_rank() OVER (ORDER BY {group}) AS g FROM _cov_series"
+            unit_cols = _unit_columns(series_cols)
+            unit = (f"dense_rank() OVER (ORDER BY {', '.join(f'{chr(34)}{c}{chr(34)}' for c in unit_cols)})"
+                    if unit_cols is not None else "k")
+            groups = f"SELECT k, dense_rank() OVER (ORDER BY {group}) AS g, {unit} AS u FROM _cov_series"
         else:
             points = f'SELECT DISTINCT 0 AS k, epoch_us("{time_col}") AS t FROM _cov_points'
-            groups = "SELECT 0 AS k, 0 AS g"
+            groups = "SELECT 0 AS k, 0 AS g, 0 AS u"
         s_us, e_us = epoch_us(start_utc), epoch_us(end_utc)
         # Each series' cadence is its source's (the median of its series' cadences; the median of
         # all series' where a source has none). The intervals: between a series' consecutive distinct
@@ -108,23 +115,32 @@ def coverage(
             allc AS (SELECT median(cad) AS c FROM per WHERE cad IS NOT NULL),
             grp AS (SELECT kg.g, median(per.cad) AS c FROM per JOIN kg USING (k)
                     WHERE per.cad IS NOT NULL AND per.n > {MIN_INTERVALS} GROUP BY kg.g),
-            per2 AS (SELECT per.*, coalesce(grp.c, allc.c) AS c FROM per JOIN kg USING (k) LEFT JOIN grp USING (g), allc),
-            iv AS (SELECT d.dt_us, per2.c FROM d JOIN per2 USING (k) WHERE d.dt_us IS NOT NULL
-                   UNION ALL SELECT greatest(t0 - {s_us}, 0), c FROM per2
-                   UNION ALL SELECT greatest({e_us} - t1, 0), c FROM per2)
-            SELECT n, c, (SELECT c FROM allc) AS all_c,
-                   (SELECT count(*) FROM iv WHERE iv.dt_us > {gap_factor} * iv.c) AS gaps,
-                   (SELECT max(dt_us) FROM iv) AS longest
-            FROM per2
+            per2 AS (SELECT per.*, kg.u, coalesce(grp.c, allc.c) AS c
+                     FROM per JOIN kg USING (k) LEFT JOIN grp USING (g), allc),
+            iv AS (SELECT k, d.dt_us, per2.c FROM d JOIN per2 USING (k) WHERE d.dt_us IS NOT NULL
+                   UNION ALL SELECT k, greatest(t0 - {s_us}, 0), c FROM per2
+                   UNION ALL SELECT k, greatest({e_us} - t1, 0), c FROM per2),
+            ivk AS (SELECT k, count(*) FILTER (WHERE dt_us > {gap_factor} * c) AS gaps, max(dt_us) AS longest
+                    FROM iv GROUP BY k)
+            SELECT n, c, u, ivk.gaps, ivk.longest, (SELECT c FROM allc) AS all_c
+            FROM per2 JOIN ivk USING (k)
             """
         )
-        per = con.sql("SELECT n, c FROM _cov_per").fetchnumpy()
-        cad_us, gaps, longest = con.sql("SELECT any_value(all_c), any_value(gaps), any_value(longest) "
-                                        "FROM _cov_per").fetchall()[0]
+        per = con.sql("SELECT n, c, u, gaps, longest FROM _cov_per").fetchnumpy()
+        cad_us = con.sql("SELECT any_value(all_c) FROM _cov_per").fetchall()[0][0]
     finally:
         con.close()  # its temporary tables and view go with it
-    n = np.asarray(per["n"], dtype=np.int64)
-    return _coverage_of(n, np.asarray(per["c"], dtype=np.float64), cad_us, gaps, longest, window_s)
+    return _coverage_of(np.asarray(per["n"], dtype=np.int64), np.asarray(per["c"], dtype=np.float64), cad_us,
+                        np.asarray(per["gaps"], dtype=np.int64), np.asarray(per["longest"], dtype=np.int64),
+                        window_s, np.asarray(per["u"], dtype=np.int64))
+
+
+def _unit_columns(series_cols: Sequence[str]) -> list[str] | None:
+    """The columns naming a series' unit (a GPU: every series column but the source), or None where
+    each series is its own (no ``source`` column among them)."""
+    if CADENCE_GROUP not in series_cols:
+        return None
+    return [c for c in series_cols if c != CADENCE_GROUP]
 
 
 def _no_points(window_s: float) -> Coverage:
@@ -132,27 +148,48 @@ def _no_points(window_s: float) -> Coverage:
     return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
 
 
-def _coverage_of(n: np.ndarray, c_us: np.ndarray, cad_us: float | None, gaps: int | None,
-                 max_gap_us: int | None, window_s: float) -> Coverage:
-    """The figures from each series' distinct samples ``n`` and cadence ``c_us``, summed exactly
-    (``math.fsum``), so that the order the series come in changes no bit. Every series has a
-    cadence once any has (its source's, else the median of all, ``cad_us``). Where no series has two
-    samples (``cad_us`` unknown), nothing says how many were expected: the coverage is 0 and the
-    expected samples 0, as for a window without samples, not 100 % (each series measured against
-    its own single sample), which passed a day where a broken collector sent one sample a GPU."""
+def _coverage_of(n: np.ndarray, c_us: np.ndarray, cad_us: float | None, gaps: np.ndarray,
+                 longest_us: np.ndarray, window_s: float, units: np.ndarray | None = None) -> Coverage:
+    """The figures from each series' distinct samples ``n``, cadence ``c_us``, gaps and longest
+    interval (edges included), summed exactly (``math.fsum``), so that the order the series come in
+    changes no bit. Every series has a cadence once any has (its source's, else the median of all,
+    ``cad_us``). ``units``: each series' unit (its GPU); a unit read by several series (sources) is
+    measured by its best one (:func:`_best_of_units`). Where no series has two samples (``cad_us``
+    unknown), nothing says how many were expected: the coverage is 0 and the expected samples 0, as
+    for a window without samples, not 100 % (each series measured against its own single sample),
+    which passed a day where a broken collector sent one sample a GPU."""
+    longest = float(longest_us.max(initial=0)) / 1e6  # over every series: before the units' pick
     if not cad_us:
-        return Coverage(int(len(n)), int(n.sum()), None, 0.0, 0.0, 0, float(max_gap_us or 0) / 1e6)
+        if units is not None and len(n):
+            n = n[_best_of_units(units, np.zeros(len(n)), n, gaps, longest_us)]
+        return Coverage(int(len(n)), int(n.sum()), None, 0.0, 0.0, 0, longest)
     expected = window_s * 1e6 / c_us  # a series' expected samples: the window over its cadence
     share = np.minimum(1.0, n / expected)
+    if units is not None and len(n):
+        best = _best_of_units(units, share, n, gaps, longest_us)
+        n, expected, share, gaps, longest_us = n[best], expected[best], share[best], gaps[best], longest_us[best]
+        longest = float(longest_us.max(initial=0)) / 1e6
     return Coverage(
         series=int(len(n)),
         samples=int(n.sum()),
         cadence_s=float(cad_us) / 1e6,
         expected=math.fsum(expected.tolist()),
         coverage=math.fsum(share.tolist()) / len(n),
-        gaps=int(gaps or 0),
-        longest_gap_s=float(max_gap_us or 0) / 1e6,
+        gaps=int(gaps.sum()),
+        longest_gap_s=longest,
     )
+
+
+def _best_of_units(units: np.ndarray, share: np.ndarray, n: np.ndarray, gaps: np.ndarray,
+                   longest_us: np.ndarray) -> np.ndarray:
+    """Per unit, the index of its best series: the greatest share, then the most samples, the fewest
+    gaps, the shortest longest interval (series equal in all of these give the same figures). A GPU
+    read all day by one source and for two hours by another is covered all day, and the other
+    source's edges (22 hours without its samples) are not its gaps; a GPU whose source changed in
+    the day (each half the day) reads as half covered, a lower bound."""
+    order = np.lexsort((longest_us, gaps, -n, -share, units))
+    first = np.r_[True, units[order][1:] != units[order][:-1]]
+    return np.sort(order[first])
 
 
 def series_time_order(series: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -179,12 +216,14 @@ def _median(values: np.ndarray) -> float:
 
 
 def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datetime, end_utc: dt.datetime,
-                       gap_factor: float = 3.0, groups: np.ndarray | None = None) -> Coverage:
+                       gap_factor: float = 3.0, groups: np.ndarray | None = None,
+                       units: np.ndarray | None = None) -> Coverage:
     """:func:`coverage` of samples given as their series' numbers (non-negative integers, one per
     distinct series key) and their times (epoch microseconds, none missing), in numpy: the same
     figures as the SQL, without a database. ``groups[s]`` is the cadence group (source) of series
-    number ``s`` (default: one group). Besides its inputs it holds about three int64 arrays of their
-    length at once (a 1,000-GPU day of telemetry: 70 MB)."""
+    number ``s`` (default: one group), ``units[s]`` its unit (GPU; default: each series its own).
+    Besides its inputs it holds about three int64 arrays of their length at once (a 1,000-GPU day
+    of telemetry: 70 MB)."""
     window_s = (end_utc - start_utc).total_seconds()
     if len(t_us) == 0:
         return _no_points(window_s)
@@ -210,9 +249,11 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
     n = rows - (rep[starts + rows - 1] - rep[starts])
     dt_us, dt_k = d[interval], k[1:][interval].astype(np.int64)
     del d, k, repeated, interval, same
-    longest = int(max(edges.max(), dt_us.max(initial=0)))
+    m = len(ids)
+    unit = None if units is None else np.asarray(units, dtype=np.int64)[ids]
+    longest = np.maximum(edges[:m], edges[m:])  # per series, its intervals' below
     if len(dt_us) == 0:  # no series has two points: no cadence
-        return _coverage_of(n, np.full(len(ids), np.nan), None, 0, longest, window_s)
+        return _coverage_of(n, np.full(m, np.nan), None, np.zeros(m, np.int64), longest, window_s, unit)
     bounds = np.r_[np.flatnonzero(np.r_[True, dt_k[1:] != dt_k[:-1]]), len(dt_k)]
     cads = np.array([_median(dt_us[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
     with_cad = dt_k[bounds[:-1]]  # the series that have a cadence, in order
@@ -228,8 +269,11 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
     # each series' intervals and edges against its own cadence (compared as float64, as in the SQL)
     at = np.searchsorted(ids, dt_k)
     limit = gap_factor * c
-    gaps = int(np.count_nonzero(dt_us > limit[at])) + int(np.count_nonzero(edges > np.r_[limit, limit]))
-    return _coverage_of(n, c, cad_us, gaps, longest, window_s)
+    gaps = (np.bincount(at[dt_us > limit[at]], minlength=m)
+            + (edges[:m] > limit).astype(np.int64) + (edges[m:] > limit).astype(np.int64))
+    cut = np.searchsorted(ids, with_cad)
+    longest[cut] = np.maximum(longest[cut], np.maximum.reduceat(dt_us, bounds[:-1]))
+    return _coverage_of(n, c, cad_us, gaps, longest, window_s, unit)
 
 
 class SeriesPoints:
@@ -298,7 +342,7 @@ class SeriesPoints:
             series = series.astype(np.uint16)
         times = np.concatenate(self._times)
         self._times = []
-        return coverage_of_points(series, times, start_utc, end_utc, gap_factor, self._groups())
+        return coverage_of_points(series, times, start_utc, end_utc, gap_factor, self._groups(), self._units())
 
     def _groups(self) -> np.ndarray | None:
         """Each series number's cadence group: its ``source`` value's rank (as the SQL's dense_rank,
@@ -309,6 +353,16 @@ class SeriesPoints:
         values = [key[at] for key in self._numbers]  # in series-number order (dicts keep insertion order)
         rank = {v: i for i, v in enumerate(sorted({v for v in values if v is not None}))}
         return np.array([rank.get(v, len(rank)) for v in values], dtype=np.int64)
+
+    def _units(self) -> np.ndarray | None:
+        """Each series number's unit (its key without the ``source`` value, numbered), or None
+        without a ``source`` column (each series its own)."""
+        if CADENCE_GROUP not in self.series_cols:
+            return None
+        at = len(self.series_cols) - 1 - self.series_cols.index(CADENCE_GROUP)
+        number: dict[tuple, int] = {}
+        return np.array([number.setdefault(key[:at] + key[at + 1:], len(number)) for key in self._numbers],
+                        dtype=np.int64)
 
 
 def register_columns(con: duckdb.DuckDBPyConnection, name: str, source: pa.Table | Path, columns: list[str]) -> None:
@@ -331,7 +385,8 @@ def source_rows(source: pa.Table | Path) -> int:
 
 #: The partition note that keeps a file's coverage (:func:`partition_coverage`).
 COVERAGE_NOTE = "coverage"
-_NOTE_VERSION = 3  # bump when coverage() changes what it measures (2: the window's edges; 3: per-source cadence)
+_NOTE_VERSION = 4  # bump when coverage() changes what it measures (2: the window's edges; 3: per-source
+# cadence; 4: a GPU read by several sources measured by its best one)
 
 
 def partition_coverage(store: Store, spec: TableSpec, day: str, time_col: str, series_cols: list[str],

@@ -19,8 +19,10 @@ from gpu_pipeline.lib.coverage import Coverage, coverage, register_columns, sour
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
 
-#: A telemetry series: one GPU of one source on one host; its samples' time column.
-TELEMETRY_SERIES = ("source", "host", "gpu_id")
+#: A telemetry series: one GPU of one source (whatever host name its samples came under: one GPU
+#: logged under two spellings of its host is one series); its samples' time column. A GPU read by
+#: several sources is measured by its best series (``coverage``).
+TELEMETRY_SERIES = ("source", "gpu_id")
 TELEMETRY_TIME = "sample_utc"
 
 COVERAGE = TableSpec(
@@ -41,7 +43,7 @@ COVERAGE = TableSpec(
             _f("expected_samples", pa.float64(), "Window length / the series' cadence (its telemetry "
                "source's), summed over series"),
             _f("coverage_pct", pa.float64(), "100 x the mean over series of min(1, samples / expected): "
-               "every GPU weighs the same"),
+               "every GPU weighs the same (one read by several telemetry sources by its best)"),
             _f("cadence_s", pa.float64(), "Observed cadence: median of the series' median intervals (s); "
                "each telemetry source is measured against its own"),
             _f("gaps", pa.int64(), "Intervals without a sample of a series longer than 3 x its cadence, the "

@@ -47,23 +47,54 @@ def test_silence_at_the_edges_of_the_window_is_a_gap(hours):
     assert (whole.gaps, whole.longest_gap_s) == (0, 300)
 
 
-def test_coverage_series_are_the_whole_key(tmp_path):
-    # one GPU reported by two sources, each every 60 s, offset by 30 s; a second GPU with no host, and a
-    # 10-minute hole in the first source. Each (source, host, gpu_id) is its own series: a series keyed
-    # by one of its columns would see one 30-second series and no hole.
+def _telemetry(rows: list[tuple]) -> pa.Table:
+    return pa.table({"t": pa.array([r[0] for r in rows], pa.timestamp("us", tz="UTC")),
+                     "source": [r[1] for r in rows], "host": [r[2] for r in rows], "gpu_id": [r[3] for r in rows]})
+
+
+def _both_paths(table: pa.Table, series: list[str]):
+    """coverage() of the table, checked against the numpy path (SeriesPoints) on the same rows."""
+    from gpu_pipeline.lib.coverage import SeriesPoints
+
+    cov = coverage(table, "t", series, D0, D1)
+    points = SeriesPoints("t", series)
+    for batch in table.to_batches(max_chunksize=1000):
+        points.add(batch)
+    assert points.coverage(D0, D1) == cov
+    return cov
+
+
+def test_coverage_series_are_a_gpu_of_one_source_and_a_gpu_counts_once(tmp_path):
+    """A telemetry series is one GPU of one source, whatever its host is called; a GPU read by
+    several sources counts once, measured by its best series. GPU-1: DCGM every 60 s with a 10-minute
+    hole, nvidia-smi every 60 s all day (offset 30 s): measured by nvidia-smi, no gap (a series keyed
+    by the GPU alone would be one 30-second series and see no hole either, so the sources are also
+    checked apart below). GPU-2 has no host; GPU-3 changes its host's spelling at noon."""
     minutes = [D0 + dt.timedelta(minutes=i) for i in range(1440)]
-    rows = ([(t, "dcgm", "h1", "GPU-1") for i, t in enumerate(minutes) if not 600 <= i < 609]
-            + [(t + dt.timedelta(seconds=30), "nvidia-smi", "h1", "GPU-1") for t in minutes]
-            + [(t, "nvml", None, "GPU-2") for t in minutes])
-    table = pa.table({"t": pa.array([r[0] for r in rows], pa.timestamp("us", tz="UTC")),
-                      "source": [r[1] for r in rows], "host": [r[2] for r in rows], "gpu_id": [r[3] for r in rows]})
-    cov = coverage(table, "t", ["source", "host", "gpu_id"], D0, D1)
-    assert (cov.series, cov.samples, cov.cadence_s, cov.expected) == (3, 3 * 1440 - 9, 60.0, 3 * 1440)
-    assert cov.gaps == 1 and cov.longest_gap_s == 600
+    dcgm_1 = [(t, "dcgm", "h1", "GPU-1") for i, t in enumerate(minutes) if not 600 <= i < 609]
+    rows = (dcgm_1 + [(t + dt.timedelta(seconds=30), "nvidia-smi", "h1", "GPU-1") for t in minutes]
+            + [(t, "nvml", None, "GPU-2") for t in minutes]
+            + [(t, "dcgm", "h3" if i < 720 else "h3.example.org", "GPU-3") for i, t in enumerate(minutes)])
+    series = ["source", "gpu_id"]
+    cov = _both_paths(_telemetry(rows), series)
+    assert (cov.series, cov.samples, cov.cadence_s, cov.expected) == (3, 3 * 1440, 60.0, 3 * 1440)
+    assert (cov.coverage, cov.gaps, cov.longest_gap_s) == (1.0, 0, 60)
+    # nvidia-smi for the first two hours only: GPU-1 is measured by DCGM (its hole is a gap), and
+    # nvidia-smi's 22 hours without a sample are not a gap of the GPU
+    rows = dcgm_1 + [(t + dt.timedelta(seconds=30), "nvidia-smi", "h1", "GPU-1") for t in minutes[:120]]
+    cov = _both_paths(_telemetry(rows), series)
+    assert (cov.series, cov.samples, cov.expected, cov.gaps, cov.longest_gap_s) == (1, 1431, 1440, 1, 600)
+    assert cov.coverage == 1431 / 1440
+    # the series' host as a key column: each spelling its own series, of half a day (the rule of
+    # the table before: GPU-3 read as half covered)
+    cov = _both_paths(_telemetry([(t, "dcgm", "h3" if i < 720 else "h3.example.org", "GPU-3")
+                                  for i, t in enumerate(minutes)]), ["source", "host", "gpu_id"])
+    assert (cov.series, cov.coverage) == (2, 0.5)
     # a repeated timestamp of a series counts once; the Parquet file gives what the table gives
+    table = _telemetry(rows)
     file = tmp_path / "samples.parquet"
     pq.write_table(pa.concat_tables([table, table.slice(0, 5)]), file)
-    assert coverage(file, "t", ["source", "host", "gpu_id"], D0, D1) == cov
+    assert coverage(file, "t", series, D0, D1) == coverage(table, "t", series, D0, D1)
 
 
 def test_coverage_of_files_leaves_nothing_in_the_database(tmp_path):
