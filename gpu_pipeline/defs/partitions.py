@@ -20,8 +20,10 @@ DEFAULT_TIMEZONE = "UTC"
 # a blank value (a ``.env`` line ``GPU_PIPELINE_TIMEZONE=``) is the default, as when unset
 START_DATE = (os.environ.get("GPU_PIPELINE_START_DATE") or "").strip() or DEFAULT_START_DATE
 TIMEZONE = zone_env("GPU_PIPELINE_TIMEZONE", DEFAULT_TIMEZONE)
-try:
-    dt.date.fromisoformat(START_DATE)
+try:  # exactly YYYY-MM-DD, as Dagster reads it (fromisoformat also takes 20250301 and 2025-W10-1)
+    dt.datetime.strptime(START_DATE, "%Y-%m-%d")
+    if len(START_DATE) != 10:
+        raise ValueError
 except ValueError:
     raise ValueError(f"GPU_PIPELINE_START_DATE={START_DATE!r}: expected a date YYYY-MM-DD") from None
 

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import duckdb
 
+from gpu_pipeline.lib.envutil import whole_number_env
+
 ENV_MEMORY_LIMIT = "GPU_PIPELINE_DUCKDB_MEMORY_LIMIT"
 ENV_THREADS = "GPU_PIPELINE_DUCKDB_THREADS"
 ENV_TEMP_DIR = "GPU_PIPELINE_DUCKDB_TEMP_DIR"
@@ -73,8 +75,11 @@ def _session(threads: int | None, memory_limit: str | None, spill: str | None,
             _set_aside_inherited(key[0])
             db = duckdb.connect(":memory:")
             if memory_limit:
-                Path(spill).mkdir(parents=True, exist_ok=True)
-                db.execute("SET memory_limit = ?", [memory_limit])
+                try:
+                    Path(spill).mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise ValueError(f"{ENV_TEMP_DIR}={spill!r}: cannot make the folder ({exc})") from None
+                _set(db, "memory_limit", memory_limit, ENV_MEMORY_LIMIT, "a size such as 1GB or 80%")
                 db.execute("SET temp_directory = ?", [spill])
                 if not threads:  # the limit in bytes, however the operator wrote it (1GB, 80%, ...)
                     limit, cores = db.execute("SELECT parse_formatted_bytes(current_setting('memory_limit')), "
@@ -82,9 +87,17 @@ def _session(threads: int | None, memory_limit: str | None, spill: str | None,
                     threads = threads_for_memory(limit, int(cores))
             if threads:
                 db.execute(f"SET threads = {int(threads)}")
-            db.execute("SET block_allocator_memory = ?", [block_memory])
+            _set(db, "block_allocator_memory", block_memory, ENV_BLOCK_MEMORY, "a size such as 512MB, or 0")
             _databases[key] = db
         return db.cursor()
+
+
+def _set(db: duckdb.DuckDBPyConnection, setting: str, value: str, variable: str, expected: str) -> None:
+    """``SET setting = value``, where the value is the variable's: an error names the variable."""
+    try:
+        db.execute(f"SET {setting} = ?", [value])
+    except duckdb.Error as exc:
+        raise ValueError(f"{variable}={value!r}: expected {expected} ({exc})") from None
 
 
 def threads_for_memory(limit_bytes: int | None, cores: int) -> int:
@@ -116,8 +129,9 @@ def spill_dir() -> Path:
 def connect(threads: int | None = None, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """A new connection, with UTC session time zone, to the process's in-memory database with these
     limits; arguments win over the environment. Close it when done."""
-    threads = threads or int(os.environ.get(ENV_THREADS) or 0) or None
-    memory_limit = memory_limit or os.environ.get(ENV_MEMORY_LIMIT) or None
+    threads = threads or whole_number_env(ENV_THREADS, 0, "threads", "DuckDB's own choice, or one per 400 MiB "
+                                          "of a memory limit") or None
+    memory_limit = memory_limit or (os.environ.get(ENV_MEMORY_LIMIT) or "").strip() or None
     spill = None
     if memory_limit:  # made when the database starts
         spill = str(_spill_path())

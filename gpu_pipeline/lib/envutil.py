@@ -39,8 +39,12 @@ def whole_number_env(name: str, default: int, unit: str, zero: str,
 
 def zone_env(name: str, default: str = "", environ: Mapping[str, str] = os.environ) -> str:
     """The variable ``name`` as an IANA time zone name (``default`` when unset or blank); a name
-    that is no zone raises ValueError naming the variable."""
-    text = (environ.get(name) or "").strip() or default
+    that is no zone, or one with spaces around it (the runs read the variable as it is, and
+    ``'America/Chicago '`` is no zone there), raises ValueError naming the variable."""
+    raw = environ.get(name) or ""
+    text = raw.strip() or default
+    if raw.strip() and raw != raw.strip():
+        raise ValueError(f"{name}={raw!r}: remove the spaces around the time zone's name")
     if text:
         try:
             ZoneInfo(text)

@@ -277,6 +277,12 @@ _LOAD = ("import dagster as dg\n"
     ({"GPU_PIPELINE_TIMEZONE": "America/Chicgo"}, "GPU_PIPELINE_TIMEZONE='America/Chicgo': not an IANA time zone"),
     ({"GPU_PIPELINE_START_DATE": "2025-8-1x"}, "GPU_PIPELINE_START_DATE='2025-8-1x': expected a date"),
     ({"GPU_PIPELINE_SOURCE_TZ": "Europe/Londn"}, "GPU_PIPELINE_SOURCE_TZ='Europe/Londn': not an IANA time zone"),
+    # forms Python's fromisoformat reads and Dagster does not: the load failed naming no variable
+    ({"GPU_PIPELINE_START_DATE": "20250801"}, "GPU_PIPELINE_START_DATE='20250801': expected a date"),
+    ({"GPU_PIPELINE_START_DATE": "2025-W31-5"}, "GPU_PIPELINE_START_DATE='2025-W31-5': expected a date"),
+    # checked without its spaces, and every run's day failed on the zone with them
+    ({"GPU_PIPELINE_SOURCE_TZ": "America/Chicago "},
+     "GPU_PIPELINE_SOURCE_TZ='America/Chicago ': remove the spaces around the time zone's name"),
     # a negative limit loaded, and the run then never started a step
     ({"GPU_PIPELINE_EXECUTOR": "multiprocess", "GPU_PIPELINE_MAX_CONCURRENT": "-1"},
      "GPU_PIPELINE_MAX_CONCURRENT='-1': negative"),

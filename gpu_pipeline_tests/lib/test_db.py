@@ -258,3 +258,23 @@ def test_exact_sum_of_nan_is_nan():
     finally:
         con.close()
     assert all(x != x for x in got)
+
+
+@pytest.mark.parametrize("variable, value, says", [
+    (ENV_THREADS, "4x", "expected a whole number of threads"),
+    (ENV_THREADS, "-2", "negative"),
+    (ENV_MEMORY_LIMIT, "lots", "expected a size"),
+    (db.ENV_BLOCK_MEMORY, "half", "expected a size"),
+])
+def test_a_bad_setting_is_an_error_naming_its_variable(monkeypatch, variable, value, says):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=re.escape(f"{variable}={value!r}: ") + says):
+        connect()
+
+
+def test_a_spill_folder_that_cannot_be_made_is_an_error_naming_its_variable(monkeypatch, tmp_path):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(ENV_MEMORY_LIMIT, "345MB")  # a database of its own (the limits are its key)
+    monkeypatch.setenv(db.ENV_TEMP_DIR, str(tmp_path / "file" / "spill"))
+    with pytest.raises(ValueError, match=re.escape(f"{db.ENV_TEMP_DIR}=") + ".*cannot make the folder"):
+        connect()
