@@ -544,8 +544,15 @@ def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
         if spec.path == "reference/gpu_specs":
             from gpu_pipeline.lib.gpu_specs import spec_table
 
+            # a table, not a view of the registered Arrow table: a catalog file's view of it was
+            # broken in every other client (the registration lives in this connection only)
             con.register("_gpu_specs_table", spec_table())
-            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM _gpu_specs_table")
+            kind = con.execute("SELECT table_type FROM information_schema.tables WHERE table_schema = ? "
+                               "AND table_name = ?", [spec.layer, spec.name]).fetchall()
+            if kind and kind[0][0] == "VIEW":  # a catalog written by an earlier version
+                con.execute(f"DROP VIEW {view}")
+            con.execute(f"CREATE OR REPLACE TABLE {view} AS SELECT * FROM _gpu_specs_table")
+            con.unregister("_gpu_specs_table")
         elif store.partition_days(spec):
             pattern = str(store.table_dir(spec) / "date=*" / PART_FILE).replace("'", "''")
             # DDL cannot take parameters; the pattern comes from our own root path (quoted above).

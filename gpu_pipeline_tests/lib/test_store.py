@@ -137,6 +137,16 @@ def test_a_saved_catalog_reads_a_column_that_later_days_add(data_root, tmp_path)
     assert con.sql("SELECT CAST(date AS VARCHAR), source_row FROM quarantine.slot_snapshots ORDER BY 1").fetchall() == [
         ("2025-08-05", None), ("2025-08-06", 9)]
     assert [r[0] for r in con.sql("DESCRIBE quarantine.slot_snapshots").fetchall()] == [*QUARANTINE.schema.names, "date"]
+    # the GPU spec reference is read by any client of the file (a view of an Arrow table registered
+    # on the writing connection failed in every other one), and writing the catalog again works
+    from gpu_pipeline.lib.gpu_specs import spec_table
+
+    assert con.execute("SELECT count(*) FROM reference.gpu_specs").fetchone()[0] == spec_table().num_rows > 0
+    con.close()
+    con = duckdb.connect(catalog)
+    create_catalog(con, store)
+    assert con.execute("SELECT count(*) FROM reference.gpu_specs").fetchone()[0] == spec_table().num_rows
+    con.close()
 
 
 def test_object_store_roots_are_refused_clearly():
