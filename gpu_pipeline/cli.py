@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import shutil
 import sys
@@ -34,6 +35,26 @@ def _date(s: str) -> dt.date:
         return dt.date.fromisoformat(s)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{s!r} is not a date (YYYY-MM-DD)") from exc
+
+
+def _positive(s: str) -> float:
+    try:
+        value = float(s)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number of seconds > 0")
+    return value
+
+
+def _count(s: str) -> int:
+    try:
+        value = int(s)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a whole number >= 1")
+    return value
 
 
 def _apply_env_defaults() -> None:
@@ -134,10 +155,47 @@ def demo_env(base: Path, start: dt.date) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in optional or Path(v).is_dir()}
 
 
+#: The first line of the ``.env`` a demo writes: a ``.env`` without it is not replaced.
+DEMO_ENV_MARK = "# written by gpu-pipeline demo: the whole configuration of this demo directory"
+
+
+def _demo_dir_error(base: Path) -> str | None:
+    """Why ``base`` cannot take a demo (its ``.env`` or data are not a demo's), or None. A ``.env``
+    is a demo's when it has the demo's first line, or (written before that line was) when its slot
+    archive is the demo's simulated one under ``base``."""
+    env_file = base / ".env"
+    if env_file.exists():
+        from dotenv import dotenv_values
+
+        text = env_file.read_text(errors="replace")
+        archive = dotenv_values(env_file).get("GPU_PIPELINE_CONDOR_ARCHIVE") or ""
+        if not text.startswith(DEMO_ENV_MARK) and Path(archive) != base / "sources" / "condor":
+            return (f"{env_file} exists and is not a demo's (it points the pipeline at "
+                    f"{archive or 'another archive'}): the demo would replace it and write its simulated days "
+                    "into that data root; give another --dir, or --force")
+    elif (base / "data").is_dir() and any((base / "data").iterdir()):
+        return (f"{base / 'data'} holds tables and {base} has no demo .env: the demo would replace their days "
+                "with simulated ones; give another --dir, or --force")
+    return None
+
+
+def _env_line(key: str, value: str) -> str:
+    """``KEY='value'``, quoted so that python-dotenv (the commands' and Dagster's reader) gives the
+    value back as it is: a `` #`` in a folder name began a comment."""
+    return f"{key}='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'\n"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from gpu_pipeline.lib.simulate import SimConfig, simulate
 
     base = Path(args.dir).resolve()
+    if "${" in str(base) or "\n" in str(base):
+        print(f"error: {base}: a folder name with '${{' or a line break cannot be written into a .env file "
+              "(python-dotenv expands ${...} even in quotes)", file=sys.stderr)
+        return 2
+    if not args.force and (error := _demo_dir_error(base)):
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     start, end = demo_days()
     print(f"Simulating {args.gpus} GPUs for {start} .. {end} ({DEMO_TZ}) into {base / 'sources'}")
     simulate(
@@ -154,7 +212,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     env = demo_env(base, start)
     prepare_dagster_home(Path(env["DAGSTER_HOME"]))
     _use_only(env)
-    (base / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    (base / ".env").write_text(DEMO_ENV_MARK + "\n" + "".join(_env_line(k, v) for k, v in env.items()))
     print(f"Materializing every daily asset for {start} .. {end} through Dagster (one range run)")
     ok = run_pipeline(start, end)
     _print_outputs(Path(env["GPU_PIPELINE_DATA_ROOT"]))
@@ -197,8 +255,8 @@ def _load_env(dir_: str | None) -> None:
         if not env_file.is_file():
             raise SystemExit(f"{env_file}: not found (run `gpu-pipeline demo --dir {dir_}` first)")
         _use_only({k: v or "" for k, v in dotenv_values(env_file).items()})
-    else:
-        load_dotenv(Path.cwd() / ".env", override=False)
+    else:  # over the shell's variables, as Dagster's own commands (dagster dev, the daemon) read it
+        load_dotenv(Path.cwd() / ".env", override=True)
     _apply_env_defaults()
 
 
@@ -241,6 +299,9 @@ def cmd_materialize(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     _default_dagster_home()
+    if (os.environ.get("GPU_PIPELINE_EXECUTOR") or "").strip() == "multiprocess":
+        print("note: materialize runs the steps one after another in this process; GPU_PIPELINE_EXECUTOR "
+              "applies to the runs the daemon and the UI launch", file=sys.stderr)
     ok = run_pipeline(args.start, end)
     print(f"daily_pipeline {args.start} .. {end}: {'SUCCESS' if ok else 'FAILURE'}")
     return 0 if ok else 1
@@ -293,6 +354,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
     dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
     workspace = INSTANCE_TEMPLATE.with_name("workspace.yaml")
     argv = [dagster, "dev", "-w", str(workspace), "-h", args.host, "-p", str(args.port)]
+    if args.dir:
+        # dagster dev reads the .env of its working folder over the environment: run it in the demo
+        # folder, whose .env is the demo's, not in one whose .env points at production data
+        os.chdir(Path(args.dir).resolve())
     print(" ".join(argv))
     os.execv(argv[0], argv)
     return 0  # pragma: no cover
@@ -304,6 +369,10 @@ def cmd_collect_condor(args: argparse.Namespace) -> int:
 
     from gpu_pipeline.lib.condor_collector import collect_loop
 
+    if args.archive_tz is None:  # the zone the pipeline reads the archive in
+        _load_env(None)
+        args.archive_tz = os.environ["GPU_PIPELINE_SOURCE_TZ"].strip()
+        print(f"archive time zone: {args.archive_tz} (GPU_PIPELINE_SOURCE_TZ)", file=sys.stderr)
     try:
         ZoneInfo(args.archive_tz)
     except (ZoneInfoNotFoundError, ValueError):
@@ -361,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dir", default="gpu-pipeline-demo")
     d.add_argument("--gpus", type=int, default=DEMO_GPUS)
     d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--force", action="store_true",
+                   help="replace DIR/.env and DIR/data even when they are not a demo's")
     d.set_defaults(func=cmd_demo)
 
     m = sub.add_parser("materialize", help="run every daily asset for a day range (one Dagster run)")
@@ -382,17 +453,19 @@ def build_parser() -> argparse.ArgumentParser:
     cc = csub.add_parser("condor", help="append collector snapshots to the monthly gpu_state archive")
     cc.add_argument("--collector", required=True, help="HOST[:PORT] of the HTCondor collector")
     cc.add_argument("--out", required=True, help="archive directory (gpu_state_YYYY-MM.db files)")
-    cc.add_argument("--interval", type=float, default=300.0, help="seconds between snapshots")
-    cc.add_argument("--iterations", type=int, help="stop after N snapshots (default: run until stopped)")
+    cc.add_argument("--interval", type=_positive, default=300.0, help="seconds between snapshots")
+    cc.add_argument("--iterations", type=_count, help="stop after N snapshots (default: run until stopped)")
     cc.add_argument("--once", action="store_true", help="take one snapshot and exit (for cron)")
-    cc.add_argument("--timeout", type=float, default=20.0, help="collector query timeout, seconds")
-    cc.add_argument("--archive-tz", default="UTC", help="time zone of the archive's timestamps and months")
+    cc.add_argument("--timeout", type=_positive, default=20.0, help="collector query timeout, seconds")
+    cc.add_argument("--archive-tz", help="time zone of the archive's timestamps and months; it must be the one "
+                    "the pipeline reads the archive in (default: GPU_PIPELINE_SOURCE_TZ, from the environment or "
+                    "./.env, else UTC)")
     cc.set_defaults(func=cmd_collect_condor)
     cn = csub.add_parser("nvml", help="sample every local GPU with NVML into daily Parquet files")
     cn.add_argument("--out", required=True)
-    cn.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
-    cn.add_argument("--iterations", type=int)
-    cn.add_argument("--flush-every", type=int, default=10, help="rewrite the day file every N samples")
+    cn.add_argument("--interval", type=_positive, default=30.0, help="seconds between samples")
+    cn.add_argument("--iterations", type=_count)
+    cn.add_argument("--flush-every", type=_count, default=10, help="rewrite the day file every N samples")
     cn.set_defaults(func=cmd_collect_nvml)
 
     from gpu_pipeline.bench import add_arguments as bench_arguments

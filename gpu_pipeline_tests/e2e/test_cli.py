@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from gpu_pipeline_tests.defs.test_definitions import _hand_archive
 
@@ -126,3 +127,101 @@ def test_a_demo_directory_is_the_whole_configuration(tmp_path, monkeypatch, caps
     assert os.environ["GPU_PIPELINE_JOBS_DIR"] == str(tmp_path)
     assert os.environ["PATH_UNRELATED"] == "kept"
     assert "ignoring GPU_PIPELINE_ES_HOSTS" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--timeout", "0"], ["--timeout", "nan"], ["--interval", "-5"],
+                                  ["--iterations", "0"]])
+def test_collect_condor_with_a_bad_number_is_a_usage_error(tmp_path, args):
+    """A zero timeout looped for ever (each try raised, and the loop retried it), a bad count exited 1
+    (which says a snapshot was written): argparse refuses them, exit 2, nothing written."""
+    proc = subprocess.run([EXE, "collect", "condor", "--collector", "127.0.0.1:9", "--out", str(tmp_path / "a"),
+                           "--once", *args], env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"argument {args[0]}: {args[1]!r} is not" in proc.stderr and not (tmp_path / "a").exists()
+
+
+def test_collect_condor_writes_the_archive_in_the_pipelines_source_zone(tmp_path):
+    """Without --archive-tz the collector takes GPU_PIPELINE_SOURCE_TZ, the zone the pipeline reads the
+    archive in (its own default of UTC shifted every snapshot by the zone's offset, without a word)."""
+    (tmp_path / ".env").write_text("GPU_PIPELINE_SOURCE_TZ=America/Chicago\n")
+    proc = subprocess.run([EXE, "collect", "condor", "--collector", "127.0.0.1:9", "--out", str(tmp_path / "a"),
+                           "--once", "--timeout", "2"], env=_env(), capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 3  # nothing listening
+    assert "archive time zone: America/Chicago (GPU_PIPELINE_SOURCE_TZ)" in proc.stderr
+
+
+def test_a_dotenv_in_the_working_folder_wins_over_the_shell_as_in_dagster(tmp_path, monkeypatch):
+    """The commands read ./.env as Dagster's own commands (dagster dev, the daemon) do: over the
+    shell's variables, so a manual run and a scheduled one see the same settings."""
+    from gpu_pipeline import cli
+
+    (tmp_path / ".env").write_text(f"GPU_PIPELINE_DATA_ROOT={tmp_path / 'data'}\n")
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setenv("GPU_PIPELINE_DATA_ROOT", "/srv/elsewhere")
+    monkeypatch.chdir(tmp_path)
+    cli._load_env(None)
+    assert os.environ["GPU_PIPELINE_DATA_ROOT"] == str(tmp_path / "data")
+
+
+def test_the_ui_of_a_demo_directory_runs_in_it(tmp_path, monkeypatch):
+    """dagster dev reads the .env of its working folder over the environment: `ui --dir DEMO` started
+    from a folder whose .env points at production data wrote the demo's runs there. It now runs in
+    the demo folder."""
+    from gpu_pipeline import cli
+
+    demo, elsewhere = tmp_path / "demo", tmp_path / "ops"
+    demo.mkdir(), elsewhere.mkdir()
+    (demo / ".env").write_text(cli._env_line("GPU_PIPELINE_DATA_ROOT", str(demo / "data"))
+                               + cli._env_line("DAGSTER_HOME", str(demo / "home")))
+    (elsewhere / ".env").write_text("GPU_PIPELINE_DATA_ROOT=/srv/prod/data\n")
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.chdir(elsewhere)
+    started = {}
+
+    def execv(path, argv):
+        started.update(cwd=os.getcwd(), argv=argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execv", execv)
+    with pytest.raises(SystemExit):
+        cli.main(["ui", "--dir", str(demo)])
+    assert started["cwd"] == str(demo) and started["argv"][1] == "dev"
+    assert os.environ["GPU_PIPELINE_DATA_ROOT"] == str(demo / "data")
+
+
+def test_the_demo_keeps_a_folder_that_is_not_a_demos(tmp_path):
+    """`demo --dir` over a folder with a production .env (or tables without a demo .env) replaced
+    them without a word: it refuses, exit 2, and touches nothing; a demo's .env (with the demo's
+    first line, or from before that line: its archive the demo's) is a demo's to replace."""
+    from gpu_pipeline import cli
+
+    prod = tmp_path / "prod"
+    prod.mkdir()
+    env = "GPU_PIPELINE_DATA_ROOT=/var/lib/gpu_pipeline/data\nGPU_PIPELINE_CONDOR_ARCHIVE=/var/lib/gpu_state\n"
+    (prod / ".env").write_text(env)
+    proc = subprocess.run([EXE, "demo", "--dir", str(prod), "--gpus", "8"], env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "exists and is not a demo's" in proc.stderr
+    assert (prod / ".env").read_text() == env and sorted(p.name for p in prod.iterdir()) == [".env"]
+    tables = tmp_path / "tables"
+    (tables / "data" / "metrics").mkdir(parents=True)
+    assert "holds tables" in cli._demo_dir_error(tables)
+    old_demo = tmp_path / "old_demo"
+    old_demo.mkdir()
+    (old_demo / ".env").write_text(f"GPU_PIPELINE_CONDOR_ARCHIVE={old_demo / 'sources' / 'condor'}\n")
+    (old_demo / "data").mkdir()
+    assert cli._demo_dir_error(old_demo) is None
+    (old_demo / ".env").write_text(cli.DEMO_ENV_MARK + "\n" + cli._env_line("GPU_PIPELINE_CONDOR_ARCHIVE", "/x"))
+    assert cli._demo_dir_error(old_demo) is None
+
+
+def test_the_demos_dotenv_gives_its_values_back_as_they_are(tmp_path):
+    """Values are quoted: a folder named `run #2` was cut at the ` #` (a comment to python-dotenv)."""
+    from dotenv import dotenv_values
+
+    from gpu_pipeline import cli
+
+    values = {"A": str(tmp_path / "run #2" / "data"), "B": "it's a \\ path", "C": ""}
+    (tmp_path / ".env").write_text("".join(cli._env_line(k, v) for k, v in values.items()))
+    assert dotenv_values(tmp_path / ".env") == values
