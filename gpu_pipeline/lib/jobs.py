@@ -74,7 +74,8 @@ Per-row derivations:
   ``StartdSlot`` is kept as is (adstash writes the part before the *first* ``@`` there).
 - ``assigned_gpus``: ``AssignedGPUs`` split on commas (a ClassAd list ``{ ... }`` or JSON list is
   accepted), each id normalized to the HTCondor short id ``GPU-xxxxxxxx`` (full UUIDs and the
-  ``GPUs_GPU_xxxxxxxx`` reference form are shortened, MIG ids kept), joined with ``,``.
+  ``GPUs_GPU_xxxxxxxx`` reference form are shortened, MIG ids kept, a MIG reference
+  ``GPUs_MIG_...`` read as its ``MIG-...`` id), joined with ``,``.
 - ``remote_wall_clock_s`` is HTCondor's cumulative ``RemoteWallClockTime`` (all runs so far), also
   on epoch rows; ``committed_time_s`` is ``CommittedTime`` (wall time of runs that were not
   lost to eviction -- compare the two for badput).

@@ -5,7 +5,8 @@ One row per snapshot x slot x GPU. Rules:
   PrioritizedProjects is non-empty, else ``shared`` (open capacity);
 - host: ``Machine``, else the part of ``Name`` after the last '@';
 - GPU ids are normalized to the HTCondor short id ``GPU-xxxxxxxx`` (a full UUID or the ClassAd
-  reference form ``GPUs_GPU_xxxxxxxx`` is shortened); MIG ids are kept as they are;
+  reference form ``GPUs_GPU_xxxxxxxx`` is shortened); MIG ids are kept as they are, but for the
+  reference form (``GPUs_MIG_0caf1ce3_fcd4_...`` -> ``MIG-0caf1ce3-fcd4-...``, as the collector names it);
 - rows of excluded hosts (shell-style patterns) are dropped and counted per host;
 - rows with no slot name, no state or no GPU id are quarantined with the reason;
 - exact duplicate rows (a snapshot written twice) are dropped and counted.
@@ -32,14 +33,16 @@ _SHORT_RE = re.compile(r"^(?:GPUs_)?GPU[-_]([0-9a-fA-F]{8})(?:[-_][0-9a-fA-F-]+)
 
 
 def normalize_gpu_id(raw: str | None) -> str | None:
-    """``GPU-0667ce7c`` from any of its spellings; MIG and other ids unchanged; blank -> None."""
+    """``GPU-0667ce7c`` from any of its spellings; a ClassAd reference (``GPUs_MIG_0caf1ce3_fcd4_...``,
+    ``GPUs_GPU_MIG_3167``) as its device's id (``MIG-0caf1ce3-fcd4-...``, ``GPU-MIG-3167``, as the
+    collector, the job ads and NVML name it); other MIG and other ids unchanged; blank -> None."""
     if raw is None:
         return None
     s = raw.strip().strip("{}").strip()
     if not s:
         return None
     if "MIG" in s.upper():
-        return s.removeprefix("GPUs_")
+        return s[len("GPUs_"):].replace("_", "-") if s.startswith("GPUs_") else s
     m = _SHORT_RE.match(s)
     if m:
         return "GPU-" + m.group(1).lower()

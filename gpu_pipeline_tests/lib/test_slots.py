@@ -21,6 +21,14 @@ def test_normalize_gpu_id_spellings():
     assert normalize_gpu_id("GPU-b156e653-784d-a422-e6df-726e913aa35d") == "GPU-b156e653"
     assert normalize_gpu_id(" MIG-4f2b6d2e-1c3a-5e7f-9a0b-123456789abc ") == "MIG-4f2b6d2e-1c3a-5e7f-9a0b-123456789abc"
     assert normalize_gpu_id("GPU-MIG-abc") == "GPU-MIG-abc"
+    # the ClassAd reference form of a MIG device (AvailableGPUs, copied into backfill rows): its id, as
+    # the collector, the job ads and NVML give it (the underscores were kept, so it matched none of them)
+    assert normalize_gpu_id("GPUs_MIG_0caf1ce3_fcd4_59da_8564_764000e3ace9") == "MIG-0caf1ce3-fcd4-59da-8564-764000e3ace9"
+    assert normalize_gpu_id("{GPUs_GPU_MIG_3167}") == "GPU-MIG-3167"
+    from gpu_pipeline.lib.condor_collector import normalize_gpu_id as collector_id
+
+    for ref in ("GPUs_MIG_0caf1ce3_fcd4_59da_8564_764000e3ace9", "GPUs_GPU_MIG_3167", "GPUs_GPU_b156e653"):
+        assert normalize_gpu_id(ref) == collector_id(ref)
     assert normalize_gpu_id("") is None and normalize_gpu_id(None) is None
 
 
