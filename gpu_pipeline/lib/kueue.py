@@ -394,6 +394,15 @@ def _plan(name: str, labels: Mapping[str, str], by_priority_class: bool) -> _Pla
 _MAX_PLANS = 100_000
 
 
+class ScrapeError(ValueError):
+    """A scrape the exposition parser cannot read (a ``curl`` killed mid-write leaves a cut line),
+    with the number of the first line it rejected."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
+
+
 def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, cluster: str | None = None,
                        source_file: str | None = None, by_priority_class: bool = False,
                        parser: SeriesParser | None = None) -> KueueScrape:
@@ -408,7 +417,7 @@ def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, clu
     samples = []
     for ln, item in parser.samples(text):
         if isinstance(item, str):
-            raise ValueError(f"{src or 'Kueue scrape'}: invalid Prometheus exposition (line {ln}): {item}")
+            raise ScrapeError(f"{src or 'Kueue scrape'}: invalid Prometheus exposition (line {ln}): {item}", ln)
         samples.append(item)
     plans: dict[tuple, tuple[Mapping[str, str], _Plan]] = parser.memo.setdefault(
         ("kueue_plans", by_priority_class), {})

@@ -8,13 +8,18 @@ UTC timestamp in their name (``YYYYMMDDTHHMMSSZ``; a stamp that is no real time,
 holds the scrapes inside the window plus the last few before it (:data:`BASELINE_SCRAPES`), so that
 the first histogram interval of the day has a baseline even when the very last file before
 midnight is an empty one (a failed ``curl``) or another replica's; the clean rows are those of the
-scrapes inside the window. A baseline scrape that cannot be read is left out (counted,
-``baseline_scrapes_unreadable``): it is the day before's to fail on, not this day's.
+scrapes inside the window. A scrape the exposition parser cannot read (a ``curl`` killed mid-write
+leaves a cut last line) is set aside whole, as a row of ``quarantine/kueue_demand`` naming the file
+and the line, and counted (``scrapes_unreadable``; a baseline one ``baseline_scrapes_unreadable``,
+without a row: it is the day before's): half a scrape would read as queues without workloads. The
+day's other scrapes are kept, and the one before it stands for the time (as across any missed
+scrape).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from pathlib import Path
 
@@ -22,8 +27,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpu_pipeline.lib.exposition import SeriesParser
-from gpu_pipeline.lib.kueue import KUEUE_DEMAND, kueue_demand, parse_kueue_scrape
-from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
+from gpu_pipeline.lib.kueue import KUEUE_DEMAND, ScrapeError, kueue_demand, parse_kueue_scrape
+from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform, quarantine_spec
+
+#: Scrapes of the day set aside whole: unreadable.
+QUARANTINE_KUEUE_DEMAND = quarantine_spec("kueue_demand")
 
 RAW_KUEUE_SCRAPES = TableSpec(
     layer="raw",
@@ -75,21 +83,27 @@ def raw_scrapes(scrape_dir: str | Path, start_utc: dt.datetime, end_utc: dt.date
     return pa.Table.from_pylist(rows, schema=RAW_KUEUE_SCRAPES.schema) if rows else RAW_KUEUE_SCRAPES.empty()
 
 
-def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, dict[str, int]]:
-    """``kueue_demand`` rows of the in-window scrapes (the baseline only feeds the first deltas)."""
+def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, dict[str, int], pa.Table]:
+    """``kueue_demand`` rows of the in-window scrapes (the baseline only feeds the first deltas), the
+    counters, and the in-window scrapes set aside as unreadable (``quarantine/kueue_demand`` rows)."""
     if raw.num_rows == 0:
-        return KUEUE_DEMAND.empty(), {}
+        return KUEUE_DEMAND.empty(), {}, QUARANTINE_KUEUE_DEMAND.empty()
     rows = raw.sort_by("scrape_utc").to_pylist()
     counters: dict[str, int] = {}
-    parser, scrapes, read = SeriesParser(), [], []
+    parser, scrapes, read, unreadable = SeriesParser(), [], [], []
     for r in rows:
         try:
             scrapes.append(parse_kueue_scrape(r["text"] or "", r["scrape_utc"], cluster=cluster,
                                               source_file=r["source_file"], parser=parser))
-        except ValueError:
+        except ScrapeError as exc:
+            key = "scrapes_unreadable" if r["in_window"] else "baseline_scrapes_unreadable"
+            counters[key] = counters.get(key, 0) + 1
             if r["in_window"]:
-                raise
-            counters["baseline_scrapes_unreadable"] = counters.get("baseline_scrapes_unreadable", 0) + 1
+                lines = (r["text"] or "").splitlines()
+                line = lines[exc.line - 1] if exc.line and 0 < exc.line <= len(lines) else None
+                unreadable.append({"source_table": RAW_KUEUE_SCRAPES.path, "reason": f"unreadable scrape: {exc}",
+                                   "source_file": r["source_file"], "source_row": exc.line,
+                                   "record_utc": r["scrape_utc"], "row_json": json.dumps({"line": line})})
             continue
         read.append(r)
     rows = read
@@ -100,4 +114,6 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
         table = table.slice(0, 0)
     else:
         table = table.filter(pc.greater_equal(table["sample_utc"], pa.scalar(first, table["sample_utc"].type)))
-    return conform(table, KUEUE_DEMAND), {**result.counters, **counters}
+    quarantine = (conform(pa.Table.from_pylist(unreadable), QUARANTINE_KUEUE_DEMAND) if unreadable
+                  else QUARANTINE_KUEUE_DEMAND.empty())
+    return conform(table, KUEUE_DEMAND), {**result.counters, **counters}, quarantine

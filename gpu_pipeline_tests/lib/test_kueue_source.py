@@ -25,7 +25,7 @@ def test_day_of_scrapes_has_a_baseline_and_pending_matches_truth(sim):
     raw = raw_scrapes(sim / "kueue", start, end)
     inside = [r for r in raw.to_pylist() if r["in_window"]]
     assert len(inside) == 96 and sum(not r["in_window"] for r in raw.to_pylist()) == 5  # BASELINE_SCRAPES
-    table, counters = clean_scrapes(raw)
+    table, counters, _ = clean_scrapes(raw)
     assert table.schema == KUEUE_DEMAND.schema
     # every row names the file of its own scrape
     files = {r["scrape_utc"]: r["source_file"] for r in inside}
@@ -79,7 +79,7 @@ def test_an_empty_or_one_line_scrape_is_text_not_a_path(tmp_path):
     (tmp_path / "kueue-20250806T100000Z.prom").write_text("")
     (tmp_path / "kueue-20250806T100100Z.prom").write_text(
         'kueue_pending_workloads{cluster_queue="cq",status="active"} 3')
-    table, counters = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
+    table, counters, _ = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
     assert counters["scrapes"] == 3
     assert [(r["sample_utc"].minute, r["pending_workloads"], r["source_file"].rsplit("/", 1)[1])
             for r in table.to_pylist()] == [(59, 1, "kueue-20250806T095900Z.prom"), (1, 3, "kueue-20250806T100100Z.prom")]
@@ -92,7 +92,7 @@ def test_the_leader_and_a_follower_scraped_in_the_same_second(tmp_path):
     day = dt.datetime(2025, 8, 6, tzinfo=dt.UTC)
     (tmp_path / "kueue-a-follower-20250806T100000Z.prom").write_text(_scrape("follower", 4))
     (tmp_path / "kueue-b-leader-20250806T100000Z.prom").write_text(_scrape("leader", 5))
-    table, counters = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
+    table, counters, _ = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
     assert [(r["pending_workloads"], r["source_file"].rsplit("/", 1)[1]) for r in table.to_pylist()] == [
         (5, "kueue-b-leader-20250806T100000Z.prom")]
     assert counters["duplicate_scrapes"] == 1
@@ -120,7 +120,25 @@ def test_the_days_baseline_is_the_last_readable_leader_scrape(tmp_path, last_bef
     (tmp_path / "kueue-20260805T235930Z.prom").write_text(last[last_before_midnight])
     (tmp_path / "kueue-20260806T001400Z.prom").write_text(_wait_histogram("leader", 130, 1600))
     (tmp_path / "kueue-20260231T000000Z.prom").write_text("")  # a stamp that is no time: its mtime
-    table, counters = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
+    table, counters, _ = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
     (row,) = [r for r in table.to_pylist() if r["kind"] == "admission_wait"]
     assert (row["wait_count_interval"], row["wait_mean_s"]) == (30, 20.0)
     assert counters.get("baseline_scrapes_unreadable", 0) == (last_before_midnight == "truncated")
+
+
+def test_an_unreadable_scrape_of_the_day_is_set_aside_and_the_others_kept(tmp_path):
+    """A scrape cut mid-line (a ``curl`` killed while writing) failed the whole day: it is set aside
+    whole (quarantine row: the file, the line, the reason), counted, and the day's other scrapes
+    give their rows; the scrape before it stands for the time."""
+    day = dt.datetime(2025, 8, 4, tzinfo=UTC)
+    for minute, pending in ((0, 1), (1, 2), (2, 4)):
+        (tmp_path / f"kueue-20250804T10{minute:02d}00Z.prom").write_text(_scrape("leader", pending))
+    cut = _scrape("leader", 9)
+    (tmp_path / "kueue-20250804T100300Z.prom").write_text(cut[:cut.rindex("{") + 20])
+    table, counters, quarantine = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
+    assert counters["scrapes_unreadable"] == 1
+    assert sorted({(r["sample_utc"].minute, r["pending_workloads"]) for r in table.to_pylist()}) == [(0, 1), (1, 2), (2, 4)]
+    (q,) = quarantine.to_pylist()
+    assert q["source_file"].endswith("kueue-20250804T100300Z.prom") and q["reason"].startswith("unreadable scrape: ")
+    assert q["source_row"] == cut[:cut.rindex("{")].count("\n") + 1
+    assert q["record_utc"] == dt.datetime(2025, 8, 4, 10, 3, tzinfo=UTC)

@@ -12,7 +12,7 @@ from gpu_pipeline.defs.common import (
 from gpu_pipeline.defs.raw.kueue_scrapes import KEY as RAW_KEY
 from gpu_pipeline.defs.resources import DataStoreResource, KueueResource
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND as SPEC
-from gpu_pipeline.lib.kueue_source import RAW_KUEUE_SCRAPES, clean_scrapes
+from gpu_pipeline.lib.kueue_source import QUARANTINE_KUEUE_DEMAND, RAW_KUEUE_SCRAPES, clean_scrapes
 
 KEY = table_key(SPEC)
 
@@ -24,7 +24,10 @@ def kueue_demand(
     store = data_store.store()
 
     def one_day(day: str) -> DayOutcome:
-        table, counters = clean_scrapes(store.read_table(RAW_KUEUE_SCRAPES, day), kueue.cluster or None)
+        table, counters, quarantine = clean_scrapes(store.read_table(RAW_KUEUE_SCRAPES, day), kueue.cluster or None)
+        for path in quarantine["source_file"].to_pylist():
+            context.log.warning(f"{day}: Kueue scrape {path} set aside as unreadable (quarantine/kueue_demand)")
+        store.write_partition(QUARANTINE_KUEUE_DEMAND, day, quarantine)
         result = store.write_partition(SPEC, day, table)
         return DayOutcome(day=day, result=result, metrics={k: float(v) for k, v in counters.items()})
 

@@ -21,6 +21,7 @@ from gpu_pipeline.lib.coverage import partition_coverage
 from gpu_pipeline.lib.coverage_table import COVERAGE as SPEC
 from gpu_pipeline.lib.coverage_table import COVERAGE_COLUMNS, TELEMETRY_SERIES, TELEMETRY_TIME, coverage_rows
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND
+from gpu_pipeline.lib.kueue_source import QUARANTINE_KUEUE_DEMAND
 
 KEY = table_key(SPEC)
 
@@ -60,6 +61,7 @@ def coverage(context: dg.AssetExecutionContext, data_store: DataStoreResource) -
                 "slot_snapshots": [read(S.QUARANTINE_CONDOR_RAW, day), read(S.QUARANTINE, day)],
                 "gpu_telemetry": [read(S.QUARANTINE_GPU_TELEMETRY, day), read(S.QUARANTINE_GPU_SAMPLES, day)],
                 "job_records": [read(S.QUARANTINE_JOBS, day)],
+                "kueue": [read(QUARANTINE_KUEUE_DEMAND, day)],
             },
             rows_in={"slot_snapshots": store.row_count(S.RAW_CONDOR_SLOT_SNAPSHOTS, day),
                      "gpu_telemetry": store.row_count(S.RAW_GPU_TELEMETRY, day),
