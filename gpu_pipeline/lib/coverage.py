@@ -94,8 +94,9 @@ def coverage(
                         f"SELECT row_number() OVER () AS k, {cols} FROM _cov_points GROUP BY ALL")
             points = f'SELECT DISTINCT s.k, epoch_us(p."{time_col}") AS t FROM _cov_points p JOIN _cov_series s ON {on}'
             unit_cols = _unit_columns(series_cols)
-            unit = (f"dense_rank() OVER (ORDER BY {', '.join(f'{chr(34)}{c}{chr(34)}' for c in unit_cols)})"
-                    if unit_cols is not None else "k")
+            unit = "k"  # each series its own unit
+            if unit_cols is not None:
+                unit = "dense_rank() OVER (ORDER BY " + ", ".join(f'"{c}"' for c in unit_cols) + ")"
             groups = f"SELECT k, dense_rank() OVER (ORDER BY {group}) AS g, {unit} AS u FROM _cov_series"
         else:
             points = f'SELECT DISTINCT 0 AS k, epoch_us("{time_col}") AS t FROM _cov_points'
@@ -158,17 +159,17 @@ def _coverage_of(n: np.ndarray, c_us: np.ndarray, cad_us: float | None, gaps: np
     unknown), nothing says how many were expected: the coverage is 0 and the expected samples 0, as
     for a window without samples, not 100 % (each series measured against its own single sample),
     which passed a day where a broken collector sent one sample a GPU."""
-    longest = float(longest_us.max(initial=0)) / 1e6  # over every series: before the units' pick
     if not cad_us:
         if units is not None and len(n):
-            n = n[_best_of_units(units, np.zeros(len(n)), n, gaps, longest_us)]
-        return Coverage(int(len(n)), int(n.sum()), None, 0.0, 0.0, 0, longest)
+            best = _best_of_units(units, np.zeros(len(n)), n, gaps, longest_us)
+            n, longest_us = n[best], longest_us[best]
+        return Coverage(int(len(n)), int(n.sum()), None, 0.0, 0.0, 0, float(longest_us.max(initial=0)) / 1e6)
     expected = window_s * 1e6 / c_us  # a series' expected samples: the window over its cadence
     share = np.minimum(1.0, n / expected)
     if units is not None and len(n):
         best = _best_of_units(units, share, n, gaps, longest_us)
         n, expected, share, gaps, longest_us = n[best], expected[best], share[best], gaps[best], longest_us[best]
-        longest = float(longest_us.max(initial=0)) / 1e6
+    longest = float(longest_us.max(initial=0)) / 1e6
     return Coverage(
         series=int(len(n)),
         samples=int(n.sum()),
