@@ -303,14 +303,15 @@ claimed AS (
     WHERE state = 'busy_backfill' AND bf_job IS NOT NULL AND next_state IN ('busy_prioritized', 'busy_shared')
 ),
 gone AS (
-    SELECT c.gpu_id, c.bucket_start_utc, min(x.obs_utc) AS gone_utc
+    -- (a claim's bucket has its snapshot: the states' row, not the obs CTE, which is every row's)
+    SELECT c.gpu_id, c.bucket_start_utc, min(x.snapshot_utc) AS gone_utc
     FROM claimed c
-    JOIN obs x ON x.gpu_id = c.gpu_id AND x.bucket_start_utc >= c.next_bucket
-                  AND (c.claim_end IS NULL OR x.bucket_start_utc < c.claim_end)
-                  AND x.state IN ('busy_prioritized', 'busy_shared')
+    JOIN _ev_states x ON x.gpu_id = c.gpu_id AND x.bucket_start_utc >= c.next_bucket
+                         AND (c.claim_end IS NULL OR x.bucket_start_utc < c.claim_end)
+                         AND x.state IN ('busy_prioritized', 'busy_shared')
     WHERE NOT EXISTS (
         SELECT 1 FROM _ev_slots sl
-        WHERE sl.snapshot_utc = x.obs_utc AND sl.gpu_id = c.gpu_id AND sl.global_job_id = c.bf_job
+        WHERE sl.snapshot_utc = x.snapshot_utc AND sl.gpu_id = c.gpu_id AND sl.global_job_id = c.bf_job
     )
     GROUP BY c.gpu_id, c.bucket_start_utc
 ),
