@@ -641,7 +641,9 @@ base AS (
         -- greatest() skips a NULL: unknown capacity must not become epsilon
         CASE WHEN b.idle_gpus IS NOT NULL THEN b.demand_gpus / greatest(b.idle_gpus, {EPSILON}) END AS dcr_raw
     FROM base_rows b
+    -- the efficiency is the HTCondor pool's GPUs': a Kueue cluster's row has no gap of its own
     LEFT JOIN eff_rows e ON e.hour_start_utc = b.hour_start_utc AND e.device_class = b.device_class
+                        AND b.source = 'htcondor'
 ),
 scored AS (
     SELECT *,
@@ -672,11 +674,13 @@ SELECT
     efficiency_gap_pp,
     qps,
     cis,
+    -- the thresholds compared with CIS to 9 decimals: a sum of terms that is 0.3 exactly on paper
+    -- comes out 0.30000000000000004 in floating point, and was Moderate
     CASE
         WHEN dcr IS NULL THEN '{UNKNOWN_SEVERITY}'
-        WHEN cis > 0.7 OR dcr > 2 THEN 'Critical'
-        WHEN cis > 0.5 OR dcr > 1 THEN 'Warning'
-        WHEN cis > 0.3 THEN 'Moderate'
+        WHEN round(cis, 9) > 0.7 OR dcr > 2 THEN 'Critical'
+        WHEN round(cis, 9) > 0.5 OR dcr > 1 THEN 'Warning'
+        WHEN round(cis, 9) > 0.3 THEN 'Moderate'
         ELSE 'Healthy'
     END AS severity
 FROM scored2

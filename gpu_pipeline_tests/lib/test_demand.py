@@ -251,6 +251,39 @@ def test_scores_with_fixed_scales_by_hand():
     assert hourly(r)[11]["qps"] == pytest.approx(0.6 * 0.25 + 0.4 * 1.0)
 
 
+def test_a_kueue_row_takes_no_efficiency_gap_from_the_htcondor_pool():
+    """The efficiency input is the HTCondor pool's GPUs' (device class ALL): a Kueue cluster's row
+    (also ALL) took that gap into its CIS (0.143 + 0.3 * 0.9 = 0.413, Moderate, for a Healthy
+    hour)."""
+    eff = pa.table({"hour_start_utc": pa.array([at(10)], pa.timestamp("us", tz="UTC")),
+                    "device_class": ["ALL"], "efficiency_gap_pp": [90.0]})
+    kueue = pa.Table.from_pylist(_scrape_rows(at(10), 4.0) + _scrape_rows(at(10, 30), 4.0),
+                                 schema=KUEUE_DEMAND.schema)
+    con = connect()
+    for name, table in (("jobs_in", JOBS.empty()), ("states_in", states(4)), ("kq", kueue), ("eff_in", eff)):
+        con.register(name, table)
+    r = compute_demand_capacity(con, "jobs_in", [], "states_in", [], DAY, END, kueue_from_sql="kq",
+                                efficiency_from_sql="eff_in")
+    con.close()
+    row = kueue_hour(r, 10)
+    # demand 4 over idle 8 - 2 = 6; pending 4 of 8 quota; no wait: CIS 0.5 * (4/6) / 4 + 0.2 * 0.6 * 0.5
+    assert row["efficiency_gap_pp"] is None
+    assert row["cis"] == pytest.approx(0.5 * (4 / 6) / 4 + 0.2 * 0.6 * 0.5) and row["severity"] == "Healthy"
+    assert hourly(r)[10]["efficiency_gap_pp"] == 90.0  # the pool's own row keeps it
+
+
+def test_severity_at_a_cis_threshold_is_the_lower_class():
+    """CIS > 0.3 is Moderate: an hour whose CIS is 3/10 on paper is Healthy, though the floating
+    point sum of its terms is 0.30000000000000004. One 1-GPU job queued 08:15 starts 11:00 on a
+    1-GPU pool idle all day: hour 10 has DCR 1 (0.5 * 1/4), pending 1 of 1 and a wait of 2 h 45 min
+    at 11:00 (0.2 * (0.6 + 0.4 * 9900/14400)): 1/8 + 7/40 = 3/10."""
+    rows = [job("s1#1.0#1", 0, "job", queued=at(8, 15), start=at(11), end=at(12), completion=at(12))]
+    h10 = hourly(demand_from_tables(jobs(rows), states(1), DAY, END))[10]
+    assert (h10["dcr"], h10["mean_wait_s"]) == (1.0, 9900.0)
+    assert h10["cis"] == pytest.approx(0.3) and h10["cis"] > 0.3  # the float sum, as stored
+    assert h10["severity"] == "Healthy"
+
+
 def test_a_day_does_not_depend_on_other_days_computed_with_it():
     day2 = END
     rows = [job("s1#1.0#1", 0, "job", queued=at(10, 30), start=at(11, 15), end=at(12), completion=at(12), gpus=2)]
