@@ -963,7 +963,11 @@ def jobs_overlapping(table: pa.Table, start_utc: Any, end_utc: Any) -> pa.Table:
     Run interval: ``[run_start_utc, run_end_utc)``, open-ended (``+inf``) while ``run_end_utc`` is
     null. Queued interval (first runs -- ``run_index`` 0 -- and jobs that never started):
     ``[queued_utc, run_start_utc)``; for a job that never started it ends at ``record_utc`` when the
-    job has left the queue (Removed / Completed), else it is open-ended.
+    job has left the queue (Removed / Completed), else it is open-ended. A later run's wait after
+    an eviction, ``[last_vacate_utc, run_start_utc)``, and the wait of a job removed or held after
+    a run that did not complete, ``[run_end_utc, record_utc)``, count too: the demand of the days
+    between reads them from there (a job evicted on the 1st and run again on the 6th was idle on
+    the 4th, whose partitions held neither run).
     """
     s, e = _ts_scalar(start_utc), _ts_scalar(end_utc)
     if table.num_rows == 0:
@@ -986,7 +990,19 @@ def jobs_overlapping(table: pa.Table, start_utc: Any, end_utc: Any) -> pa.Table:
         pc.and_kleene(first, pc.and_kleene(pc.is_valid(queued), pc.less(queued, e))),
         pc.or_kleene(pc.is_null(queue_end), pc.greater(queue_end, s)),
     )
-    mask = pc.fill_null(pc.or_kleene(run_hit, queue_hit), False)
+    vacated = table["last_vacate_utc"]
+    requeue_hit = pc.and_kleene(
+        pc.and_kleene(pc.greater(table["run_index"], 0), pc.less(vacated, run_start)),
+        pc.and_kleene(pc.less(vacated, e), pc.greater(run_start, s)),
+    )
+    gone = pc.and_kleene(pc.is_null(table["completion_utc"]),
+                         pc.is_in(table["job_status"], value_set=pa.array([3, 5], type=pa.int32())))
+    record = table["record_utc"]
+    left_hit = pc.and_kleene(
+        pc.and_kleene(gone, pc.less(run_end, record)),
+        pc.and_kleene(pc.less(run_end, e), pc.greater(record, s)),
+    )
+    mask = pc.fill_null(pc.or_kleene(pc.or_kleene(run_hit, queue_hit), pc.or_kleene(requeue_hit, left_hit)), False)
     return table.filter(mask)
 
 

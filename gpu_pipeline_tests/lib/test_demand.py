@@ -284,6 +284,36 @@ def test_severity_at_a_cis_threshold_is_the_lower_class():
     assert h10["severity"] == "Healthy"
 
 
+def test_a_long_requeue_wait_is_demand_on_the_days_between_the_runs():
+    """A 1-GPU job evicted on the 1st at 10:00 and run again on the 6th at 12:00 was idle on the
+    4th, which reads clean/jobs of the 2nd to the 4th: the partitions (rows overlapping each day,
+    as the clean step keeps them) now hold the second run's row there, by its wait since the
+    eviction (they held neither run, and the day showed no demand). Likewise a job removed on the
+    6th after that eviction."""
+    from gpu_pipeline.lib.jobs import jobs_overlapping
+    from gpu_pipeline.lib.timeutil import day_window
+
+    def t(d: int, h: int) -> dt.datetime:
+        return dt.datetime(2025, 8, d, h, tzinfo=UTC)
+
+    run0 = job("s1#7.0#1", 0, "epoch", queued=t(1, 0), start=t(1, 2), end=t(1, 10), status=1, lv=t(1, 10),
+               record=t(1, 10))
+    cases = {
+        "run again": [run0, job("s1#7.0#1", 1, "epoch", queued=t(1, 0), start=t(6, 12), end=t(6, 18), status=4,
+                                completion=t(6, 18), lv=t(1, 10), record=t(6, 18))],
+        "removed": [run0, job("s1#7.0#1", 0, "job", queued=t(1, 0), start=t(1, 2), end=t(1, 10), status=3,
+                              lv=t(1, 10), record=t(6, 12))],
+    }
+    for name, rows in cases.items():
+        everything = jobs(rows)
+        parts = {d: jobs_overlapping(everything, *day_window(d)) for d in job_days("2025-08-04")}
+        assert all(p.num_rows == 1 for d, p in parts.items() if d != "2025-08-01"), name
+        s, e = day_window("2025-08-04")
+        r = demand_from_tables(pa.concat_tables(parts.values()), states(2, start=s, end=e), s, e)
+        assert {x["demand_gpus"] for x in r.capacity.to_pylist() if x["device_class"] == "ALL"} == {1.0}, name
+        assert sum(x["demand_gpu_hours"] for x in r.top.to_pylist() if x["dimension"] == "device_class") == 24.0
+
+
 def test_a_day_does_not_depend_on_other_days_computed_with_it():
     day2 = END
     rows = [job("s1#1.0#1", 0, "job", queued=at(10, 30), start=at(11, 15), end=at(12), completion=at(12), gpus=2)]

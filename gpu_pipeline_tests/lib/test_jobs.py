@@ -143,6 +143,8 @@ def test_jobs_overlapping_windows():
     # queued 08:00 -> first start 09:00: only the first run's row carries the queue wait
     assert [h for h in hits(t(8, 15), t(8, 30)) if h[0] == bf] == [(bf, 0, "epoch")]
     assert [h for h in hits(t(14), t(15)) if h[0] == bf] == []  # completed at 14:00 (end exclusive)
+    # evicted at 11:00, run again at 12:00: the second run's rows carry the wait between
+    assert [h for h in hits(t(11, 15), t(11, 30)) if h[0] == bf] == [(bf, 1, "epoch"), (bf, 1, "job")]
     # never started, queued 10:00, removed 11:30
     never = "5100007.0"
     assert (never, 0, "job") in hits(t(11), t(11, 10))
