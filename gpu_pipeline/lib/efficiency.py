@@ -30,8 +30,11 @@ Samples and time weighting
     a power-only one, whose power the hour then lacks. Two samples of one GPU at one time (the same sample
     under two host names) are read once (``duplicate_samples_dropped``). The cadence in force at a
     sample is the median interval between the GPU's consecutive samples in its UTC hour, where the
-    hour has at least 5 of them, else over all its samples (a logger switched from 60 s to 10 s
-    leaves no gaps in either part). Two consecutive samples ``(t0, v0)``, ``(t1, v1)`` with
+    hour has at least 5 of them, else over all its samples -- or, where larger, the cadence of the
+    run its interval belongs to: consecutive intervals each within 1.5x of the one before, at
+    least 5 of them, read as their shortest (a logger switched from 60 s to 10 s at 10:20 leaves no
+    gaps in either part, though the hour's median is 10 s; a hole among short intervals, or up to
+    four in a row, is still a hole). Two consecutive samples ``(t0, v0)``, ``(t1, v1)`` with
     ``t1 - t0 <= 3 x cadence`` form a
     *segment* covering ``[t0, t1)`` with value ``(v0 + v1) / 2`` (trapezoid; if one end is null, the
     other); a longer gap is a hole: nothing is extrapolated across it. Means (utilization, power,
@@ -738,16 +741,18 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     if not _stage_next_values(con, *first):
         # A GPU with two samples at one time (the same sample under two host names: one exporter
         # scraped by two jobs) keeps one, the first by host; the other is counted as a duplicate.
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE _eff_samples_w AS
+        windowed = f"""
             SELECT gid, t, util, power, plimit, energy_mj,
                    lead(t) OVER w AS nt, lead(util) OVER w AS util1, lead(power) OVER w AS power1,
                    lead(plimit) OVER w AS plimit1,
                    CASE WHEN lead(sc) OVER w = sc THEN lead(energy_mj) OVER w END AS energy1,
-                   count(power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn
+                   count(power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn, lead(t) OVER w - t AS d
             FROM (SELECT * FROM ({group("r.host")}) QUALIFY row_number() OVER (PARTITION BY gid, t ORDER BY host) = 1)
-            WINDOW w AS (PARTITION BY gid ORDER BY t)
+            WINDOW w AS (PARTITION BY gid ORDER BY t)"""
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _eff_samples_w AS
+            SELECT * EXCLUDE (d) FROM ({_LC_SQL.format(src=windowed)})
             """,
             gparams,
         )
@@ -817,7 +822,8 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     counters["segments_energy_from_counter"] = counters.get("segments_energy_from_counter", 0.0) + float(seg[1])
     row = con.execute(
         f"""
-        SELECT count(*) FILTER (WHERE s.nt - s.t > {GAP_FACTOR} * cad.cadence_us AND s.nt > ? AND s.t < ?),
+        SELECT count(*) FILTER (WHERE s.nt - s.t > {GAP_FACTOR} * cad.cadence_us
+                                       AND NOT coalesce(s.nt - s.t <= {GAP_FACTOR} * s.lc, false) AND s.nt > ? AND s.t < ?),
                count(DISTINCT s.gid) FILTER (WHERE s.t >= ? AND s.t < ?)
         FROM _eff_samples s {_CADENCE_JOIN.format(s="s")}
         """,
@@ -828,6 +834,53 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
 
 
 _NEXT = (("t", "nt"), ("util", "util1"), ("power", "power1"), ("plimit", "plimit1"), ("energy_mj", "energy1"))
+
+
+#: Consecutive intervals of a GPU within this factor of each other keep one cadence (a run).
+RUN_RATIO = 1.5
+
+
+def _neighbour_cadence(t: np.ndarray, last: np.ndarray) -> pa.Array:
+    """Per sample (rows in (GPU, time) order, ``last``: a GPU's last sample), the cadence of the run
+    of intervals its own interval belongs to: consecutive intervals of the GPU each within
+    :data:`RUN_RATIO` of the one before; the run's shortest interval where the run has at least
+    :data:`LOCAL_CADENCE_MIN_INTERVALS` of them, else null (as for a GPU's last sample). ``lc`` of
+    :func:`_stage_next_values`, as :data:`_LC_SQL` gives it."""
+    n = len(t)
+    if n == 0:
+        return pa.array([], pa.int64())
+    has = ~last
+    d = np.empty(n, dtype=np.int64)  # the interval to the next sample; a GPU's last: none (0)
+    np.subtract(t[1:], t[:-1], out=d[:-1])
+    d[-1] = 0
+    d[last] = 0
+    # a run goes on where this interval and the one before are both the GPU's and within the ratio
+    same_run = np.zeros(n, dtype=bool)
+    same_run[1:] = has[1:] & has[:-1] & (d[1:] <= RUN_RATIO * d[:-1]) & (d[:-1] <= RUN_RATIO * d[1:])
+    starts = np.flatnonzero(~same_run)
+    lengths = np.diff(np.r_[starts, n])
+    size = np.add.reduceat(has, starts)  # intervals of the run (a GPU's last sample is a run of none)
+    lowest = np.minimum.reduceat(np.where(has, d, np.iinfo(np.int64).max), starts)
+    keep = np.repeat(size >= LOCAL_CADENCE_MIN_INTERVALS, lengths) & has
+    return pa.array(np.repeat(lowest, lengths), mask=~keep)
+
+
+#: ``lc`` of :func:`_neighbour_cadence` in SQL, from a subquery ``{src}`` with ``gid``, ``t`` and
+#: ``d`` (the interval to the next sample, null at a GPU's last), ordered by time per GPU.
+_LC_SQL = f"""
+    SELECT * EXCLUDE (brk, run),
+           CASE WHEN d IS NOT NULL AND count(d) OVER r >= {LOCAL_CADENCE_MIN_INTERVALS} THEN min(d) OVER r END AS lc
+    FROM (
+        SELECT *, sum(brk) OVER (PARTITION BY gid ORDER BY t ROWS UNBOUNDED PRECEDING) AS run
+        FROM (
+            SELECT *, CASE WHEN d IS NOT NULL AND lag(d) OVER (PARTITION BY gid ORDER BY t) IS NOT NULL
+                                AND d <= {RUN_RATIO} * lag(d) OVER (PARTITION BY gid ORDER BY t)
+                                AND lag(d) OVER (PARTITION BY gid ORDER BY t) <= {RUN_RATIO} * d
+                           THEN 0 ELSE 1 END AS brk
+            FROM ({{src}})
+        )
+    )
+    WINDOW r AS (PARTITION BY gid, run)"""
 
 
 def _drop_samples(con) -> None:
@@ -866,7 +919,7 @@ def _stage_next_values(con, group_sql: str, params: list) -> bool:
     other_source[:-1] = sc[1:] != sc[:-1]
     del sc
     columns: dict[str, pa.Array] = {"gid": pa.array(gid)}
-    nexts: dict[str, pa.Array] = {}
+    nexts: dict[str, pa.Array] = {"lc": _neighbour_cadence(t, last)}
     for name, next_name in _NEXT:
         values = t if name == "t" else scanned[name].to_numpy(zero_copy_only=False)[order]  # null as NaN
         following = np.empty_like(values)
@@ -903,11 +956,14 @@ def _seg_sql() -> str:
                    energy_mj AS e0, energy1 AS e1, g.tdp_w
             FROM (SELECT * RENAME (util AS util0, power AS power0, plimit AS plimit0) FROM _eff_samples) o
             JOIN _eff_gpu g USING (gid) {_CADENCE_JOIN.format(s="o")}
-            WHERE nt IS NOT NULL AND nt > t AND (nt - t) <= {GAP_FACTOR} * cad.cadence_us
+            WHERE nt IS NOT NULL AND nt > t
+              AND ((nt - t) <= {GAP_FACTOR} * cad.cadence_us OR (nt - t) <= {GAP_FACTOR} * o.lc)
         )"""
 
 
-#: Joins ``_eff_cad cad``, the cadence in force at each sample of ``_eff_samples {s}``.
+#: Joins ``_eff_cad cad``, the hour's cadence at each sample of ``_eff_samples {s}``; the cadence in
+#: force is ``greatest(cad.cadence_us, {s}.lc)`` (its run's where larger; written as two comparisons
+#: where it filters: the ``greatest`` made DuckDB plan the job runs' segment join twice as slow).
 _CADENCE_JOIN = "JOIN _eff_cad cad ON cad.gid = {s}.gid AND cad.h = {s}.t // " + str(_HOUR_US)
 
 
@@ -984,7 +1040,8 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_held AS
         WITH low AS (
-            SELECT s.gid, s.t, s.nt, s.power, s.pn, cad.cadence_us, (s.t // {bucket_us}) * {bucket_us} AS bt
+            SELECT s.gid, s.t, s.nt, s.power, s.pn, greatest(cad.cadence_us, s.lc) AS cadence_us,
+                   (s.t // {bucket_us}) * {bucket_us} AS bt
             FROM _eff_samples s JOIN _eff_gpu g USING (gid) {_CADENCE_JOIN.format(s="s")}
             WHERE s.power IS NOT NULL AND cad.cadence_us IS NOT NULL
               AND (s.power <= {HELD_IDLE_POWER_FACTOR} * g.idle_power_w
@@ -998,11 +1055,12 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
             SELECT low.*, st.job, {job_end} AS job_end FROM low JOIN st USING (gid, bt){clip}{records}
         ), y AS (
             SELECT *, lag(pn) OVER w AS ppn, lag(t) OVER w AS pt, lag(job) OVER w AS pjob,
-                   lag(job_end) OVER w AS pjob_end
+                   lag(job_end) OVER w AS pjob_end, lag(cadence_us) OVER w AS pcadence_us
             FROM c WINDOW w AS (PARTITION BY gid ORDER BY t)
         ), z AS (
             SELECT *,
-                   sum(CASE WHEN ppn = pn - 1 AND t - pt <= {GAP_FACTOR} * cadence_us
+                   -- the interval from the sample before is that sample's: judged by its cadence
+                   sum(CASE WHEN ppn = pn - 1 AND t - pt <= {GAP_FACTOR} * pcadence_us
                                  AND job IS NOT DISTINCT FROM pjob AND job_end IS NOT DISTINCT FROM pjob_end
                             THEN 0 ELSE 1 END)
                        OVER (PARTITION BY gid ORDER BY t ROWS UNBOUNDED PRECEDING) AS grp,

@@ -627,6 +627,39 @@ def test_a_change_of_logging_interval_leaves_no_gaps_and_a_hole_stays_a_hole():
     assert res.counters["gaps_over_3x_cadence"] == 1 + 3
 
 
+@pytest.mark.parametrize("twice", [False, True])  # True: one sample under two host names (the window path)
+def test_a_change_of_logging_interval_within_an_hour_leaves_no_gaps(twice):
+    """60 s until 10:20, then 10 s: hour 10's median interval is 10 s, so each 60 s interval before
+    10:20 read as a gap (coverage 2400 s, 0.2 kWh at 300 W, 20 gaps). The cadence of the run of
+    60 s intervals holds there; four 20-minute holes in a row among the 10 s samples stay holes. A
+    held GPU at idle power across such a switch (10:35) is one held-idle run."""
+    g = "GPU-aaaaaaaa"
+    rows = series(g, at(0), 620, step_s=60, power_w=300.0, util_pct=90.0, power_limit_w=400.0)
+    rows += [r for r in series(g, at(10, 20), 6 * 160 * 8, step_s=10, power_w=300.0, util_pct=90.0,
+                               power_limit_w=400.0)
+             if not at(14) < r["sample_utc"] < at(15, 20)
+             or (r["sample_utc"].minute in (0, 20, 40) and r["sample_utc"].second == 0)]
+    if twice:
+        rows.append({**rows[5], "host": "h1.example.org"})
+    res = run(samples_table(rows))
+    hours = {r["hour_start_utc"].hour: r for r in res.hourly.to_pylist()}
+    assert hours[10]["coverage_s"] == pytest.approx(3600.0) and hours[10]["energy_kwh"] == pytest.approx(0.3)
+    assert hours[14]["coverage_s"] == pytest.approx(0.0) and hours[15]["coverage_s"] == pytest.approx(2400.0)
+    assert res.counters["gaps_over_3x_cadence"] == 4
+    assert res.counters["duplicate_samples_dropped"] == (1 if twice else 0)
+    # the mirror: 10 s until 10:40, then 60 s
+    rows = series(g, at(0), 6 * 640, step_s=10, power_w=300.0, util_pct=90.0)
+    rows += series(g, at(10, 40), 200, step_s=60, power_w=300.0, util_pct=90.0)
+    res = run(samples_table(rows))
+    assert hour_row(res, g, 10)["coverage_s"] == pytest.approx(3600.0) and res.counters["gaps_over_3x_cadence"] == 0
+    # held at 40 W (idle for an A100) 09:00-12:00, the logger from 60 s to 10 s at 10:35
+    rows = series(g, at(9), 95, step_s=60, power_w=40.0, util_pct=0.0, power_limit_w=400.0)
+    rows += series(g, at(10, 35), 6 * 85, step_s=10, power_w=40.0, util_pct=0.0, power_limit_w=400.0)
+    res = run(samples_table(rows), states_table([(g, at(8), at(13), "busy_shared", "s#1.0#1")]))
+    assert [(r["start_utc"], r["end_utc"]) for r in res.held_idle.to_pylist()] == [(at(9), at(12))]
+    assert {r["hour_start_utc"].hour: r["held_but_idle"] for r in res.hourly.to_pylist()} == {9: True, 10: True, 11: True}
+
+
 def test_a_counter_that_stops_while_the_board_draws_power_is_not_read_as_no_energy():
     g = "GPU-aaaaaaaa"
     frozen = series(g, at(10), 61, power_w=300.0, util_pct=90.0, energy_mj=5e9)
