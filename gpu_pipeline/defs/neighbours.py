@@ -145,7 +145,7 @@ def stale_days(instance: dg.DagsterInstance, after: int,
     for record in taken:
         for reader, k in readers[record.asset_key]:
             wanted.setdefault(reader, set()).add(_shift(record.partition_key, -k))
-    step_starts: dict[str, dict[str | None, int]] = {}  # per run, read once for all readers
+    step_starts: dict[str, dict[str | None, float]] = {}  # per run, read once for all readers
     latest = {reader: _latest_reads(instance, reader, days, step_starts) for reader, days in wanted.items()}
     stale: dict[str, dict[dg.AssetKey, int]] = {}
     for record in taken:
@@ -157,21 +157,23 @@ def stale_days(instance: dg.DagsterInstance, after: int,
             run_id, written, read_from = mine
             # In one run the reader's step comes after the step that wrote what it reads (the range
             # run's order): its record after that one's is enough. Another run's write counts from
-            # the start of the reader's step: a run that replaced the partition while the reader's
-            # step was going (runs of other days run side by side) may have come after its read.
-            since = written if run_id == record.run_id else read_from
-            if since < record.storage_id:  # that day read the replaced partition
+            # the start of the reader's step, by time: a run that replaced the partition while the
+            # reader's step was going (runs of other days run side by side) may have come after its
+            # read. (By time, not storage id: with the SQLite event log a run's own events are
+            # numbered in that run's database, from 1, and cannot be compared with the index's.)
+            if (written < record.storage_id if run_id == record.run_id
+                    else read_from < record.event_log_entry.timestamp):  # that day read the replaced partition
                 day = stale.setdefault(target, {})
                 day[reader] = max(record.storage_id, day.get(reader, 0))
     return stale, cursor
 
 
 def _latest_reads(instance: dg.DagsterInstance, reader: dg.AssetKey, days: Iterable[str],
-                  starts: dict[str, dict[str | None, int]]) -> dict[str, tuple[str, int, int]]:
-    """Day -> (run id, storage id, and the storage id of its step's start) of ``reader``'s latest
-    materialization of that day; the start is the materialization's own id where the run's events
-    do not give it (a materialization reported outside a run). ``starts``: the runs' step starts
-    read so far (run id -> step key -> storage id), added to."""
+                  starts: dict[str, dict[str | None, float]]) -> dict[str, tuple[str, int, float]]:
+    """Day -> (run id, storage id, and the time its step started) of ``reader``'s latest
+    materialization of that day; the start is the materialization's own time where the run's
+    events do not give it (a materialization reported outside a run). ``starts``: the runs' step
+    starts read so far (run id -> step key -> time), added to."""
     ids = instance.get_latest_storage_id_by_partition(
         reader, dg.DagsterEventType.ASSET_MATERIALIZATION, partitions=set(days))
     if not ids:
@@ -181,10 +183,11 @@ def _latest_reads(instance: dg.DagsterInstance, reader: dg.AssetKey, days: Itera
     out = {}
     for r in records:
         if r.run_id not in starts:
-            starts[r.run_id] = {e.event_log_entry.step_key: e.storage_id for e in instance.get_records_for_run(
-                r.run_id, of_type=dg.DagsterEventType.STEP_START).records}
+            starts[r.run_id] = {e.event_log_entry.step_key: e.event_log_entry.timestamp
+                                for e in instance.get_records_for_run(
+                                    r.run_id, of_type=dg.DagsterEventType.STEP_START).records}
         step = r.event_log_entry.step_key
-        out[r.partition_key] = (r.run_id, r.storage_id, starts[r.run_id].get(step, r.storage_id))
+        out[r.partition_key] = (r.run_id, r.storage_id, starts[r.run_id].get(step, r.event_log_entry.timestamp))
     return out
 
 

@@ -198,3 +198,29 @@ def test_a_neighbour_replaced_while_the_reading_step_was_going_reruns_it(loaded_
         assert alloc_record.storage_id > slot_record.storage_id  # recorded after, but read before
         asked = _stale_over_ticks(defs, instance, start)
         assert {"metrics/allocation_buckets", "metrics/allocation_daily"} <= asked[DAYS[1]]
+
+
+@pytest.mark.parametrize("storage", ["test instance", "the project's dagster.yaml"])
+def test_days_run_one_at_a_time_in_order_are_not_stale(loaded_defs, pipeline_env, monkeypatch, storage):
+    """The middle day, then the last, each run whole: the last day read the middle day's new
+    tables (its run started after the middle day's ended), so only the days that read a day before
+    it changed are asked for: the first and the middle day's efficiency (each reads the day after).
+    With the project's SQLite event log (a database per run) a run's own events are numbered from 1,
+    and comparing the last day's step starts with the index's ids asked for the last day too."""
+    from gpu_pipeline.cli import prepare_dagster_home
+
+    defs = loaded_defs
+    if storage == "test instance":
+        opened = dg.instance_for_test()
+    else:
+        home = prepare_dagster_home(pipeline_env / "dagster_home")
+        monkeypatch.setenv("DAGSTER_HOME", str(home))
+        opened = dg.DagsterInstance.from_config(str(home))
+    with opened as instance:
+        _range_run(defs, instance)
+        start = _tick(defs, instance, None).cursor
+        job = defs.resolve_job_def("daily_pipeline")
+        for day in DAYS[1:]:
+            assert job.execute_in_process(instance=instance, partition_key=day).success
+        asked = _stale_over_ticks(defs, instance, start)
+        assert asked == {DAYS[0]: EFFICIENCY, DAYS[1]: EFFICIENCY}
