@@ -46,6 +46,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg, get_hi
 from matplotlib.collections import LineCollection  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.layout_engine import ConstrainedLayoutEngine  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
@@ -239,6 +240,28 @@ def _png_rgb(rgba: np.ndarray) -> bytes:
             + _png_chunk(b"IDAT", zlib.compress(rows.data, PNG_COMPRESS_LEVEL)) + _png_chunk(b"IEND", b""))
 
 
+#: Axes positions (figure fractions) are rounded to this after the layout: a millionth of the
+#: figure is a thousandth of a pixel at the plots' sizes.
+LAYOUT_STEP = 1e-6
+
+
+def _settle_layout(fig: Figure, renderer: RendererAgg) -> None:
+    """Run the figure's constrained layout once, as drawing would, round every axes' position to
+    :data:`LAYOUT_STEP`, and leave the positions fixed for the draw. The layout solver's result
+    varies in the last bits with where its objects lie in memory (an axes' scale one ulp apart
+    moved a line's antialiased edge by one gray level: the same figure gave other bytes now and
+    then); rounded, equal figures give equal bytes."""
+    engine = fig.get_layout_engine()
+    if not isinstance(engine, ConstrainedLayoutEngine) or not fig.axes:
+        return
+    engine.execute(fig)
+    for ax in fig.axes:
+        box = ax.get_position(original=False)
+        x0, y0, x1, y1 = (round(v / LAYOUT_STEP) * LAYOUT_STEP for v in (box.x0, box.y0, box.x1, box.y1))
+        ax.set_position([x0, y0, x1 - x0, y1 - y0], which="both")
+    fig.set_layout_engine("none")
+
+
 def png_and_preview(
     fig: Figure, dpi: int, preview_width_px: int | None, *, canvas: FigureCanvasAgg | None = None
 ) -> tuple[bytes, bytes]:
@@ -248,6 +271,7 @@ def png_and_preview(
     fig.set_dpi(dpi)
     if canvas is None:
         canvas = _Canvas(fig)
+    _settle_layout(fig, canvas.get_renderer())
     canvas.draw()
     rgba = np.asarray(canvas.buffer_rgba())
     full = _png_rgb(rgba)

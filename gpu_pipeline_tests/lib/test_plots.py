@@ -156,3 +156,47 @@ def test_heatmap_columns_are_the_days_buckets_even_where_the_table_has_none():
         return last_busy
 
     assert switch(hole.png) == switch(full.png)
+
+
+def test_a_layout_a_few_ulps_apart_gives_the_same_png(monkeypatch):
+    """The constrained layout solver's positions vary in the last bits with where its objects lie in
+    memory; an axes' scale one ulp apart moved a line's antialiased edge by one gray level, so a
+    re-run's plot had other bytes now and then. The positions are rounded to a millionth of the
+    figure before the draw: layouts that round alike give the same PNG (drawn as they came, these
+    did not), and the figure is drawn without running the layout again."""
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    from gpu_pipeline.lib import plot_style as S
+    from gpu_pipeline.lib.plots import LAYOUT_STEP, png_and_preview
+
+    def on_grid(v: float) -> float:
+        return round(v / LAYOUT_STEP) * LAYOUT_STEP
+
+    def figure(jitter: float):
+        real = ConstrainedLayoutEngine.execute
+
+        def execute(self, fig):  # the solver's result, a part of a step off the grid
+            out = real(self, fig)
+            for ax in fig.axes:
+                box = ax.get_position(original=False)
+                x0, y0, x1, y1 = (on_grid(v) + jitter * LAYOUT_STEP for v in (box.x0, box.y0, box.x1, box.y1))
+                ax.set_position([x0, y0, x1 - x0, y1 - y0], which="active")
+            return out
+
+        monkeypatch.setattr(ConstrainedLayoutEngine, "execute", execute)
+        fig = S.new_figure(6, 4)
+        ax = fig.subplots()
+        x = np.linspace(0.0, 10.0, 200)
+        ax.plot(x, np.sin(x) * 37.3 + 0.123, linewidth=1.3)
+        ax.plot(x, np.cos(x * 1.7) * 21.1, linestyle="--")
+        ax.set_title("a line whose antialiased edges cross many pixels")
+        return fig
+
+    pngs = set()
+    for jitter in (0.0, 0.3, -0.3, 0.45):
+        fig = figure(jitter)
+        pngs.add(png_and_preview(fig, 100, None)[0])
+        box = fig.axes[0].get_position()
+        assert all(abs(v - on_grid(v)) < 1e-12 for v in (box.x0, box.y0, box.x1, box.y1))
+        assert not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    assert len(pngs) == 1
