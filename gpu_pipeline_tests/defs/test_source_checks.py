@@ -174,3 +174,29 @@ def test_day_without_snapshots_fails_the_blocking_check(tmp_path, store_res):
     res = {"data_store": store_res, "condor_archive": CondorArchiveResource(archive_dir=str(tmp_path / "arch"))}
     result, checks, mats = run([condor_slot_snapshots, slot_snapshots], res)
     assert checks["has_snapshots"] is False and "clean/slot_snapshots" not in mats
+
+
+def test_an_empty_optional_source_stops_only_what_reads_it(tmp_path, store_res, loaded_defs):
+    """Kueue and telemetry configured but empty for the day (both blocking checks fail, as in a
+    nightly one-day run): their tables and plots stop, the rest goes on. The plots were one step,
+    which Dagster skips whole when any input is skipped, so the allocation, availability and
+    eviction plots were lost too; the task runs shared a step with their telemetry means."""
+    from gpu_pipeline.defs.resources import KueueResource
+    from gpu_pipeline_tests.defs.test_definitions import _hand_archive
+
+    _hand_archive(tmp_path / "archive", [DAY])
+    for empty in ("kueue", "telemetry"):
+        (tmp_path / empty).mkdir()
+    resources = {
+        "data_store": store_res,
+        "condor_archive": CondorArchiveResource(archive_dir=str(tmp_path / "archive")),
+        "job_records": JobRecordsResource(),
+        "kueue": KueueResource(scrape_dir=str(tmp_path / "kueue")),
+        "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "telemetry")),
+    }
+    result, checks, mats = run(list(loaded_defs.assets), resources)
+    assert checks["has_scrapes"] is False and checks["has_samples"] is False
+    assert {"plots/allocation_over_day", "plots/daily_dashboard", "plots/availability_durations",
+            "plots/evictions_by_hour", "clean/task_runs", "metrics/allocation_daily"} <= mats
+    assert not mats & {"plots/demand_capacity_panels", "plots/efficiency_scatter", "metrics/task_gpu_means",
+                       "clean/kueue_demand", "clean/gpu_samples"}

@@ -122,7 +122,8 @@ def test_cleaned_row_counts_match_the_simulator(demo):
     assert count("clean/gpu_samples", "source = 'terapixel'") == 4 * 24 * 3600 // 2
     assert count("quarantine/gpu_samples") == 0 and count("quarantine/gpu_telemetry") == 0
     # per day, the epochs in clean/jobs are exactly the true runs that ended and whose run -- or, for a
-    # first run, its queue wait -- overlaps the day
+    # first run, its queue wait; for a later run that completed, its wait since the eviction before it
+    # (its record's LastVacateTime; an evicted run's record holds its own) -- overlaps the day
     jobs = str(demo / "data" / "clean" / "jobs" / "*" / "*.parquet")
     truth = str(demo / "sources" / "truth" / "jobs.parquet")
     diff = con.sql(
@@ -130,11 +131,17 @@ def test_cleaned_row_counts_match_the_simulator(demo):
         WITH days AS (SELECT DISTINCT date FROM read_parquet(?, hive_partitioning=true)),
         got AS (SELECT date, global_job_id, run_index FROM read_parquet(?, hive_partitioning=true)
                 WHERE doc_kind = 'epoch'),
+        truth AS (
+            SELECT *, lag(end_utc) OVER (PARTITION BY global_job_id ORDER BY run_index) AS prev_end_utc
+            FROM read_parquet(?)
+        ),
         want AS (
             SELECT d.date, t.global_job_id, t.run_index
-            FROM read_parquet(?) t, days d
+            FROM truth t, days d
             WHERE t.end_reason IN ('completed', 'evicted')
-              AND (CASE WHEN t.run_index = 0 THEN t.qdate_utc ELSE t.start_utc END)
+              AND (CASE WHEN t.run_index = 0 THEN t.qdate_utc
+                        WHEN t.end_reason = 'completed' THEN coalesce(t.prev_end_utc, t.start_utc)
+                        ELSE t.start_utc END)
                   < timezone('America/Chicago', CAST(d.date + 1 AS TIMESTAMP))
               AND t.end_utc > timezone('America/Chicago', CAST(d.date AS TIMESTAMP))
         )

@@ -6,13 +6,11 @@ import pyarrow.compute as pc
 
 from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
 from gpu_pipeline.defs.common import (
-    SelectedStore,
-    daily_tables_asset,
+    daily_table_asset,
+    materialize_result,
     outcome,
-    run_days_multi,
+    run_days,
     table_key,
-    table_spec_asset,
-    tables_results,
     window,
 )
 from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
@@ -28,12 +26,9 @@ from gpu_pipeline.lib.terapixel import (
 RUNS_KEY, MEANS_KEY = table_key(TASK_RUNS), table_key(TASK_GPU_MEANS)
 
 
-@daily_tables_asset(
-    "task_runs",
-    [table_spec_asset(TASK_RUNS, [], {"csv", "parquet"}), table_spec_asset(TASK_GPU_MEANS, [SAMPLES_KEY])],
-)
+@daily_table_asset(TASK_RUNS, [], {"csv", "parquet"})
 def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, telemetry: TelemetryResource):
-    store = SelectedStore(data_store.store(), context)
+    store = data_store.store()
     base = telemetry.terapixel_dir.strip()
     parsed = None
     if base:
@@ -69,11 +64,6 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
                 pc.and_(pc.is_null(when), pa.scalar(first_day)),
             )
             quarantine = q.filter(pc.fill_null(keep, first_day))
-        # only the render farm's samples (filtered while the file is read: a day of a large pool's
-        # 30-second telemetry is millions of rows)
-        samples = (store.read_table(GPU_SAMPLES, day, where=("source", "==", "terapixel"))
-                   if store.has_partition(GPU_SAMPLES, day) else GPU_SAMPLES.empty())
-        means = task_gpu_means(runs, samples) if runs.num_rows else TASK_GPU_MEANS.empty()
         store.write_partition(QUARANTINE_TASK_RUNS, day, quarantine)
         # the day's own figures: its runs' re-executions and its unmatched events (the quarantined
         # lines of the day); the exact duplicates dropped are counted over the file, and reported
@@ -86,10 +76,23 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
         }
         if parsed is not None and day == first_run_day:
             counters["duplicate_events_in_file"] = float(parsed.counters.get("duplicate_events", 0))
-        return {
-            RUNS_KEY: outcome(day, store.write_partition(TASK_RUNS, day, runs), runs, **counters),
-            MEANS_KEY: outcome(day, store.write_partition(TASK_GPU_MEANS, day, means), means),
-        }
+        return outcome(day, store.write_partition(TASK_RUNS, day, runs), runs, **counters)
 
-    out = run_days_multi(context, [RUNS_KEY, MEANS_KEY], one_day)
-    yield from tables_results(context, out, {RUNS_KEY: TASK_RUNS, MEANS_KEY: TASK_GPU_MEANS})
+    return materialize_result(TASK_RUNS, run_days(context, one_day))
+
+
+# A step of its own: it reads the telemetry, whose blocking checks must not stop the task runs too.
+@daily_table_asset(TASK_GPU_MEANS, [RUNS_KEY, SAMPLES_KEY])
+def task_gpu_means_asset(context: dg.AssetExecutionContext, data_store: DataStoreResource):
+    store = data_store.store()
+
+    def one_day(day: str):
+        runs = store.read_table(TASK_RUNS, day) if store.has_partition(TASK_RUNS, day) else TASK_RUNS.empty()
+        # only the render farm's samples (filtered while the file is read: a day of a large pool's
+        # 30-second telemetry is millions of rows)
+        samples = (store.read_table(GPU_SAMPLES, day, where=("source", "==", "terapixel"))
+                   if runs.num_rows and store.has_partition(GPU_SAMPLES, day) else GPU_SAMPLES.empty())
+        means = task_gpu_means(runs, samples) if runs.num_rows else TASK_GPU_MEANS.empty()
+        return outcome(day, store.write_partition(TASK_GPU_MEANS, day, means), means)
+
+    return materialize_result(TASK_GPU_MEANS, run_days(context, one_day))

@@ -18,40 +18,64 @@ from gpu_pipeline.lib.plots import heap_frozen
 KEYS = {name: dg.AssetKey(["plots", name]) for name in PLOTS}
 
 
-@dg.multi_asset(
-    can_subset=True,
-    specs=[
-        dg.AssetSpec(
-            key=KEYS[name],
-            group_name="plots",
-            description=f"{plot.description} PNG under <data_root>/plots/{name}/date=YYYY-MM-DD/.",
-            deps=sorted({table_key(s) for s in plot.inputs}, key=lambda k: k.to_user_string()),
-            partitions_def=daily_partitions,
-            kinds={"matplotlib", "png"},
-            owners=OWNERS,
-        )
-        for name, plot in PLOTS.items()
-    ],
-    partitions_def=daily_partitions,
-    backfill_policy=daily_backfill_policy,
-    name="metric_plots",
-)
-def metric_plots(context: dg.AssetExecutionContext, data_store: DataStoreResource):
-    store = data_store.store()
-    selected = set(context.selected_asset_keys)
-    names = [name for name in PLOTS if KEYS[name] in selected]  # only the plots the run selected
+#: The plots in steps of their own by the sources they draw on, so that a source's blocking check
+#: stops only its own plots (one step for all: an empty Kueue day skipped the allocation,
+#: availability and eviction plots too, as Dagster skips a step any of whose inputs is skipped).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "metric_plots": ("allocation_over_day", "allocation_counts", "allocation_heatmap", "allocation_distribution",
+                     "daily_dashboard", "availability_durations", "time_to_claim"),
+    "eviction_plots": ("evictions_by_hour", "runtime_to_eviction"),
+    "efficiency_plots": ("efficiency_scatter", "efficiency_classes", "rfu_over_day"),
+    "demand_plots": ("demand_capacity_panels", "imbalance_heatmap", "top_contributors"),
+}
+assert sorted(n for names in GROUPS.values() for n in names) == sorted(PLOTS), "every plot in one group"
 
-    def one_day(day: str):
-        out = {}
-        for name, rendered in renderer.day(day).items():
-            result = store.write_plot(name, day, rendered.png)
-            out[KEYS[name]] = DayOutcome(day=day, result=result, metrics=rendered.numbers, details={
-                "path": dg.MetadataValue.path(result.path),
-                "preview": dg.MetadataValue.md(rendered.preview_markdown(f"{name} {day}"))})
-        return out
 
-    # This process and a helper process render the range's plots at once (GPU_PIPELINE_HELPERS).
-    with heap_frozen(), PlotRenderer(store, context.partition_keys, names, TIMEZONE) as renderer:
-        outcomes = run_days_multi(context, list(KEYS.values()), one_day)
-    results = [materialize_result(None, outcomes[key], asset_key=key) for key in KEYS.values() if outcomes[key]]
-    yield from selected_results(context, results)
+def _plots_asset(step: str, group: tuple[str, ...]) -> dg.AssetsDefinition:
+    keys = [KEYS[name] for name in group]
+
+    @dg.multi_asset(
+        can_subset=True,
+        specs=[
+            dg.AssetSpec(
+                key=KEYS[name],
+                group_name="plots",
+                description=f"{PLOTS[name].description} PNG under <data_root>/plots/{name}/date=YYYY-MM-DD/.",
+                deps=sorted({table_key(s) for s in PLOTS[name].inputs}, key=lambda k: k.to_user_string()),
+                partitions_def=daily_partitions,
+                kinds={"matplotlib", "png"},
+                owners=OWNERS,
+            )
+            for name in group
+        ],
+        partitions_def=daily_partitions,
+        backfill_policy=daily_backfill_policy,
+        name=step,
+    )
+    def plots(context: dg.AssetExecutionContext, data_store: DataStoreResource):
+        store = data_store.store()
+        selected = set(context.selected_asset_keys)
+        names = [name for name in group if KEYS[name] in selected]  # only the plots the run selected
+
+        def one_day(day: str):
+            out = {}
+            for name, rendered in renderer.day(day).items():
+                result = store.write_plot(name, day, rendered.png)
+                out[KEYS[name]] = DayOutcome(day=day, result=result, metrics=rendered.numbers, details={
+                    "path": dg.MetadataValue.path(result.path),
+                    "preview": dg.MetadataValue.md(rendered.preview_markdown(f"{name} {day}"))})
+            return out
+
+        # This process and a helper process render the range's plots at once (GPU_PIPELINE_HELPERS).
+        with heap_frozen(), PlotRenderer(store, context.partition_keys, names, TIMEZONE) as renderer:
+            outcomes = run_days_multi(context, keys, one_day)
+        results = [materialize_result(None, outcomes[key], asset_key=key) for key in keys if outcomes[key]]
+        yield from selected_results(context, results)
+
+    return plots
+
+
+metric_plots = _plots_asset("metric_plots", GROUPS["metric_plots"])
+eviction_plots = _plots_asset("eviction_plots", GROUPS["eviction_plots"])
+efficiency_plots = _plots_asset("efficiency_plots", GROUPS["efficiency_plots"])
+demand_plots = _plots_asset("demand_plots", GROUPS["demand_plots"])
