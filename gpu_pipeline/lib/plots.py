@@ -245,7 +245,7 @@ def _png_rgb(rgba: np.ndarray) -> bytes:
 LAYOUT_STEP = 1e-6
 
 
-def _settle_layout(fig: Figure, renderer: RendererAgg) -> None:
+def _settle_layout(fig: Figure) -> None:
     """Run the figure's constrained layout once, as drawing would, round every axes' position to
     :data:`LAYOUT_STEP`, and leave the positions fixed for the draw. The layout solver's result
     varies in the last bits with where its objects lie in memory (an axes' scale one ulp apart
@@ -271,7 +271,7 @@ def png_and_preview(
     fig.set_dpi(dpi)
     if canvas is None:
         canvas = _Canvas(fig)
-    _settle_layout(fig, canvas.get_renderer())
+    _settle_layout(fig)  # (the layout measures text with the canvas's renderer, as the draw would)
     canvas.draw()
     rgba = np.asarray(canvas.buffer_rgba())
     full = _png_rgb(rgba)
