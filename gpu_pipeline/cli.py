@@ -371,8 +371,10 @@ def cmd_collect_condor(args: argparse.Namespace) -> int:
 
     if args.archive_tz is None:  # the zone the pipeline reads the archive in
         _load_env(None)
-        args.archive_tz = os.environ["GPU_PIPELINE_SOURCE_TZ"].strip()
-        print(f"archive time zone: {args.archive_tz} (GPU_PIPELINE_SOURCE_TZ)", file=sys.stderr)
+        given = (os.environ.get("GPU_PIPELINE_SOURCE_TZ") or "").strip()
+        args.archive_tz = given or "UTC"
+        print(f"archive time zone: {args.archive_tz} "
+              f"({'GPU_PIPELINE_SOURCE_TZ' if given else 'GPU_PIPELINE_SOURCE_TZ unset: UTC'})", file=sys.stderr)
     try:
         ZoneInfo(args.archive_tz)
     except (ZoneInfoNotFoundError, ValueError):
