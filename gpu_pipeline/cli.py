@@ -370,7 +370,9 @@ def cmd_collect_condor(args: argparse.Namespace) -> int:
     from gpu_pipeline.lib.condor_collector import collect_loop
 
     if args.archive_tz is None:  # the zone the pipeline reads the archive in
-        _load_env(None)
+        from dotenv import load_dotenv
+
+        load_dotenv(Path.cwd() / ".env", override=True)  # as _load_env, without its defaults
         given = (os.environ.get("GPU_PIPELINE_SOURCE_TZ") or "").strip()
         args.archive_tz = given or "UTC"
         print(f"archive time zone: {args.archive_tz} "
