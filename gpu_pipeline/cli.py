@@ -247,7 +247,7 @@ def _use_only(env: dict[str, str]) -> None:
     os.environ.update(env)
 
 
-def _load_env(dir_: str | None) -> None:
+def _load_env(dir_: str | None, defaults: bool = True) -> None:
     from dotenv import dotenv_values, load_dotenv
 
     if dir_:
@@ -257,7 +257,8 @@ def _load_env(dir_: str | None) -> None:
         _use_only({k: v or "" for k, v in dotenv_values(env_file).items()})
     else:  # over the shell's variables, as Dagster's own commands (dagster dev, the daemon) read it
         load_dotenv(Path.cwd() / ".env", override=True)
-    _apply_env_defaults()
+    if defaults:
+        _apply_env_defaults()
 
 
 def _default_dagster_home() -> None:
@@ -370,9 +371,7 @@ def cmd_collect_condor(args: argparse.Namespace) -> int:
     from gpu_pipeline.lib.condor_collector import collect_loop
 
     if args.archive_tz is None:  # the zone the pipeline reads the archive in
-        from dotenv import load_dotenv
-
-        load_dotenv(Path.cwd() / ".env", override=True)  # as _load_env, without its defaults
+        _load_env(None, defaults=False)  # (unset, the message says so)
         given = (os.environ.get("GPU_PIPELINE_SOURCE_TZ") or "").strip()
         args.archive_tz = given or "UTC"
         print(f"archive time zone: {args.archive_tz} "

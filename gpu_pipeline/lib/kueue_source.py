@@ -19,7 +19,6 @@ scrape).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import pyarrow.compute as pc
 from gpu_pipeline.lib.exposition import SeriesParser
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND, ScrapeError, kueue_demand, parse_kueue_scrape
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform, quarantine_spec
+from gpu_pipeline.lib.telemetry import QuarantinedLine, quarantine_lines_table
 
 #: Scrapes of the day set aside whole: unreadable.
 QUARANTINE_KUEUE_DEMAND = quarantine_spec("kueue_demand")
@@ -101,9 +101,8 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
             if r["in_window"]:
                 lines = (r["text"] or "").splitlines()
                 line = lines[exc.line - 1] if exc.line and 0 < exc.line <= len(lines) else None
-                unreadable.append({"source_table": RAW_KUEUE_SCRAPES.path, "reason": f"unreadable scrape: {exc}",
-                                   "source_file": r["source_file"], "source_row": exc.line,
-                                   "record_utc": r["scrape_utc"], "row_json": json.dumps({"line": line})})
+                unreadable.append(QuarantinedLine(exc.line, f"unreadable scrape: {exc}", line, r["source_file"],
+                                                  r["scrape_utc"]))
             continue
         read.append(r)
     rows = read
@@ -114,6 +113,5 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
         table = table.slice(0, 0)
     else:
         table = table.filter(pc.greater_equal(table["sample_utc"], pa.scalar(first, table["sample_utc"].type)))
-    quarantine = (conform(pa.Table.from_pylist(unreadable), QUARANTINE_KUEUE_DEMAND) if unreadable
-                  else QUARANTINE_KUEUE_DEMAND.empty())
+    quarantine = conform(quarantine_lines_table(unreadable, RAW_KUEUE_SCRAPES.path), QUARANTINE_KUEUE_DEMAND)
     return conform(table, KUEUE_DEMAND), {**result.counters, **counters}, quarantine

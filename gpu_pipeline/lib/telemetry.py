@@ -140,12 +140,14 @@ def _canonical_uuid(uuid: str) -> str:
 
 
 class QuarantinedLine(NamedTuple):
-    """An input line set aside: ``(line_number, reason, raw_line)`` plus the file it came from."""
+    """An input line set aside: ``(line_number, reason, raw_line)`` plus the file it came from and
+    the time of its record, where known."""
 
-    line_number: int
+    line_number: int | None
     reason: str
-    raw_line: str
+    raw_line: str | None
     source_file: str | None = None
+    record_utc: dt.datetime | None = None
 
 
 def quarantine_lines_table(lines: Sequence[QuarantinedLine], source_table: str) -> pa.Table:
@@ -155,6 +157,7 @@ def quarantine_lines_table(lines: Sequence[QuarantinedLine], source_table: str) 
         "reason": pa.array([q.reason for q in lines], type=pa.string()),
         "source_file": pa.array([q.source_file for q in lines], type=pa.string()),
         "source_row": pa.array([q.line_number for q in lines], type=pa.int64()),
+        "record_utc": pa.array([q.record_utc for q in lines], type=QUARANTINE.schema.field("record_utc").type),
         "row_json": pa.array([json.dumps({"line": q.raw_line}) for q in lines], type=pa.string()),
     }
     return conform(pa.table(arrays), QUARANTINE)

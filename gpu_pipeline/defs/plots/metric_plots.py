@@ -68,7 +68,7 @@ def _plots_asset(step: str, group: tuple[str, ...], helpers: int | None = None) 
                     "preview": dg.MetadataValue.md(rendered.preview_markdown(f"{name} {day}"))})
             return out
 
-        # This process and a helper process render the range's plots at once (GPU_PIPELINE_HELPERS).
+        # This process and the group's helper processes render the range's plots at once.
         with heap_frozen(), PlotRenderer(store, context.partition_keys, names, TIMEZONE, helpers) as renderer:
             outcomes = run_days_multi(context, keys, one_day)
         results = [materialize_result(None, outcomes[key], asset_key=key) for key in keys if outcomes[key]]
