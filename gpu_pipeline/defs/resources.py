@@ -17,6 +17,10 @@ from gpu_pipeline.lib.envutil import setting_number, zone_env
 from gpu_pipeline.lib.es_source import EsConfig
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig
 from gpu_pipeline.lib.store import Store
+from gpu_pipeline.lib.telemetry import query_fields_setting
+
+#: the --query-gpu list of header-less nvidia-smi logs
+NVIDIA_SMI_FIELDS_VAR = "GPU_PIPELINE_NVIDIA_SMI_FIELDS"
 
 
 def optional_env(name: str, default: str = "") -> str:
@@ -111,10 +115,14 @@ class TelemetryResource(dg.ConfigurableResource):
     prometheus_selector: str = ""
 
     terapixel_dir: str = ""
+    nvidia_smi_fields: str = ""
 
     @property
     def enabled(self) -> bool:
         return any(v.strip() for v in (self.telemetry_dir, self.prometheus_url, self.terapixel_dir))
+
+    def nvidia_smi_fields_value(self) -> tuple[str, ...] | None:
+        return query_fields_setting(self.nvidia_smi_fields, NVIDIA_SMI_FIELDS_VAR)
 
     @property
     def files_enabled(self) -> bool:
@@ -186,6 +194,7 @@ def resources() -> dg.Definitions:
     for name in ("GPU_PIPELINE_SOURCE_TZ", "GPU_PIPELINE_TELEMETRY_TZ"):
         zone_env(name)
     kueue_gpu_resources(os.environ.get(GPU_RESOURCES_VAR), GPU_RESOURCES_VAR)  # a bad name, said at load
+    query_fields_setting(os.environ.get(NVIDIA_SMI_FIELDS_VAR) or "", NVIDIA_SMI_FIELDS_VAR)  # likewise
     source_tz = optional_env("GPU_PIPELINE_SOURCE_TZ", "UTC")
     return dg.Definitions(
         resources={
@@ -226,6 +235,7 @@ def resources() -> dg.Definitions:
                 prometheus_step_s=optional_env("GPU_PIPELINE_PROMETHEUS_STEP_S", "30"),
                 prometheus_selector=optional_env("GPU_PIPELINE_PROMETHEUS_SELECTOR"),
                 terapixel_dir=optional_env("GPU_PIPELINE_TERAPIXEL_DIR"),
+                nvidia_smi_fields=optional_env(NVIDIA_SMI_FIELDS_VAR),
             ),
         }
     )

@@ -17,7 +17,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,14 +138,17 @@ def raw_samples(
     margin_days: int = 0,
     prometheus: PrometheusConfig | None = None,
     terapixel_dir: str | Path | None = None,
+    nvidia_smi_fields: Sequence[str] | None = None,
 ) -> RawSamples:
     """Samples of [start_utc, end_utc) from the telemetry files and/or Prometheus, held in memory and
     sorted on :data:`RAW_ORDER` (:class:`RawStream` and :func:`write_raw_samples` give the same rows
     without holding the day).
 
     ``margin_days`` = 0 reads only files whose name carries a local date of the window (files rolled
-    at local midnight); raise it for loggers that roll at another time."""
-    stream = RawStream(telemetry_dir, start_utc, end_utc, source_tz, margin_days, prometheus, terapixel_dir)
+    at local midnight); raise it for loggers that roll at another time. ``nvidia_smi_fields``: the
+    ``--query-gpu`` list of header-less nvidia-smi logs."""
+    stream = RawStream(telemetry_dir, start_utc, end_utc, source_tz, margin_days, prometheus, terapixel_dir,
+                       nvidia_smi_fields)
     parts = list(stream.parts())
     table = sorted_rows(pa.concat_tables(parts), RAW_ORDER) if parts else RAW_GPU_TELEMETRY.empty()
     return RawSamples(table=table, files=stream.files, quarantine=stream.quarantine, counters=stream.counters)
@@ -159,7 +162,7 @@ class RawStream:
 
     def __init__(self, telemetry_dir: str | Path | None, start_utc: dt.datetime, end_utc: dt.datetime,
                  source_tz: str, margin_days: int = 0, prometheus: PrometheusConfig | None = None,
-                 terapixel_dir: str | Path | None = None):
+                 terapixel_dir: str | Path | None = None, nvidia_smi_fields: Sequence[str] | None = None):
         self.start_utc, self.end_utc = start_utc, end_utc
         self.prometheus = prometheus
         self.files: list[str] = []
@@ -175,7 +178,7 @@ class RawStream:
             # second pass ("earlier" put both passes in the first hour, left the second empty and
             # dropped the samples whose keys collided as duplicates)
             self.reader = TelemetryDir(self.root, start_utc, end_utc, source_tz, ambiguous="order",
-                                       margin_days=margin_days)
+                                       margin_days=margin_days, nvidia_smi_fields=nvidia_smi_fields)
             self.nvml_paths = nvml_files(self.root, start_utc, end_utc)
         self.gpu_csv = None
         if terapixel_dir:

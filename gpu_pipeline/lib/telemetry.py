@@ -803,6 +803,28 @@ def _parse_nvidia_smi_lines(
     return _finish(out, quarantine, counters, [src] if src else [])
 
 
+def query_fields_setting(text: str, name: str) -> tuple[str, ...] | None:
+    """The ``--query-gpu`` list of a setting (``name``: its variable, for the message), comma-separated
+    as nvidia-smi takes it (``timestamp,uuid,utilization.gpu,power.draw``), or None when empty. The
+    list must name a ``timestamp`` and a UUID field (``uuid`` or ``gpu_uuid``: rows are keyed by
+    them), each field once; a field this reader does not know is kept (its cells are skipped), so
+    the list says where the known ones are."""
+    raw = str(text).strip()
+    if not raw:
+        return None
+    fields = tuple(f.strip() for f in raw.split(","))
+    bad = [f for f in fields if not f or not _FIELD_CELL_RE.match(f)]
+    if bad:
+        raise ValueError(f"{name}={raw!r}: not an nvidia-smi --query-gpu field list (bad field {bad[0]!r})")
+    names = [_FIELD_CELL_RE.match(f).group(1).lower() for f in fields]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{name}={raw!r}: field {repeated[0]!r} named twice")
+    if "timestamp" not in names or not {"uuid", "gpu_uuid"} & set(names):
+        raise ValueError(f"{name}={raw!r}: the list must name timestamp and uuid (rows are keyed by them)")
+    return fields
+
+
 def _csv_cells(line: str) -> list[str]:
     """The stripped cells of one line (``csv`` module: ``", "`` separated, no quoting)."""
     cells = next(csv.reader([line], delimiter=",", quoting=csv.QUOTE_NONE, skipinitialspace=True))
@@ -1840,6 +1862,7 @@ def read_telemetry_dir(
     ambiguous: str = "earlier",
     margin_days: int = 1,
     fast: bool = True,
+    nvidia_smi_fields: Sequence[str] | None = None,
 ) -> ParseResult:
     """Samples in [start_utc, end_utc) from ``root/nvidia-smi/HOST/*.csv`` and
     ``root/dcgm/HOST/*.prom`` (host = directory name), sorted by (sample_utc, host, gpu_id). Either
@@ -1863,13 +1886,15 @@ def read_telemetry_dir(
     2,051 files: 5.3-6.7 -> 3.5-4.4 s on two threads). DCGM samples without a timestamp get the file's mtime.
     ``source_file`` is the path relative to ``root``. A missing ``root`` or source folder yields
     an empty table. ``fast=False`` parses every file line by line and skips no margin file.
+    ``nvidia_smi_fields``: the loggers' ``--query-gpu`` list, for header-less (``noheader``) logs
+    (a file's header wins; without either, :data:`DEFAULT_QUERY_FIELDS`).
 
     Counters: ``files_outside_window`` (files not parsed: named for a date beyond the margin, or
     margin files without a timestamp in the window), ``files_read``, ``rows_outside_window`` (rows of
     the parsed files outside the window), and each parser's counters of the parsed files, prefixed
     ``nvidia-smi:`` / ``dcgm:``."""
     reader = TelemetryDir(root, start_utc, end_utc, source_tz, ambiguous=ambiguous, margin_days=margin_days,
-                          fast=fast)
+                          fast=fast, nvidia_smi_fields=nvidia_smi_fields)
     tables = list(reader.parts())
     table = pa.concat_tables(tables) if tables else GPU_SAMPLES.empty()
     return _result(table, reader.quarantine, reader.counters, reader.files, reader.fast_parsed)
@@ -1886,8 +1911,10 @@ class TelemetryDir:
     before any is read."""
 
     def __init__(self, root: str | Path, start_utc: dt.datetime, end_utc: dt.datetime, source_tz: str, *,
-                 ambiguous: str = "earlier", margin_days: int = 1, fast: bool = True):
+                 ambiguous: str = "earlier", margin_days: int = 1, fast: bool = True,
+                 nvidia_smi_fields: Sequence[str] | None = None):
         self.root = root = Path(root)
+        self.nvidia_smi_fields = tuple(nvidia_smi_fields) if nvidia_smi_fields else None
         self.start_utc, self.end_utc = _utc(start_utc, "start_utc"), _utc(end_utc, "end_utc")
         self.source_tz, self.ambiguous, self.fast = source_tz, ambiguous, fast
         self.zone = ZoneInfo(source_tz)
@@ -1951,9 +1978,9 @@ class TelemetryDir:
         if margin and self.fast and self._no_sample_in_window(kind, _read_file_bytes(path)):
             return None
         if kind == "nvidia-smi":
-            read = partial(_NvsmiFast.read, path, self.zone, host, rel, None)
+            read = partial(_NvsmiFast.read, path, self.zone, host, rel, self.nvidia_smi_fields)
             slow = partial(parse_nvidia_smi_csv, path, self.source_tz, host=host, source_file=rel,
-                           ambiguous=self.ambiguous, fast=False)
+                           fields=self.nvidia_smi_fields, ambiguous=self.ambiguous, fast=False)
         else:
             mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
             read = partial(_DcgmFast.read, path, host, rel)

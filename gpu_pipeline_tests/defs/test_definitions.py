@@ -291,6 +291,9 @@ _LOAD = ("import dagster as dg\n"
      "GPU_PIPELINE_NEIGHBOUR_SENSOR_INTERVAL_S='5m': expected a whole number of seconds"),
     ({"GPU_PIPELINE_KUEUE_GPU_RESOURCES": "nvidia.com/gpu, amd.com/gpu'"},
      "GPU_PIPELINE_KUEUE_GPU_RESOURCES: \"amd.com/gpu'\" is not a resource name"),
+    ({"GPU_PIPELINE_NVIDIA_SMI_FIELDS": "uuid,power.draw"},
+     "GPU_PIPELINE_NVIDIA_SMI_FIELDS='uuid,power.draw': the list must name timestamp and uuid"),
+    ({"GPU_PIPELINE_NVIDIA_SMI_FIELDS": "timestamp, uuid, power.draw"}, "loaded"),
 ])
 def test_the_structural_variables_are_checked_when_the_definitions_load(variables, expected, tmp_path):
     """As an operator's ``.env`` gives them, in a fresh interpreter (they are read at import)."""

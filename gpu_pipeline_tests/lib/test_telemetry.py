@@ -401,6 +401,57 @@ def test_nvidia_smi_noheader_with_a_custom_field_order_and_wrong_field_list():
     assert bad.rows == 0 and [q.reason for q in bad.quarantine] == ["expected 12 fields, got 4"] * 3
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_read_telemetry_dir_reads_noheader_logs_by_the_configured_query(tmp_path, fast):
+    """A pool whose loggers run ``--query-gpu=timestamp,uuid,utilization.gpu,power.draw,power.limit
+    --format=csv,noheader,nounits``: without the setting every line is quarantined (12 fields
+    expected); with it, the rows are read, and a 12-field log in another order is read by its own
+    order (utilization.memory before utilization.gpu), not DESIGN's. A file with a header keeps it."""
+    uuid = "GPU-0a1b2c3d-1111-2222-3333-444455556666"
+    one = tmp_path / "nvidia-smi" / "node1"
+    one.mkdir(parents=True)
+    (one / "nvidia-smi-2025-08-05.csv").write_text(
+        "".join(f"2025/08/05 10:{m:02d}:00.000, {uuid}, 87, 310.25, 400.00\n" for m in range(5)))
+    window = (utc(2025, 8, 5), utc(2025, 8, 6), "UTC")
+    unset = read_telemetry_dir(tmp_path, *window, fast=fast)
+    assert unset.rows == 0 and {q.reason for q in unset.quarantine} == {"expected 12 fields, got 5"}
+    fields = ("timestamp", "uuid", "utilization.gpu", "power.draw", "power.limit")
+    got = read_telemetry_dir(tmp_path, *window, fast=fast, nvidia_smi_fields=fields)
+    assert got.quarantine == [] and got.rows == 5
+    assert {(r["gpu_id"], r["util_pct"], r["power_w"], r["power_limit_w"]) for r in rows(got)} == {
+        ("GPU-0a1b2c3d", 87.0, 310.25, 400.0)}
+    assert "nvidia-smi:assumed_default_fields" not in got.counters
+    # another pool: DESIGN's twelve fields, utilization.memory first; a second host logs with a header
+    shutil.rmtree(one)
+    swapped = ("timestamp", "index", "name", "uuid", "serial", "utilization.memory", "utilization.gpu",
+               "memory.total", "memory.used", "power.draw", "power.limit", "temperature.gpu")
+    (one / "nvidia-smi-2025-08-05.csv").parent.mkdir(parents=True)
+    (one / "nvidia-smi-2025-08-05.csv").write_text(
+        f"2025/08/05 10:00:00.000, 0, NVIDIA A100-SXM4-40GB, {uuid}, 1234, 3, 95, 40960, 100, 320.00, 400.00, 40\n")
+    two = tmp_path / "nvidia-smi" / "node2"
+    two.mkdir()
+    (two / "nvidia-smi-2025-08-05.csv").write_text(
+        "timestamp, uuid, utilization.gpu [%]\n"
+        "2025/08/05 10:00:00.000, GPU-9a1b2c3d-1111-2222-3333-444455556666, 12 %\n")
+    got = read_telemetry_dir(tmp_path, *window, fast=fast, nvidia_smi_fields=swapped)
+    assert sorted((r["host"], r["util_pct"], r["mem_util_pct"]) for r in rows(got)) == [
+        ("node1", 95.0, 3.0), ("node2", 12.0, None)]
+
+
+def test_the_nvidia_smi_field_setting_is_checked():
+    from gpu_pipeline.lib.telemetry import query_fields_setting
+
+    assert query_fields_setting("  ", "V") is None
+    assert query_fields_setting(" timestamp, gpu_uuid ,power.draw", "V") == ("timestamp", "gpu_uuid", "power.draw")
+    for text, said in (("timestamp,,uuid", "bad field ''"), ("timestamp,uuid,power draw", "bad field 'power draw'"),
+                       ("timestamp,uuid,UUID", "field 'uuid' named twice"),
+                       ("uuid,power.draw", "must name timestamp and uuid"),
+                       ("timestamp,index", "must name timestamp and uuid")):
+        with pytest.raises(ValueError, match=re.escape(said)) as err:
+            query_fields_setting(text, "GPU_PIPELINE_NVIDIA_SMI_FIELDS")
+        assert str(err.value).startswith(f"GPU_PIPELINE_NVIDIA_SMI_FIELDS={text!r}")
+
+
 def test_nvidia_smi_units_and_header_changes():
     text = (
         "timestamp, uuid, memory.used [MiB]\n"

@@ -53,6 +53,7 @@ def gpu_telemetry(
             telemetry.file_margin_days_value(),
             prometheus=telemetry.prometheus_config(),
             terapixel_dir=telemetry.terapixel_dir or None,
+            nvidia_smi_fields=telemetry.nvidia_smi_fields_value(),
         )
         # the day's rows written a few files at a time, spilled and sorted by time slab when large
         result = write_raw_samples(store, day, stream)
