@@ -54,7 +54,8 @@ COVERAGE = TableSpec(
             _f("gpus_with_telemetry", pa.int64(), "Of those, GPUs with at least one telemetry sample"),
             _f("gpus_with_telemetry_pct", pa.float64(), "100 x gpus_with_telemetry / gpus_in_snapshots"),
             _f("silent_zero_series", pa.int64(), "Telemetry GPUs whose utilization and power are 0 in every "
-               "sample of the day while the GPU was busy in at least one bucket"),
+               "sample of the day while the GPU was busy in at least one bucket (a null reading is no 0; "
+               "a GPU with only null readings is not counted)"),
             _f("rows_in", pa.int64(), "Rows read from the source for the day"),
             _f("rows_quarantined", pa.int64(), "Rows set aside (quarantine tables)"),
             _f("quarantine_reasons", pa.string(), "JSON object: reason -> rows"),
@@ -128,7 +129,9 @@ def coverage_rows(
                 """
                 SELECT count(*) FROM (
                     SELECT gpu_id FROM s GROUP BY gpu_id
-                    HAVING coalesce(max(abs(util_pct)), 0) = 0 AND coalesce(max(abs(power_w)), 0) = 0
+                    -- a zero read, and nothing else: a series of nulls only ([Unknown Error]) read no 0
+                    HAVING count(util_pct) + count(power_w) > 0
+                       AND coalesce(max(abs(util_pct)), 0) = 0 AND coalesce(max(abs(power_w)), 0) = 0
                 ) z
                 WHERE z.gpu_id IN (SELECT gpu_id FROM g WHERE state LIKE 'busy_%')
                 """

@@ -127,14 +127,17 @@ def test_coverage_rows_silent_zero_telemetry_and_quarantine_reasons(tmp_path):
     snaps = [D0 + dt.timedelta(minutes=5 * i) for i in range(288)]
     slots = conform(pa.Table.from_pylist(
         [dict(snapshot_utc=t, host="h", slot_name="s@h", gpu_id=g, tier="shared", is_backfill_slot=False,
-              slot_state="Claimed") for t in snaps for g in ("GPU-a", "GPU-b", "GPU-c")]), CLEAN_SLOT_SNAPSHOTS)
+              slot_state="Claimed") for t in snaps for g in ("GPU-a", "GPU-b", "GPU-c", "GPU-d")]),
+        CLEAN_SLOT_SNAPSHOTS)
     states = conform(pa.Table.from_pylist(
         [dict(bucket_start_utc=t, gpu_id=g, host="h", state="busy_shared", n_slot_rows=1)
-         for t in snaps for g in ("GPU-a", "GPU-b", "GPU-c")]), GPU_STATES)
-    # GPU-a reports real values, GPU-b reports 0 util and 0 W all day while busy, GPU-c has no telemetry
+         for t in snaps for g in ("GPU-a", "GPU-b", "GPU-c", "GPU-d")]), GPU_STATES)
+    # GPU-a reports real values, GPU-b reports 0 util and 0 W all day while busy, GPU-c has no
+    # telemetry, GPU-d's readings are all null ([Unknown Error]): no zero, so not silent-zero
     samples = conform(pa.Table.from_pylist(
         [dict(sample_utc=t, source="dcgm", host="h", gpu_id=g, util_pct=u, power_w=p)
-         for t in snaps for g, u, p in (("GPU-a", 90.0, 300.0), ("GPU-b", 0.0, 0.0))]), GPU_SAMPLES)
+         for t in snaps for g, u, p in (("GPU-a", 90.0, 300.0), ("GPU-b", 0.0, 0.0), ("GPU-d", None, None))]),
+        GPU_SAMPLES)
     q = conform(pa.Table.from_pylist([{"source_table": "x", "reason": "missing State", "row_json": "{}"}] * 2
                                      + [{"source_table": "x", "reason": "non-UTF-8 bytes in Name", "row_json": "{}"}]),
                 QUARANTINE)
@@ -146,8 +149,8 @@ def test_coverage_rows_silent_zero_telemetry_and_quarantine_reasons(tmp_path):
     out = {r["source"]: r for r in table.to_pylist()}
     assert set(out) == {"slot_snapshots", "gpu_telemetry", "job_records"}
     tel = out["gpu_telemetry"]
-    assert (tel["gpus_in_snapshots"], tel["gpus_with_telemetry"]) == (3, 2)
-    assert abs(tel["gpus_with_telemetry_pct"] - 200 / 3) < 1e-9
+    assert (tel["gpus_in_snapshots"], tel["gpus_with_telemetry"]) == (4, 3)
+    assert abs(tel["gpus_with_telemetry_pct"] - 75.0) < 1e-9
     assert tel["silent_zero_series"] == 1 and tel["coverage_pct"] == 100.0
     assert out["slot_snapshots"]["rows_quarantined"] == 3
     assert json.loads(out["slot_snapshots"]["quarantine_reasons"]) == {"missing State": 2, "non-UTF-8 bytes in Name": 1}
