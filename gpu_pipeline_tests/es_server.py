@@ -24,8 +24,15 @@ documented request/response shapes of the few APIs the pipeline uses:
 Date fields (:data:`DATE_FIELDS`, adstash's ``date`` attributes used by the pipeline) sort as
 epoch milliseconds, like Elasticsearch returns them in ``sort`` values.
 
+Media types, as a server of major version ``major`` (8 or 9; :class:`EsStandIn`) checks them: an
+``Accept`` or ``Content-Type`` of ``application/json`` (or none) is plain; the vendored form
+``application/vnd.elasticsearch+json; compatible-with=N`` must name ``major`` or ``major - 1``
+("Accept version must be either version 8 or 7, but found 9" from an 8.x server: the 9.x client's
+default), and a request that names a version in one of the two headers must name one in both,
+else 400 ``media_type_header_exception`` with the server's ``status_exception`` cause.
+
 Every response carries ``X-Elastic-Product: Elasticsearch`` and ``Content-Type: application/json``
-(the 9.x client rejects a 2xx response without the product header). Errors use Elasticsearch's
+(the client rejects a 2xx response without the product header). Errors use Elasticsearch's
 body ``{"error": {"root_cause": [...], "type", "reason"}, "status"}``.
 
 Fault injection (:meth:`EsStandIn.inject`), each for ``count`` matching requests after skipping
@@ -70,6 +77,15 @@ LONG_MIN = -(2**63)
 MAX_RESULT_WINDOW = 10_000
 MAX_BODY = 64 * 1024 * 1024
 _SHARDS = {"total": 1, "successful": 1, "skipped": 0, "failed": 0}
+
+
+_VENDORED = re.compile(r"application/vnd\.elasticsearch\+[a-z-]+\s*;\s*compatible-with\s*=\s*(\d+)", re.I)
+
+
+def _media_error(cause: str) -> _EsError:
+    return _EsError(400, "media_type_header_exception",
+                    "Invalid media-type value on headers [Accept, Content-Type]",
+                    caused_by={"type": "status_exception", "reason": cause})
 
 
 class _EsError(Exception):
@@ -347,7 +363,10 @@ class EsStandIn:
 
     def __init__(self, docs: dict[str, list[dict]] | None = None, *, api_key: str | None = None,
                  basic_auth: tuple[str, str] | None = None, date_fields: frozenset[str] = DATE_FIELDS,
-                 rotate_pit_ids: bool = True):
+                 rotate_pit_ids: bool = True, major: int = 8):
+        if major not in (8, 9):
+            raise ValueError(f"major: 8 or 9, not {major!r}")
+        self.major = major
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._indices: dict[str, list[tuple[str, dict]]] = {}
@@ -539,6 +558,10 @@ class EsStandIn:
             return
         with self._lock:
             self.requests.append(rec)
+        if (bad := self._media_type_error(rec.headers, raw)) is not None:
+            rec.status = 400
+            self._send(h, 400, bad.body())
+            return
         fault = self._take_fault(kind)
         if fault is not None:
             rec.fault = fault.kind
@@ -577,6 +600,26 @@ class EsStandIn:
         except OSError:  # the client went away (e.g. it timed out first)
             self._drop(h)
 
+    def _media_type_error(self, headers: dict[str, str], body: bytes) -> _EsError | None:
+        """The 400 a server of :attr:`major` answers to the request's media types, or None."""
+        versions = {}
+        for name in ("accept", "content-type"):
+            value = headers.get(name, "")
+            if name == "content-type" and not body:
+                continue
+            m = _VENDORED.search(value)
+            if m is not None:
+                versions[name] = int(m.group(1))
+                if versions[name] not in (self.major, self.major - 1):
+                    label = "Accept" if name == "accept" else "Content-Type"
+                    return _media_error(f"{label} version must be either version {self.major} or "
+                                        f"{self.major - 1}, but found {versions[name]}. {label}={value}")
+        if len(versions) == 1 and body:
+            return _media_error("A compatible version is required on both Content-Type and Accept headers if "
+                                "either one has requested a compatible version. "
+                                f"Accept={headers.get('accept')}, Content-Type={headers.get('content-type')}")
+        return None
+
     def _send_fault_status(self, h: _Handler, f: Fault, rec: Recorded) -> None:
         types = {429: "es_rejected_execution_exception", 500: "search_phase_execution_exception",
                  502: "bad_gateway", 503: "search_phase_execution_exception", 504: "gateway_timeout"}
@@ -613,15 +656,17 @@ class EsStandIn:
         raise _EsError(405 if kind != "other" else 400, "illegal_argument_exception",
                        f"no handler found for uri [{path}] and method [{method}]")
 
-    @staticmethod
-    def _info() -> dict:
+    def _info(self) -> dict:
         return {
             "name": "es-standin",
             "cluster_name": "gpu-pipeline-tests",
             "cluster_uuid": "standin-cluster-uuid",
             "version": {"number": "9.1.0", "build_flavor": "default", "build_type": "docker",
                         "lucene_version": "10.2.2", "minimum_wire_compatibility_version": "8.19.0",
-                        "minimum_index_compatibility_version": "8.0.0"},
+                        "minimum_index_compatibility_version": "8.0.0"} if self.major == 9 else
+                       {"number": "8.19.3", "build_flavor": "default", "build_type": "docker",
+                        "lucene_version": "9.12.2", "minimum_wire_compatibility_version": "7.17.0",
+                        "minimum_index_compatibility_version": "7.0.0"},
             "tagline": "You Know, for Search",
         }
 

@@ -313,7 +313,7 @@ def test_standin_speaks_the_wire_protocol(es):
     try:
         assert client.ping() is True
         info = client.info()
-        assert info["tagline"] == "You Know, for Search" and info["version"]["number"].startswith("9.")
+        assert info["tagline"] == "You Know, for Search" and info["version"]["number"].startswith("8.")
         pit = client.open_point_in_time(index="adstash-*", keep_alive="1m")
         page = client.search(pit={"id": pit["id"]}, size=5, sort=[{"RecordTime": "desc"}],
                              query={"term": {"JobStatus": 4}}, track_total_hits=True)
@@ -332,6 +332,44 @@ def test_standin_speaks_the_wire_protocol(es):
     body = json.loads(err.value.read())
     assert err.value.code == 404 and err.value.headers["X-Elastic-Product"] == "Elasticsearch"
     assert body["error"]["root_cause"][0]["type"] == "index_not_found_exception" and body["status"] == 404
+
+
+def _raw_search(srv: EsStandIn, accept: str, content_type: str) -> tuple[int, dict]:
+    req = urllib.request.Request(f"{srv.url}/{INDEX}/_search", data=b'{"size": 1}', method="POST",
+                                 headers={"Accept": accept, "Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.mark.parametrize("major", [8, 9])
+def test_the_client_reads_elasticsearch_8_and_9(docs, major):
+    """adstash pools run Elasticsearch 8 as well as 9. A 9.x client asks for ``compatible-with=9``,
+    which an 8.x server refuses on every request (elastic/elasticsearch-py#2923): the pinned client
+    is an 8.x one, whose plain JSON both accept. The stand-in checks the media types as each does."""
+    with EsStandIn({INDEX: docs}, major=major) as srv:
+        res = fetch_jobs(cfg(srv), START, END)
+        assert sorted(ids(res)) == sorted(expected_ids(docs, S, E))
+        assert srv.requests and all(r.status == 200 for r in srv.requests)
+        vendored = [r.headers.get("accept", "") for r in srv.requests if "compatible-with" in r.headers.get("accept", "")]
+        assert all(v.endswith(("compatible-with=8", "compatible-with=7")) for v in vendored)
+        # the server's own rules, as the real servers answer them
+        plain = _raw_search(srv, "application/json", "application/json")
+        assert plain[0] == 200
+        v8 = "application/vnd.elasticsearch+json; compatible-with=8"
+        assert _raw_search(srv, v8, v8)[0] == 200
+        v9 = "application/vnd.elasticsearch+json; compatible-with=9"
+        status, body = _raw_search(srv, v9, v9)
+        if major == 8:
+            assert status == 400 and body["error"]["type"] == "media_type_header_exception"
+            assert body["error"]["caused_by"]["reason"].startswith(
+                "Accept version must be either version 8 or 7, but found 9.")
+        else:
+            assert status == 200
+        status, body = _raw_search(srv, v8, "application/json")  # a version in one header only
+        assert status == 400 and "required on both Content-Type and Accept" in body["error"]["caused_by"]["reason"]
 
 
 def es_docs(srv: EsStandIn) -> list[dict]:
