@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from gpu_pipeline.lib.envutil import DATA_ROOT_VAR, data_root
+
 # The instance template lives at the top of the checkout (installs are editable: see README).
 INSTANCE_TEMPLATE = Path(__file__).resolve().parent.parent / "dagster.yaml"
 DEMO_TZ = "America/Chicago"
@@ -289,9 +291,8 @@ def _partition_range_error(start_day: dt.date, end_day: dt.date) -> str | None:
 
 def cmd_materialize(args: argparse.Namespace) -> int:
     _load_env(args.dir)
-    missing = [k for k in ("GPU_PIPELINE_DATA_ROOT", "GPU_PIPELINE_CONDOR_ARCHIVE") if not os.environ.get(k)]
-    if missing:
-        print(f"error: set {', '.join(missing)} (environment or .env); see README 'Pointing it at real data'",
+    if not (os.environ.get("GPU_PIPELINE_CONDOR_ARCHIVE") or "").strip():
+        print("error: set GPU_PIPELINE_CONDOR_ARCHIVE (environment or .env); see README 'Pointing it at real data'",
               file=sys.stderr)
         return 2
     end = args.end or args.start
@@ -300,6 +301,8 @@ def cmd_materialize(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     _default_dagster_home()
+    if not (os.environ.get(DATA_ROOT_VAR) or "").strip():  # the default the definitions take
+        print(f"{DATA_ROOT_VAR} not set: writing under {data_root()}", file=sys.stderr)
     if (os.environ.get("GPU_PIPELINE_EXECUTOR") or "").strip() == "multiprocess":
         print("note: materialize runs the steps one after another in this process; GPU_PIPELINE_EXECUTOR "
               "applies to the runs the daemon and the UI launch", file=sys.stderr)
@@ -314,10 +317,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
     from gpu_pipeline.lib.store import Store, connect, create_catalog
 
-    root = args.data_root or os.environ.get("GPU_PIPELINE_DATA_ROOT")
-    if not root:
-        print("error: give --data-root or set GPU_PIPELINE_DATA_ROOT", file=sys.stderr)
-        return 2
+    # unset, the root the runs of this folder take: DAGSTER_HOME's, ./.dagster_home when that is unset too
+    home = (os.environ.get("DAGSTER_HOME") or "").strip() or str(Path.cwd() / ".dagster_home")
+    root = args.data_root or data_root({**os.environ, "DAGSTER_HOME": home})
     if not Path(str(root).removeprefix("file://")).expanduser().is_dir():
         print(f"error: {root}: no such data root", file=sys.stderr)
         return 2

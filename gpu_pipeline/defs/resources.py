@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 
 from gpu_pipeline.lib.demand import kueue_gpu_resources
-from gpu_pipeline.lib.envutil import setting_number, zone_env
+from gpu_pipeline.lib.envutil import DATA_ROOT_VAR, data_root, required_setting, setting_number, zone_env
 from gpu_pipeline.lib.es_source import EsConfig
 from gpu_pipeline.lib.prometheus_source import PrometheusConfig
 from gpu_pipeline.lib.store import Store
@@ -30,12 +30,13 @@ def optional_env(name: str, default: str = "") -> str:
 
 
 class DataStoreResource(dg.ConfigurableResource):
-    """The Parquet/plot data root (``GPU_PIPELINE_DATA_ROOT``)."""
+    """The Parquet/plot data root (``GPU_PIPELINE_DATA_ROOT``; unset, ``$DAGSTER_HOME/data`` or
+    ``./data``: :func:`~gpu_pipeline.lib.envutil.data_root`)."""
 
     data_root: str
 
     def store(self) -> Store:
-        return Store(self.data_root)
+        return Store(required_setting(DATA_ROOT_VAR, self.data_root, "the folder of the tables and plots"))
 
 
 class CondorArchiveResource(dg.ConfigurableResource):
@@ -47,7 +48,9 @@ class CondorArchiveResource(dg.ConfigurableResource):
 
     @property
     def path(self) -> Path:
-        return Path(self.archive_dir).expanduser()
+        folder = required_setting("GPU_PIPELINE_CONDOR_ARCHIVE", self.archive_dir,
+                                  "the folder of the monthly gpu_state archives")
+        return Path(folder).expanduser()
 
     def excluded_patterns(self) -> list[str]:
         return [p.strip() for p in self.excluded_hosts.split(",") if p.strip()]
@@ -198,7 +201,7 @@ def resources() -> dg.Definitions:
     source_tz = optional_env("GPU_PIPELINE_SOURCE_TZ", "UTC")
     return dg.Definitions(
         resources={
-            "data_store": DataStoreResource(data_root=dg.EnvVar("GPU_PIPELINE_DATA_ROOT")),
+            "data_store": DataStoreResource(data_root=optional_env(DATA_ROOT_VAR, data_root())),
             "condor_archive": CondorArchiveResource(
                 archive_dir=dg.EnvVar("GPU_PIPELINE_CONDOR_ARCHIVE"),
                 source_timezone=source_tz,

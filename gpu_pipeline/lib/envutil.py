@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 
@@ -21,6 +22,28 @@ def scoped_env(key: str, value: str) -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = previous
+
+
+DATA_ROOT_VAR = "GPU_PIPELINE_DATA_ROOT"
+
+
+def data_root(environ: Mapping[str, str] = os.environ) -> str:
+    """Where the tables and plots are (DESIGN.md 3): ``GPU_PIPELINE_DATA_ROOT``; unset or blank,
+    ``$DAGSTER_HOME/data`` (the folder the webserver, the daemon and the code server all know),
+    else ``./data`` under the current folder, made absolute."""
+    text = (environ.get(DATA_ROOT_VAR) or "").strip()
+    if text:
+        return text
+    home = (environ.get("DAGSTER_HOME") or "").strip()
+    return str(Path(home).expanduser() / "data") if home else str(Path.cwd() / "data")
+
+
+def required_setting(name: str, value: str, what: str) -> str:
+    """A required setting's value (``name``: its variable), refused when blank: a blank path is the
+    current folder to ``Path`` (``Path('')``), where nothing should be read or written unasked."""
+    if not str(value).strip():
+        raise ValueError(f"{name} is blank: set it to {what}")
+    return str(value)
 
 
 def whole_number_env(name: str, default: int, unit: str, zero: str,

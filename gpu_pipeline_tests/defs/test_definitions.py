@@ -322,3 +322,19 @@ def test_resource_numbers_and_blank_variables(monkeypatch):
                      ("-inf", {})):
         with pytest.raises(ValueError, match=f"GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS='{text}'"):
             setting_number("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", text, **kw)
+
+
+def test_the_data_root_default_and_blank_required_paths(tmp_path, monkeypatch):
+    """DESIGN 3: the data root defaults to ``$DAGSTER_HOME/data``, else ``./data``; a blank archive
+    folder fails naming its variable instead of reading the working folder."""
+    from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
+    from gpu_pipeline.lib.envutil import data_root
+
+    assert data_root({"GPU_PIPELINE_DATA_ROOT": " /srv/gpu "}) == "/srv/gpu"
+    assert data_root({"GPU_PIPELINE_DATA_ROOT": " ", "DAGSTER_HOME": "/var/dagster"}) == "/var/dagster/data"
+    monkeypatch.chdir(tmp_path)
+    assert data_root({}) == str(tmp_path / "data")
+    with pytest.raises(ValueError, match="GPU_PIPELINE_CONDOR_ARCHIVE is blank"):
+        _ = CondorArchiveResource(archive_dir=" ").path
+    with pytest.raises(ValueError, match="GPU_PIPELINE_DATA_ROOT is blank"):
+        DataStoreResource(data_root="").store()

@@ -43,11 +43,37 @@ def test_materialize_a_range_from_a_dotenv_file(tmp_path):
     assert out.stdout.split()[-1] == str(2 * 288 * 3)
 
 
+def test_a_blank_data_root_is_the_default_one_not_the_working_folder(tmp_path):
+    """A ``.env`` line ``GPU_PIPELINE_DATA_ROOT=`` is unset: the tables go under
+    ``$DAGSTER_HOME/data`` (DESIGN 3), and ``sql`` finds them there. It resolved to ``''``, which
+    the store read as the working folder: raw/, clean/, ... written beside the checkout."""
+    _hand_archive(tmp_path / "archive", ["2025-08-05"])
+    (tmp_path / "home").mkdir()
+    (tmp_path / ".env").write_text(
+        "GPU_PIPELINE_DATA_ROOT=\n"
+        f"GPU_PIPELINE_CONDOR_ARCHIVE={tmp_path / 'archive'}\n"
+        f"DAGSTER_HOME={tmp_path / 'home'}\n"
+        "GPU_PIPELINE_START_DATE=2025-08-01\n"
+    )
+    proc = subprocess.run([EXE, "materialize", "--start", "2025-08-05"], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"GPU_PIPELINE_DATA_ROOT not set: writing under {tmp_path / 'home' / 'data'}" in proc.stderr
+    assert pq.read_table(tmp_path / "home" / "data" / "metrics" / "gpu_states" / "date=2025-08-05"
+                         / "part-0.parquet").num_rows == 2 * 288
+    assert not (tmp_path / "raw").exists() and not (tmp_path / "metrics").exists()
+    out = subprocess.run([EXE, "sql", "SELECT count(*) AS n FROM metrics.gpu_states"],
+                         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == str(2 * 288)
+
+
 def test_materialize_without_configuration_is_a_clear_error(tmp_path):
     proc = subprocess.run([EXE, "materialize", "--start", "2025-08-05"], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "GPU_PIPELINE_DATA_ROOT" in proc.stderr and "GPU_PIPELINE_CONDOR_ARCHIVE" in proc.stderr
+    # the data root has a default (DESIGN 3); the archive has none
+    assert "set GPU_PIPELINE_CONDOR_ARCHIVE" in proc.stderr and "GPU_PIPELINE_DATA_ROOT" not in proc.stderr
 
 
 def test_a_range_outside_the_partitions_is_one_line_and_nothing_is_written(tmp_path):
