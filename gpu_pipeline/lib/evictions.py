@@ -12,7 +12,16 @@ after its start) and there is vacate evidence for it:
   LastVacateTime whenever that is not before the run's start), or
 * a later run of the same job exists (a row with a higher ``run_index``, or ``num_job_starts`` >
   ``run_index + 1``) and the job was not put on hold (``job_status`` 5), or
-* ``num_vacates > 0`` and the job went back to Idle (``job_status`` 1) when the run ended.
+* ``num_vacates > 0`` and the job went back to Idle (``job_status`` 1) when the run ended;
+
+and, from a ``job`` document of a later run (adstash's default: no epoch documents) whose
+``LastVacateTime`` lies at or before that run's start, the run before it, which has no record of its
+own, ended in that vacate (``NumJobStarts > 1`` with ``LastVacateTime``): an eviction at
+``LastVacateTime``, its slot kind taken from the later run's slot (a backfill job is matched to
+backfill slots), its GPUs, host and start from the snapshots when they saw it (else null; the loss
+bounded by ``RemoteWallClockTime - CommittedTime``). A run whose ``VacateReasonCode`` says the job
+ended it itself -- a hold code (below 1000: it failed and was held) or a user's vacate or removal
+(:data:`JOB_SIDE_VACATE_CODES`) -- is no eviction, whatever else its record says.
 
 ``evicted_utc`` = run end, ``runtime_s`` = run end - run start (exact to the second),
 ``reason`` / ``reason_code`` = ``VacateReason`` / ``VacateReasonCode``. One row per run; ``gpu_id``
@@ -152,6 +161,12 @@ EVICTION_RATES = TableSpec(
 )
 
 
+#: VacateReasonCodes of a run that ended by the job's own doing, not by a reclaim of its slot: every
+#: code below 1000 (a hold code: the job failed -- FailedToCheckpoint 36, a transfer error, ... -- and
+#: was put on hold), UserVacateJob 1004 and JobRemoved 1023 (HTCondor's condor_holdcodes.h; the
+#: manual's table of vacate reasons). A run ended so is no eviction, whatever else its record says.
+JOB_SIDE_VACATE_CODES: tuple[int, ...] = (1004, 1023)
+
 _JOB_EVICTIONS_SQL = """
 dedup AS (
     SELECT * FROM _ev_jobs
@@ -172,27 +187,51 @@ jr_base AS (
            string_split(r.assigned_gpus, ',') AS gpus,
            epoch(r.run_end_utc) - epoch(r.run_start_utc) AS runtime_s,
            p.committed_time_s AS prev_committed_s,
-           jl.last_run
+           jl.last_run,
+           false AS before_record
     FROM runs r
     JOIN job_last jl USING (global_job_id)
     LEFT JOIN runs p ON p.global_job_id = r.global_job_id AND p.run_index = r.run_index - 1
     WHERE r.is_backfill_slot
       AND r.run_start_utc IS NOT NULL AND r.run_end_utc IS NOT NULL
       AND (r.completion_utc IS NULL OR r.completion_utc < r.run_start_utc)
+      AND coalesce(r.vacate_reason_code NOT IN ({job_side_codes}) AND r.vacate_reason_code >= 1000, true)
       AND (
           r.last_vacate_utc = r.run_end_utc
           OR (jl.last_run > r.run_index AND coalesce(r.job_status, 0) <> 5)
           OR (coalesce(r.num_vacates, 0) > 0 AND r.job_status = 1)
       )
 ),
+-- a job document (adstash's default: no epoch documents) of a later run, whose LastVacateTime lies
+-- before that run's start: the run before it ended in that vacate (NumJobStarts > 1 with
+-- LastVacateTime, DESIGN 5.4), a run with no record of its own. Its slot, GPUs and start are not in
+-- the document: the later run's slot kind stands for its slot (a backfill job is matched to backfill
+-- slots), and the GPUs, host and start come from the snapshots when they saw it (the merge).
+vacated_before AS (
+    SELECT r.* REPLACE (r.run_index - 1 AS run_index, CAST(NULL AS TIMESTAMPTZ) AS run_start_utc,
+                        r.last_vacate_utc AS run_end_utc, CAST(NULL AS VARCHAR) AS host,
+                        CAST(NULL AS VARCHAR) AS assigned_gpus),
+           CAST(NULL AS VARCHAR[]) AS gpus,
+           CAST(NULL AS DOUBLE) AS runtime_s,
+           CAST(NULL AS DOUBLE) AS prev_committed_s,
+           jl.last_run,
+           true AS before_record
+    FROM runs r
+    JOIN job_last jl USING (global_job_id)
+    WHERE r.doc_kind = 'job' AND r.is_backfill_slot AND r.run_index >= 1
+      AND r.run_start_utc IS NOT NULL AND r.last_vacate_utc IS NOT NULL
+      AND r.last_vacate_utc <= r.run_start_utc
+      AND coalesce(r.vacate_reason_code NOT IN ({job_side_codes}) AND r.vacate_reason_code >= 1000, true)
+      AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.global_job_id = r.global_job_id AND p.run_index = r.run_index - 1)
+),
 jr_gain AS (
     SELECT *,
            CASE
-               WHEN committed_time_s IS NULL THEN NULL
+               WHEN committed_time_s IS NULL OR before_record THEN NULL
                WHEN run_index = 0 THEN committed_time_s
                WHEN prev_committed_s IS NOT NULL THEN committed_time_s - prev_committed_s
            END AS gained_s
-    FROM jr_base
+    FROM (SELECT * FROM jr_base UNION ALL BY NAME SELECT * FROM vacated_before)
 ),
 jr AS (
     SELECT global_job_id, run_index,
@@ -206,7 +245,8 @@ jr AS (
            CASE
                WHEN gained_s IS NOT NULL THEN runtime_s - least(greatest(gained_s, 0), runtime_s)
                WHEN committed_time_s IS NOT NULL AND remote_wall_clock_s IS NOT NULL
-                   THEN least(runtime_s, greatest(remote_wall_clock_s - committed_time_s, 0))
+                   THEN CASE WHEN runtime_s IS NULL THEN greatest(remote_wall_clock_s - committed_time_s, 0)
+                             ELSE least(runtime_s, greatest(remote_wall_clock_s - committed_time_s, 0)) END
                ELSE runtime_s
            END AS badput_s,
            CASE
@@ -358,7 +398,8 @@ host_info AS (
 ),
 pairs AS (
     SELECT jr.global_job_id, jr.run_index, jr.evicted_utc AS jr_evicted, sn.gpu_id AS sn_gpu,
-           sn.evicted_utc AS sn_evicted, sn.evicted_by_job_id,
+           sn.evicted_utc AS sn_evicted, sn.evicted_by_job_id, sn.started_utc AS sn_started,
+           sn.runtime_is_lower_bound AS sn_lower_bound,
            row_number() OVER (PARTITION BY sn.global_job_id, sn.gpu_id, sn.evicted_utc
                               ORDER BY abs(epoch(sn.evicted_utc) - epoch(jr.evicted_utc)), jr.run_index)
                AS pick
@@ -378,8 +419,13 @@ jr_rows AS (
     SELECT jr.global_job_id, jr.run_index,
            coalesce(jr.gpu_id, m.sn_gpu) AS gpu_id, jr.n_gpus,
            coalesce(jr.host, gi.host) AS host,
-           jr.started_utc, jr.evicted_utc, jr.runtime_s, false AS runtime_is_lower_bound,
-           jr.badput_s * jr.n_gpus / 3600.0 AS lost_gpu_hours, jr.lost_basis,
+           -- a run known only by the vacate in its job's later record: its start as the snapshots saw it
+           coalesce(jr.started_utc, m.sn_started) AS started_utc, jr.evicted_utc,
+           coalesce(jr.runtime_s, epoch(jr.evicted_utc) - epoch(m.sn_started)) AS runtime_s,
+           jr.started_utc IS NULL AND coalesce(m.sn_lower_bound, false) AS runtime_is_lower_bound,
+           coalesce(jr.badput_s, CASE WHEN jr.lost_basis = 'whole_run'
+                                      THEN epoch(jr.evicted_utc) - epoch(m.sn_started) END)
+               * jr.n_gpus / 3600.0 AS lost_gpu_hours, jr.lost_basis,
            jr.reason, jr.reason_code,
            m.evicted_by_job_id,
            1.0 AS resolution_s,
@@ -388,7 +434,8 @@ jr_rows AS (
     FROM jr
     LEFT JOIN (
         SELECT global_job_id, run_index, arg_min(sn_gpu, sn_evicted) AS sn_gpu,
-               arg_min(evicted_by_job_id, sn_evicted) AS evicted_by_job_id
+               arg_min(evicted_by_job_id, sn_evicted) AS evicted_by_job_id,
+               arg_min(sn_started, sn_evicted) AS sn_started, arg_min(sn_lower_bound, sn_evicted) AS sn_lower_bound
         FROM matched GROUP BY global_job_id, run_index
     ) m USING (global_job_id, run_index)
     LEFT JOIN gpu_info gi ON gi.gpu_id = coalesce(jr.gpu_id, m.sn_gpu)
@@ -495,7 +542,8 @@ def compute_evictions(
     try:
         _stage_host_tiers(con, "_ev_hosttier", snapshots_from_sql, list(snapshots_params or []),
                           start_utc - lookback, start_utc, end_utc, states="_ev_states")
-        sql = _MERGE_SQL.format(jr_sql=_JOB_EVICTIONS_SQL.strip(), sn_sql=_SNAPSHOT_EVICTIONS_SQL.strip(),
+        jr_sql = _JOB_EVICTIONS_SQL.strip().format(job_side_codes=", ".join(map(str, JOB_SIDE_VACATE_CODES)))
+        sql = _MERGE_SQL.format(jr_sql=jr_sql, sn_sql=_SNAPSHOT_EVICTIONS_SQL.strip(),
                                 lost_sum=exact_sum("epoch(evicted_utc) - epoch(started_utc)"),
                                 day_tier=_host_tier("ht.day_priority", "ht.day_shared"),
                                 any_tier=_host_tier("ht.any_priority", "ht.any_shared"))

@@ -142,7 +142,8 @@ def test_job_record_detector_and_badput():
         job("N2", 0, at(11), at(12), completed=True),
         job("N3", 0, at(11), at(12), slot="slot1_4"),
         job("N4", 0, at(11), at(12), kind="job", vacate=None, status=3, vacates=0),
-        # a vacate before this run belongs to an earlier run: not this run's end
+        # a vacate before this run belongs to an earlier run: not this run's end (run 0 ended in it:
+        # that run is the eviction, from the job document alone; test_history_documents_only...)
         job("N5", 1, at(15), at(16), vacate=at(14), status=3, kind="job", vacates=1),
         # only the final job ad, removed after its eviction
         job("P1", 0, at(17), at(18), kind="job", status=3, reason="Claim preempted"),
@@ -154,7 +155,8 @@ def test_job_record_detector_and_badput():
     )
     rows = by_job(evictions(jobs_t=t))
     assert set(rows) == {("J1", 0), ("J2", 0), ("J2", 1), ("J3", 0), ("J4", 2), ("J5", 2), ("P1", 0), ("P2", 0),
-                         ("P3", 0)}
+                         ("P3", 0), ("N5", 0)}
+    assert (rows[("N5", 0)]["evicted_utc"], rows[("N5", 0)]["started_utc"]) == (at(14), None)
     j1 = rows[("J1", 0)]
     assert (j1["started_utc"], j1["evicted_utc"], j1["runtime_s"]) == (at(9), at(10), 3600.0)
     assert (j1["gpu_id"], j1["n_gpus"], j1["host"], j1["detected_by"]) == ("GPU-aaaaaaaa", 1, "h1", "job_records")
@@ -175,6 +177,45 @@ def test_job_record_detector_and_badput():
     assert rows[("P2", 0)]["reason"] == "ended without completion; the job ran again"
     assert (rows[("P3", 0)]["evicted_utc"], rows[("P3", 0)]["reason"]) == (
         at(19.5), "vacated; the job went back to the queue")
+
+
+def test_history_documents_only_an_eviction_then_a_completed_run():
+    """adstash's default writes one document per job, for its last run: a backfill job vacated at
+    11:00 (NumJobStarts 2, LastVacateTime before the last run's start, VacateReasonCode 1018) that
+    then ran again and completed is an eviction at 11:00 (DESIGN 5.4: NumJobStarts > 1 with
+    LastVacateTime). Its loss is the job's RemoteWallClockTime - CommittedTime (the completed run
+    lost nothing). With the snapshots, the run's GPU, host and start are theirs, and it is one row."""
+    doc = job("H1", 1, at(12), at(14), kind="job", completed=True, vacate=at(11), vacates=1,
+              code=1018, reason="Preempted for a higher Ranked job", rwc=4 * 3600, ct=2 * 3600)
+    rows = by_job(evictions(jobs_t=jobs(doc)))
+    assert set(rows) == {("H1", 0)}
+    r = rows[("H1", 0)]
+    assert (r["evicted_utc"], r["started_utc"], r["runtime_s"], r["detected_by"]) == (at(11), None, None, "job_records")
+    assert (r["lost_basis"], r["lost_gpu_hours"], r["reason_code"]) == ("committed_time_bound", pytest.approx(2.0), 1018)
+    # the snapshots saw the run on GPU-bbbbbbbb from 09:00, reclaimed by a primary job at 11:00
+    st = states(day_of({"GPU-bbbbbbbb": ["P"] * 108 + ["B:H1"] * 24 + ["P:owner#1.0#1"] * 12}))
+    rows = by_job(evictions(states_t=st, jobs_t=jobs(doc)))
+    assert set(rows) == {("H1", 0)}
+    r = rows[("H1", 0)]
+    assert (r["gpu_id"], r["host"], r["detected_by"]) == ("GPU-bbbbbbbb", "h1", "job_records,snapshots")
+    assert (r["started_utc"], r["evicted_utc"]) == (snap(DAY0, 108), at(11))
+    assert r["runtime_s"] == (at(11) - snap(DAY0, 108)).total_seconds()
+    # an epoch document of that run is preferred; a vacate after the run's start is not an earlier run's
+    assert set(by_job(evictions(jobs_t=jobs(doc, job("H1", 0, at(9), at(11)))))) == {("H1", 0)}
+    assert evictions(jobs_t=jobs(job("H2", 1, at(12), at(14), kind="job", completed=True, vacate=at(13)))) == []
+
+
+@pytest.mark.parametrize("code", [36, 13, 1004, 1023])
+def test_a_run_ended_by_the_job_itself_is_no_eviction(code):
+    """A vacate whose VacateReasonCode is a hold code (below 1000: the job failed -- FailedToCheckpoint
+    36, a transfer error 13 -- and was put on hold) or the user's vacate / removal is not a reclaim
+    of the slot (the real ad: checkpoint upload failed, held, removed)."""
+    ended = job("F1", 0, at(9), at(9.5), status=3, code=code, reason="Starter failed to upload checkpoint")
+    assert evictions(jobs_t=jobs(ended)) == []
+    later = job("F2", 1, at(12), at(14), kind="job", completed=True, vacate=at(11), code=code)
+    assert evictions(jobs_t=jobs(later)) == []
+    for reclaimed in (1014, 1018, None):  # draining, preemption, no code: evictions
+        assert len(evictions(jobs_t=jobs(job("F3", 0, at(9), at(9.5), status=1, code=reclaimed)))) == 1
 
 
 def test_job_record_eviction_at_midnight_belongs_to_the_day_it_ends():
