@@ -68,6 +68,7 @@ import pyarrow as pa
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.db import exact_avg, exact_sum
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
+from gpu_pipeline.lib.states import SNAPSHOT_PARTS_US
 
 BUCKET = dt.timedelta(minutes=5)
 #: States in which a GPU can take a backfill job.
@@ -168,7 +169,7 @@ snap_times AS ({snap_times}),
 cadence AS (
     SELECT coalesce(median(d), (SELECT bucket_s FROM params)) AS cadence_s
     FROM (SELECT epoch(t) - epoch(lag(t) OVER (ORDER BY t)) AS d FROM snap_times)
-    WHERE d > 0
+    WHERE d > {parts_s}  -- gaps under a minute are parts of one snapshot (states.SNAPSHOT_PARTS_US)
 ),
 -- first snapshot of each bucket: from the clean snapshots when given, else from the states
 clean_first AS (
@@ -350,7 +351,8 @@ def compute_availability_periods(
         clean_times = "_avail_snaps"
         snap_times = "SELECT t FROM _avail_snaps"
     try:
-        sql = _PERIODS_SQL.format(states="_avail_states", snap_times=snap_times, clean_times=clean_times)
+        sql = _PERIODS_SQL.format(states="_avail_states", snap_times=snap_times, clean_times=clean_times,
+                                  parts_s=SNAPSHOT_PARTS_US // 1_000_000)
         table = con.sql(
             sql,
             params={"start": start_utc, "end": end_utc, "bucket_s": bucket.total_seconds()},

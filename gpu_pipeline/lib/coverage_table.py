@@ -12,12 +12,15 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpu_pipeline.lib.coverage import Coverage, coverage, register_columns, source_rows
+from gpu_pipeline.lib.coverage import Coverage, coverage, coverage_of_points, register_columns, source_rows
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
+from gpu_pipeline.lib.states import SNAPSHOT_PARTS_US
+from gpu_pipeline.lib.timeutil import epoch_us
 
 #: A telemetry series: one GPU of one source (whatever host name its samples came under: one GPU
 #: logged under two spellings of its host is one series); its samples' time column. A GPU read by
@@ -83,6 +86,18 @@ COVERAGE_COLUMNS = {
 }
 
 
+def _snapshot_coverage(slots: pa.Table, day_start: dt.datetime, day_end: dt.datetime) -> Coverage:
+    """The pool's snapshots against their cadence: a snapshot written in parts less than a minute
+    apart (two collectors writing one archive) is one snapshot, at its first part's time
+    (:data:`~gpu_pipeline.lib.states.SNAPSHOT_PARTS_US`), as the states take it."""
+    if not slots.num_rows:
+        return coverage(slots, "snapshot_utc", [], day_start, day_end)
+    t_us = np.unique(pc.cast(slots.column("snapshot_utc"), pa.int64()).to_numpy(zero_copy_only=False))
+    t_us = t_us[(t_us >= epoch_us(day_start)) & (t_us < epoch_us(day_end))]
+    first = t_us[np.concatenate(([True], np.diff(t_us) > SNAPSHOT_PARTS_US))] if len(t_us) else t_us
+    return coverage_of_points(np.zeros(len(first), dtype=np.int64), first, day_start, day_end)
+
+
 def coverage_rows(
     day_start: dt.datetime,
     day_end: dt.datetime,
@@ -110,7 +125,7 @@ def coverage_rows(
         return {"day_start_utc": day_start, "source": source, "rows_quarantined": n_q,
                 "quarantine_reasons": reasons, "rows_in": rows_in.get(source)}
 
-    cov = coverage(slots, "snapshot_utc", [], day_start, day_end)
+    cov = _snapshot_coverage(slots, day_start, day_end)
     out.append({**base("slot_snapshots"), "series": cov.series, "samples": cov.samples,
                 "expected_samples": cov.expected, "coverage_pct": 100 * cov.coverage, "cadence_s": cov.cadence_s,
                 "gaps": cov.gaps, "longest_gap_s": cov.longest_gap_s, "gpus_in_snapshots": len(snap_gpus)})

@@ -2,8 +2,10 @@
 
 For each bucket of the day:
 1. The bucket's snapshots are those whose time falls in it. A bucket with none takes the latest
-   earlier snapshot if the bucket starts less than the larger of ``stale_factor`` x the observed
-   cadence and 2 x cadence - half a bucket after it (so 15-minute archives fill 5-minute buckets,
+   earlier snapshot (with its parts: times less than a minute before it,
+   :data:`SNAPSHOT_PARTS_US`) if the bucket starts less than the larger of ``stale_factor`` x the
+   observed cadence (the median gap between snapshots, gaps under a minute not counted) and
+   2 x cadence - half a bucket after it (so 15-minute archives fill 5-minute buckets,
    and a single missed snapshot does not blank the pool: at 5-minute cadence both give 7.5 minutes,
    at 15-minute cadence the second gives 27.5, where 1.5 x cadence, 22.5, left the last bucket
    before the next snapshot blank); otherwise every GPU is ``na`` with reason ``no_snapshot``.
@@ -46,12 +48,18 @@ params AS (
            CAST($bucket_us AS BIGINT) AS b_us
 )"""
 
+#: Snapshot times closer than this are parts of one snapshot of the pool (two collectors, or a pool
+#: queried in pieces, writing one archive seconds apart): the cadence is the median of the longer
+#: gaps (its parts' 2-s gaps made a 15-minute archive's cadence 2 s, and 2 of 3 buckets blank), and
+#: a bucket without a snapshot carries all parts of the latest one.
+SNAPSHOT_PARTS_US = 60_000_000
+
 BUCKET_SNAPS_SQL = """
 snaps AS (SELECT DISTINCT t_us FROM rows),
 cadence AS (
     SELECT coalesce(median(d), (SELECT b_us FROM params)) AS c_us
     FROM (SELECT t_us - lag(t_us) OVER (ORDER BY t_us) AS d FROM snaps)
-    WHERE d > 0
+    WHERE d > {parts_us}
 ),
 buckets AS (
     SELECT generate_series AS b_start_us
@@ -62,8 +70,8 @@ in_bucket AS (
     FROM snaps s, params p
     WHERE s.t_us >= p.s_us
 ),
-carried AS (
-    SELECT b.b_start_us, max(s.t_us) AS t_us
+carried_last AS (
+    SELECT b.b_start_us, max(s.t_us) AS last_us
     FROM buckets b
     JOIN snaps s ON s.t_us < b.b_start_us
     CROSS JOIN cadence c CROSS JOIN params p
@@ -71,9 +79,15 @@ carried AS (
       AND s.t_us >= b.b_start_us - greatest(CAST(c.c_us * $stale_factor AS BIGINT), 2 * c.c_us - p.b_us // 2)
     GROUP BY b.b_start_us
 ),
+carried AS (
+    -- the latest snapshot, with its parts written just before it
+    SELECT cl.b_start_us, s.t_us
+    FROM carried_last cl
+    JOIN snaps s ON s.t_us <= cl.last_us AND s.t_us >= cl.last_us - {parts_us}
+),
 bucket_snaps AS (
     SELECT * FROM in_bucket UNION ALL SELECT * FROM carried
-)"""
+)""".replace("{parts_us}", str(SNAPSHOT_PARTS_US))
 
 
 def bucket_snaps_sql(rows_cte: str) -> str:

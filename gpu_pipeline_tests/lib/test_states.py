@@ -144,6 +144,35 @@ def test_one_missed_snapshot_at_fifteen_minute_cadence_is_bridged_two_are_not():
     assert [m for m, r in reasons.items() if r == "no_snapshot"] == [30, 35, 40]
 
 
+def test_a_snapshot_written_in_two_parts_seconds_apart_is_one_snapshot():
+    """A 15-minute archive whose every snapshot is written in two parts 2 s apart (two collectors,
+    h1's rows at :07, h2's at :09): the cadence is 15 minutes, not the 2-s gap between the parts,
+    and a bucket without a snapshot carries both parts (2 of 3 buckets were no_snapshot; carrying
+    the later part only made h1's GPU a dropout). Allocation and the snapshots' coverage agree."""
+    from gpu_pipeline.lib.allocation import allocation_from_table
+    from gpu_pipeline.lib.coverage_table import coverage_rows
+    from gpu_pipeline.lib.schemas import GPU_SAMPLES, JOBS
+
+    rows = []
+    for k in range(4 * 24 + 1):
+        rows.append(row(snap(15 * k, 7), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared", host="h1"))
+        if k < 4 * 24:
+            rows.append(row(snap(15 * k, 9), "slot1", "GPU-bbbbbbbb", "Claimed", "shared", host="h2", job="j#1.0#1"))
+    out = states(rows, minutes=24 * 60)
+    assert len(out) == 2 * 288
+    assert {r["state"] for (g, _), r in out.items() if g == "GPU-aaaaaaaa"} == {"idle_shared"}
+    assert {r["state"] for (g, _), r in out.items() if g == "GPU-bbbbbbbb"} == {"busy_shared"}
+    table = conform(pa.Table.from_pylist(rows), CLEAN_SLOT_SNAPSHOTS)
+    end = DAY0 + dt.timedelta(days=1)
+    buckets, daily = allocation_from_table(table, DAY0, end)
+    total = [r for r in daily.to_pylist() if r["tier"] == "TOTAL" and r["device_name"] == "ALL"][0]
+    assert (total["buckets"], total["avg_total_gpus"], total["allocation_pct"]) == (288, 2.0, 50.0)
+    states_t = states_from_table(table, DAY0, end)
+    cov = coverage_rows(DAY0, end, table, states_t, GPU_SAMPLES.empty(), JOBS.empty(), None, {})
+    snaps = [r for r in cov.to_pylist() if r["source"] == "slot_snapshots"][0]
+    assert (snaps["cadence_s"], snaps["samples"], snaps["gaps"]) == (900.0, 96, 0)
+
+
 def test_every_gpu_gets_every_bucket_gpu_hours_conserved():
     rows = [row(snap(0), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared"),
             row(snap(50), "slot1", "GPU-cccccccc", "Unclaimed", "shared", host="h2")]
