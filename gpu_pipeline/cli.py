@@ -315,7 +315,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     _load_env(args.dir)
     import duckdb
 
-    from gpu_pipeline.lib.store import Store, connect, create_catalog
+    from gpu_pipeline.lib.store import Store, connect, create_catalog, empty_tables
 
     # unset, the root the runs of this folder take: DAGSTER_HOME's, ./.dagster_home when that is unset too
     home = (os.environ.get("DAGSTER_HOME") or "").strip() or str(Path.cwd() / ".dagster_home")
@@ -329,6 +329,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
         views = create_catalog(con, store)
         con.close()
         print(f"wrote {args.catalog} with views: {', '.join(views)}")
+        if empty := empty_tables(store):
+            print(f"note: no partition yet, so empty in this file until it is written again: {', '.join(empty)}",
+                  file=sys.stderr)
         return 0
     con = connect()
     views = create_catalog(con, store)

@@ -532,11 +532,19 @@ def safe_name(name: str) -> str:
     return cleaned.replace("..", "_")
 
 
+def glob_escape(path: str) -> str:
+    """``path`` as a literal in a DuckDB glob pattern: ``[``, ``*`` and ``?`` each in a character
+    class of its own (a data root named ``run[1]`` matched no file)."""
+    return re.sub(r"([\[*?])", r"[\1]", path)
+
+
 def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
     """Create one view per table (``<layer>.<table>``) over every partition in the store.
 
-    Returns the view names. A table with no partition yet gets an empty view with its schema.
-    """
+    Returns the view names. A table with no partition yet gets an empty view with its schema (DuckDB
+    binds a view when it is created, and a pattern that matches no file is an error then): such a
+    view stays empty in a catalog file until the file is written again (:func:`empty_tables` names
+    them)."""
     names = []
     for spec in all_tables().values():
         con.execute(f"CREATE SCHEMA IF NOT EXISTS {_q(spec.layer)}")
@@ -554,7 +562,7 @@ def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
             con.execute(f"CREATE OR REPLACE TABLE {view} AS SELECT * FROM _gpu_specs_table")
             con.unregister("_gpu_specs_table")
         elif store.partition_days(spec):
-            pattern = str(store.table_dir(spec) / "date=*" / PART_FILE).replace("'", "''")
+            pattern = (glob_escape(str(store.table_dir(spec))) + f"/date=*/{PART_FILE}").replace("'", "''")
             # DDL cannot take parameters; the pattern comes from our own root path (quoted above).
             # By name over every file: partitions written before a column was added read it null
             # (by position, the first file's columns would silently win, or a later file fail).
@@ -570,3 +578,10 @@ def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
                         "LIMIT 0")
         names.append(f"{spec.layer}.{spec.name}")
     return names
+
+
+def empty_tables(store: Store) -> list[str]:
+    """The tables (``<layer>.<table>``) with no partition in the store: their catalog views are
+    empty placeholders."""
+    return [f"{spec.layer}.{spec.name}" for spec in all_tables().values()
+            if spec.path != "reference/gpu_specs" and not store.partition_days(spec)]

@@ -149,6 +149,21 @@ def test_a_saved_catalog_reads_a_column_that_later_days_add(data_root, tmp_path)
     con.close()
 
 
+def test_a_catalog_over_a_root_with_glob_characters_and_its_empty_tables(tmp_path):
+    """A data root named ``run[1]`` (a glob class to DuckDB) gets working views; the tables with no
+    partition yet are named, since their views stay empty in a saved file until it is written again."""
+    from gpu_pipeline.lib.store import empty_tables
+
+    store = Store(tmp_path / "run[1]*")
+    store.write_partition(QUARANTINE, "2025-08-06", q_rows(2))
+    con = duckdb.connect()
+    create_catalog(con, store)
+    assert con.sql("SELECT count(*) FROM quarantine.slot_snapshots").fetchall() == [(2,)]
+    empty = empty_tables(store)
+    assert "quarantine.slot_snapshots" not in empty and "clean.jobs" in empty and "reference.gpu_specs" not in empty
+    assert con.sql("SELECT count(*) FROM clean.jobs").fetchall() == [(0,)]
+
+
 def test_object_store_roots_are_refused_clearly():
     with pytest.raises(ValueError, match="only local directories"):
         Store("s3://bucket/prefix")
