@@ -1316,9 +1316,9 @@ def demand_capacity_panels(
 
         dem, idle, idle_open = series("demand_gpus"), series("idle_gpus"), series("idle_open_gpus")
         ax1.plot(x, dem, color="#6a3d9a", linestyle=ls, marker="o", markersize=3, linewidth=1.6,
-                 label=f"{s}: demand of idle jobs (mean {np.nanmean(dem):.1f})")
+                 label=f"{s}: demand of idle jobs ({_mean_text(dem)})")
         ax1.plot(x, idle, color=S.STATE_COLORS["idle_shared"], linestyle=ls, marker="s", markersize=3, linewidth=1.6,
-                 label=f"{s}: idle GPUs (mean {np.nanmean(idle):.1f})")
+                 label=f"{s}: idle GPUs ({_mean_text(idle)})")
         if s != "kueue" and np.isfinite(idle_open).any():
             ax1.plot(x, idle_open, color=S.lighten(S.STATE_COLORS["idle_shared"], 0.35), linestyle=":", linewidth=1.2,
                      label=f"{s}: idle GPUs open to any job")
@@ -1351,6 +1351,11 @@ def demand_capacity_panels(
         numbers[f"hours_warning_{s}"] = float((sv == "Warning").sum())
         numbers[f"hours_critical_{s}"] = float((sv == "Critical").sum())
         numbers[f"hours_unknown_{s}"] = float((sv == "Unknown").sum())
+    unknown = {s: int(numbers[f"hours_unknown_{s}"]) for s in sources if numbers[f"hours_unknown_{s}"]}
+    if unknown:  # hours whose capacity is unknown have no CIS: say so where the CIS line is missing
+        ax3.text(0.01, 0.97, "no CIS where capacity is unknown (severity Unknown): " + ", ".join(
+                 f"{s} {n} h" for s, n in unknown.items()), transform=ax3.transAxes, va="top",
+                 fontsize=S.FS_NOTE, color="#555555")
     ax3.axhline(CIS_WARNING, color=S.SEVERITY_COLORS["Warning"], linestyle="--", linewidth=1.1)
     ax3.axhline(CIS_CRITICAL, color=S.SEVERITY_COLORS["Critical"], linestyle="--", linewidth=1.1)
     ax3.text(1.005, CIS_WARNING, "Warning 0.5", transform=ax3.get_yaxis_transform(), va="center", fontsize=S.FS_NOTE,
@@ -1379,6 +1384,12 @@ def demand_capacity_panels(
     _titled(fig, name, day, tz, "whole pool (device class ALL); " + ", ".join(
         f"{s} {'solid' if _SOURCE_STYLE.get(s) == '-' else 'dashed'}" for s in sources), _coverage_note(coverage))
     return S.finish(fig, _with_coverage(numbers, coverage))
+
+
+def _mean_text(values: np.ndarray) -> str:
+    """A legend's "mean 4.2" of the hours with a value, or "unknown all day" when none has one."""
+    known = np.isfinite(values)
+    return f"mean {np.mean(values[known]):.1f}" if known.any() else "unknown all day"
 
 
 def _fmt_dcr(v: float) -> str:

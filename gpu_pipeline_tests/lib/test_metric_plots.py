@@ -440,6 +440,37 @@ def test_demand_capacity_panels():
     assert r.numbers["coverage_pct"] == pytest.approx(100.0)
 
 
+def test_demand_panels_say_unknown_when_a_source_has_no_capacity_all_day(monkeypatch):
+    """A Kueue cluster without its quota metrics has no idle GPUs all day (severity Unknown): the
+    legend says so instead of "mean nan" (and no "Mean of empty slice" warning), and the CIS panel
+    says why it has no line."""
+    import warnings
+
+    t = capacity_table()
+    kueue = pc.equal(t["source"], "kueue")
+    for c in ("idle_gpus", "idle_open_gpus", "cis", "dcr", "qps"):
+        t = t.set_column(t.schema.get_field_index(c), c, pc.if_else(kueue, pa.scalar(None, t[c].type), t[c]))
+    t = t.set_column(t.schema.get_field_index("severity"), "severity", pc.if_else(kueue, "Unknown", t["severity"]))
+    drawn = {}
+    finish = M.S.finish
+
+    def keep(fig, numbers):
+        drawn["texts"] = [x.get_text() for ax in fig.axes for x in ax.texts]
+        drawn["labels"] = [lab for ax in fig.axes for lab in ax.get_legend_handles_labels()[1]]
+        return finish(fig, numbers)
+
+    monkeypatch.setattr(M.S, "finish", keep)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = M.demand_capacity_panels(t, DAY, TZ)
+    check(r)
+    assert "kueue: idle GPUs (unknown all day)" in drawn["labels"]
+    assert "htcondor: idle GPUs (mean 5.0)" in drawn["labels"]
+    assert not any("nan" in lab for lab in drawn["labels"])
+    assert "no CIS where capacity is unknown (severity Unknown): kueue 24 h" in drawn["texts"]
+    assert r.numbers["hours_unknown_kueue"] == 24
+
+
 def test_demand_plots_with_hours_of_unknown_capacity():
     """Six hours without a slot snapshot: Unknown rows, null capacity and DCR; the plots draw the
     rest, count the six hours as unknown and leave them out of the coverage."""
