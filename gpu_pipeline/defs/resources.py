@@ -30,13 +30,14 @@ def optional_env(name: str, default: str = "") -> str:
 
 
 class DataStoreResource(dg.ConfigurableResource):
-    """The Parquet/plot data root (``GPU_PIPELINE_DATA_ROOT``; unset, ``$DAGSTER_HOME/data`` or
-    ``./data``: :func:`~gpu_pipeline.lib.envutil.data_root`)."""
+    """The Parquet/plot data root (``GPU_PIPELINE_DATA_ROOT``); empty, the default of
+    :func:`~gpu_pipeline.lib.envutil.data_root` (``$DAGSTER_HOME/data``, else ``./data``) as the
+    run's environment gives it."""
 
-    data_root: str
+    data_root: str = ""
 
     def store(self) -> Store:
-        return Store(required_setting(DATA_ROOT_VAR, self.data_root, "the folder of the tables and plots"))
+        return Store(self.data_root.strip() or data_root())
 
 
 class CondorArchiveResource(dg.ConfigurableResource):
@@ -201,7 +202,7 @@ def resources() -> dg.Definitions:
     source_tz = optional_env("GPU_PIPELINE_SOURCE_TZ", "UTC")
     return dg.Definitions(
         resources={
-            "data_store": DataStoreResource(data_root=optional_env(DATA_ROOT_VAR, data_root())),
+            "data_store": DataStoreResource(data_root=optional_env(DATA_ROOT_VAR)),
             "condor_archive": CondorArchiveResource(
                 archive_dir=dg.EnvVar("GPU_PIPELINE_CONDOR_ARCHIVE"),
                 source_timezone=source_tz,

@@ -336,5 +336,6 @@ def test_the_data_root_default_and_blank_required_paths(tmp_path, monkeypatch):
     assert data_root({}) == str(tmp_path / "data")
     with pytest.raises(ValueError, match="GPU_PIPELINE_CONDOR_ARCHIVE is blank"):
         _ = CondorArchiveResource(archive_dir=" ").path
-    with pytest.raises(ValueError, match="GPU_PIPELINE_DATA_ROOT is blank"):
-        DataStoreResource(data_root="").store()
+    monkeypatch.delenv("GPU_PIPELINE_DATA_ROOT", raising=False)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    assert DataStoreResource(data_root=" ").store().root == tmp_path / "home" / "data"
