@@ -65,6 +65,8 @@ SOURCE_COLUMNS = (
     "PreventJobsReason",
     "Disk",
 )
+#: Columns only later archives have (DESIGN 4.1): their absence from an older month is no drift.
+LATER_COLUMNS = ("PreventJobsReason", "Disk")
 _NUMERIC = {"GPUs_GlobalMemoryMb", "GPUsAverageUsage", "Disk"}
 _FILE_RE = re.compile(r"^gpu_state_(\d{4})-(\d{2})\.(db|sqlite|parquet)$")
 # Reading margin around the local window: covers the DST shift and sub-second rounding.

@@ -20,7 +20,7 @@ from gpu_pipeline.defs.resources import (
 )
 from gpu_pipeline.lib.schemas import JOBS, QUARANTINE_GPU_SAMPLES, QUARANTINE_JOBS
 from gpu_pipeline.lib.store import Store
-from gpu_pipeline_tests.conftest import slot_row, write_gpu_state_db
+from gpu_pipeline_tests.conftest import NEW_COLUMNS, OLD_COLUMNS, slot_row, write_gpu_state_db
 
 DAY = "2025-08-05"
 
@@ -166,6 +166,28 @@ def test_slot_snapshot_key_collision_fails_uniqueness(tmp_path, store_res):
     res = {"data_store": store_res, "condor_archive": CondorArchiveResource(archive_dir=str(tmp_path / "arch"))}
     result, checks, _ = run([condor_slot_snapshots, slot_snapshots], res)
     assert checks["has_snapshots"] is True and checks["unique_snapshot_slot_gpu"] is False
+
+
+def test_schema_drift_names_the_archive_and_its_absent_columns(tmp_path, store_res):
+    """DESIGN 6: a schema-drift check. An old month without PreventJobsReason / Disk (only later
+    files have them) passes, with a stray MIG-bug column listed as dropped; a month without
+    PrioritizedProjects (read as null: every GPU open capacity) fails, as a warning naming the file
+    and the column, and the day is still written."""
+    ts = "2025-08-05 10:00:01.000000"
+    rows = [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Unclaimed", projects="Lab")]
+    for name, columns, passed in (("old", OLD_COLUMNS, True), ("new", NEW_COLUMNS, True),
+                                  ("drifted", tuple(c for c in OLD_COLUMNS if c != "PrioritizedProjects"), False)):
+        db = write_gpu_state_db(tmp_path / name / "gpu_state_2025-08.db", rows, columns)
+        res = {"data_store": store_res, "condor_archive": CondorArchiveResource(archive_dir=str(db.parent))}
+        with dg.instance_for_test() as instance:
+            result = dg.materialize([condor_slot_snapshots], resources=res, partition_key=DAY, instance=instance,
+                                    raise_on_error=False)
+            assert result.success
+            ev = {e.check_name: e for e in result.get_asset_check_evaluations()}["schema_drift"]
+        assert ev.passed is passed and ev.severity == dg.AssetCheckSeverity.WARN
+        absent, dropped = ev.metadata["columns_absent"].value, ev.metadata["columns_dropped"].value
+        assert absent == ({} if passed else {str(db): ["PrioritizedProjects"]})
+        assert dropped == ({str(db): ["GPUs_MIG_0_DeviceName"]} if name == "new" else {})
 
 
 def test_day_without_snapshots_fails_the_blocking_check(tmp_path, store_res):

@@ -12,7 +12,7 @@ from gpu_pipeline.defs.common import (
     window,
 )
 from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
-from gpu_pipeline.lib.condor_archive import read_window, rejected_rows
+from gpu_pipeline.lib.condor_archive import LATER_COLUMNS, read_window, rejected_rows
 from gpu_pipeline.lib.schemas import QUARANTINE_CONDOR_RAW as QUARANTINE_RAW
 from gpu_pipeline.lib.schemas import RAW_CONDOR_SLOT_SNAPSHOTS as SPEC
 from gpu_pipeline.lib.schemas import conform
@@ -26,8 +26,31 @@ HAS_SNAPSHOTS = dg.AssetCheckSpec(
                 "downstream; in a range with good days it fails as a warning naming the empty days).",
 )
 
+SCHEMA_DRIFT = dg.AssetCheckSpec(
+    "schema_drift",
+    asset=KEY,
+    description="Every archive read has the columns the pipeline reads (those only later months have excepted: "
+                "PreventJobsReason, Disk); absent ones are read as null (a missing PrioritizedProjects makes every "
+                "GPU open capacity). Columns the pipeline does not know are dropped and listed, not failed.",
+)
 
-@daily_table_asset(SPEC, kinds={"htcondor", "sqlite", "parquet"}, check_specs=[HAS_SNAPSHOTS])
+
+def drift_check(outcomes: list[DayOutcome]) -> dg.AssetCheckResult:
+    """``schema_drift`` over the run's days: fails (WARN) naming the file and the columns absent from it."""
+    absent: dict[str, list[str]] = {}
+    extra: dict[str, list[str]] = {}
+    for o in outcomes:
+        for path, cols in (o.details or {}).get("columns_absent_in_source", {}).items():
+            if missing := [c for c in cols if c not in LATER_COLUMNS]:
+                absent[path] = missing
+        extra.update((o.details or {}).get("extra_columns_dropped", {}))
+    return dg.AssetCheckResult(
+        check_name=SCHEMA_DRIFT.name, asset_key=KEY, passed=not absent, severity=dg.AssetCheckSeverity.WARN,
+        metadata={"columns_absent": dg.MetadataValue.json(absent), "columns_dropped": dg.MetadataValue.json(extra)},
+    )
+
+
+@daily_table_asset(SPEC, kinds={"htcondor", "sqlite", "parquet"}, check_specs=[HAS_SNAPSHOTS, SCHEMA_DRIFT])
 def condor_slot_snapshots(
     context: dg.AssetExecutionContext,
     data_store: DataStoreResource,
@@ -61,4 +84,4 @@ def condor_slot_snapshots(
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("snapshots")]
     check = gate_check(HAS_SNAPSHOTS, outcomes, "days_without_snapshots", empty)
-    return materialize_result(SPEC, outcomes, check_results=[check])
+    return materialize_result(SPEC, outcomes, check_results=[check, drift_check(outcomes)])
