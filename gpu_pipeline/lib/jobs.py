@@ -45,7 +45,9 @@ Per-row derivations:
   ``not_a_run_epoch``.
 - ``run_index`` is the 0-based run: ``NumJobStarts - 1`` (else ``NumShadowStarts - 1``, else
   ``JobRunCount - 1``), 0 for a job that never started. For a ``job`` document it is the job's last
-  run; for an ``epoch`` document the run the epoch describes.
+  run; for an ``epoch`` document the run the epoch describes, numbered by ``NumShadowStarts`` first
+  (adstash keys an epoch on it: a shadow start whose executable never started, an input transfer
+  failed, leaves ``NumJobStarts`` unchanged, and two epochs would share a run).
 - ``run_start_utc`` = ``JobCurrentStartDate``, else ``JobStartDate``.
 - ``run_end_utc`` (null when the run has not started):
 
@@ -293,6 +295,8 @@ _COERCE = {
 }
 
 #: name -> (kind, HTCondor attribute spellings in order of preference)
+#: the fields a job document's run is numbered by, in order (the first one set and not 0)
+_STARTS = ("num_job_starts", "num_shadow_starts", "job_run_count")
 _FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cluster_id": ("int", ("ClusterId",)),
     "proc_id": ("int", ("ProcId",)),
@@ -497,7 +501,10 @@ def _row(raw: Any, source: str) -> dict:
     v = {name: d.get(name) for name in _FIELDS}
 
     kind = "epoch" if (d.has("EpochWriteDate") or d.has("EpochAdType")) else "job"
-    starts = next((n for n in (v["num_job_starts"], v["num_shadow_starts"], v["job_run_count"]) if n), 0)
+    # an epoch's run is its shadow start (adstash's epoch identity: a shadow start whose executable
+    # never started -- an input transfer failed -- leaves NumJobStarts as it was)
+    order = ("num_shadow_starts", "num_job_starts", "job_run_count") if kind == "epoch" else _STARTS
+    starts = next((n for n in (v[k] for k in order) if n), 0)
     run_index = max(starts - 1, 0)
 
     m = _GJID_RE.match(gjid)

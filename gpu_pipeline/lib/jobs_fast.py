@@ -255,9 +255,12 @@ def fast_rows(texts: pa.Array | pa.ChunkedArray, source: str,
         for col in spelled(attr):
             epoch |= col.is_valid().to_numpy(zero_copy_only=False)
         slow |= _has(picked, f'(?i)"{attr}":null').to_numpy(zero_copy_only=False)
-    starts = pc.coalesce(*(pc.if_else(pc.not_equal(v[k], 0), v[k], None)
-                           for k in ("num_job_starts", "num_shadow_starts", "job_run_count")),
-                         pa.scalar(0, pa.int32()))
+    def first_start(order: tuple[str, ...]) -> pa.Array:
+        return pc.coalesce(*(pc.if_else(pc.not_equal(v[k], 0), v[k], None) for k in order), pa.scalar(0, pa.int32()))
+
+    # an epoch's run by its shadow start first (jobs._row)
+    starts = pc.if_else(pa.array(epoch), first_start(("num_shadow_starts", "num_job_starts", "job_run_count")),
+                        first_start(("num_job_starts", "num_shadow_starts", "job_run_count")))
     run_index = pc.max_element_wise(pc.subtract(pc.cast(starts, pa.int64()), 1), 0)
     status = v["job_status"]
     start = pc.coalesce(v["current_start"], v["first_start"])

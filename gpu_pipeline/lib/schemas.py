@@ -226,7 +226,8 @@ JOBS = TableSpec(
     schema=pa.schema(
         [
             _f("global_job_id", pa.string(), "HTCondor GlobalJobId (schedd#cluster.proc#qdate)", nullable=False),
-            _f("run_index", pa.int32(), "0-based run (epoch) index: NumJobStarts - 1; 0 if never started",
+            _f("run_index", pa.int32(), "0-based run (epoch) index: NumJobStarts - 1 (an epoch document: "
+               "NumShadowStarts - 1); 0 if never started",
                nullable=False),
             _f("doc_kind", pa.string(), "'job' (job ad) or 'epoch' (one run attempt)", nullable=False),
             _f("cluster_id", pa.int64(), "ClusterId"),

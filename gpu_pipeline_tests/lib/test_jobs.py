@@ -598,3 +598,35 @@ def test_truncated_ndjson_gz_fails_naming_the_file(tmp_path):
         read_ndjson(path)
     path.write_bytes(whole)
     assert read_ndjson(path).table.num_rows == 5000
+
+
+def test_an_epoch_is_numbered_by_its_shadow_start():
+    """adstash keys an epoch document on NumShadowStarts. A shadow start whose executable never ran
+    (its input transfer failed) leaves NumJobStarts as it was (the real clas12 ad: NumJobStarts 4,
+    NumShadowStarts 5): two epochs numbered by NumJobStarts were one run, and the later one, which
+    never ran, replaced the evicted backfill run as a duplicate key."""
+    import datetime as dt
+
+    from gpu_pipeline.lib.evictions import evictions_from_tables
+
+    t0 = 1754384400  # 2025-08-05 09:00 UTC
+    base = {"GlobalJobId": "ap1#8.0#1754380800", "QDate": t0 - 3600, "EpochAdType": "EPOCH", "NumJobStarts": 1,
+            "AssignedGPUs": "GPU-aaaaaaaa", "JobStartDate": t0, "LastVacateTime": t0 + 7200}
+    evicted = dict(base, NumShadowStarts=1, JobStatus=1, JobCurrentStartDate=t0, EpochWriteDate=t0 + 7200,
+                   RecordTime=t0 + 7200, numvacates="1", vacatereasoncode="1018",
+                   StartdSlot="backfill2_1", StartdName="gpu01")
+    never_ran = dict(base, NumShadowStarts=2, JobStatus=5, JobCurrentStartDate=t0 + 10800,
+                     EpochWriteDate=t0 + 11100, RecordTime=t0 + 11100, StartdSlot="slot1_1", StartdName="gpu02")
+    r = normalize_docs([evicted, never_ran], "ndjson")
+    assert r.quarantined_by_reason == {}
+    assert sorted((x["run_index"], x["slot"]) for x in r.table.to_pylist()) == [(0, "backfill2_1"), (1, "slot1_1")]
+    from gpu_pipeline.lib.jobs_fast import fast_rows  # the columnar reader of document lines: the same runs
+
+    fast = fast_rows(pa.array([json.dumps(evicted), json.dumps(never_ran)]), "ndjson")
+    assert sorted(fast.table["run_index"].to_pylist()) == [0, 1] and list(fast.index) == [0, 1]
+    day = dt.datetime(2025, 8, 5, tzinfo=dt.UTC)
+    ev = evictions_from_tables(day, day + dt.timedelta(days=1), jobs=r.table).to_pylist()
+    assert [(e["run_index"], e["evicted_utc"]) for e in ev] == [(0, day + dt.timedelta(hours=11))]
+    # a job document keeps NumJobStarts (its last run)
+    job_doc = {k: v for k, v in never_ran.items() if k not in ("EpochAdType", "EpochWriteDate")}
+    assert normalize_docs([job_doc], "ndjson").table["run_index"].to_pylist() == [0]
