@@ -33,7 +33,10 @@ Histograms (how the wait columns are computed)
     (null when nothing was admitted), ``wait_p50_s`` / ``wait_p90_s`` = ``histogram_quantile`` over
     the delta of the ``_bucket`` counts (Prometheus' linear interpolation inside the bucket; a rank
     in the ``+Inf`` bucket returns the highest finite bound), ``interval_s`` = seconds since that
-    previous scrape. A series' first scrape has null interval columns. A counter reset (the
+    previous scrape. A series' first scrape has null interval columns, and so has a scrape whose
+    previous one is more than :data:`OUTAGE_FACTOR` x its cluster's median scrape interval away (a
+    collector outage: the admissions of the whole outage would be credited to the hour after it;
+    ``interval_s`` is kept, the rest null, counted as ``intervals_after_gap``). A counter reset (the
     controller restarted: a count, the sum or a bucket went down) or a changed bucket layout takes
     the current cumulative values as the delta (like ``rate()``), counted as ``counter_resets``.
     The wait is "created or requeued until admission" (Kueue's definition), so a requeued workload
@@ -65,7 +68,9 @@ not say which ClusterQueue a LocalQueue points to. NaN reads as null
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -483,6 +488,22 @@ def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, clu
     return scrape
 
 
+#: A scrape interval more than this many times the cluster's median is an outage (DESIGN 5.7 counts
+#: gaps so; the demand's hold rule, ``demand.KUEUE_HOLD_GAP_FACTOR``, is this).
+OUTAGE_FACTOR = 3
+
+
+def _median_intervals(ordered: list[KueueScrape]) -> dict[str | None, float]:
+    """Per cluster, the median interval (s) between its distinct scrape times."""
+    times: dict[str | None, list[float]] = {}
+    for s in ordered:
+        t = s.sample_utc.timestamp()
+        at = times.setdefault(s.cluster, [])
+        if not at or at[-1] != t:
+            at.append(t)
+    return {c: statistics.median(b - a for a, b in itertools.pairwise(t)) for c, t in times.items() if len(t) > 1}
+
+
 class _Prev(NamedTuple):
     at: dt.datetime
     hist: _Hist
@@ -507,6 +528,7 @@ def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
     cols: dict[str, list] = {f.name: [] for f in KUEUE_DEMAND.schema}
     prev: dict[tuple, _Prev] = {}
     seen_times: set[tuple] = set()
+    medians = _median_intervals(ordered)
 
     def emit(s: KueueScrape, key: RowKey, values: Mapping[str, object]) -> None:
         cq = key.cluster_queue
@@ -546,7 +568,13 @@ def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
             before = prev.get(pk)
             prev[pk] = _Prev(s.sample_utc, h)
             if before is not None:
-                values.update(_interval(before, s.sample_utc, h, counters))
+                gap = (s.sample_utc - before.at).total_seconds()
+                median = medians.get(s.cluster)
+                if median is not None and gap > OUTAGE_FACTOR * median:
+                    counters["intervals_after_gap"] += 1
+                    values["interval_s"] = gap
+                else:
+                    values.update(_interval(before, s.sample_utc, h, counters))
             emit(s, key, values)
     table = conform(pa.table({k: pa.array(v, type=KUEUE_DEMAND.schema.field(k).type) for k, v in cols.items()}),
                     KUEUE_DEMAND) if cols["sample_utc"] else KUEUE_DEMAND.empty()

@@ -172,6 +172,28 @@ def test_counter_reset_uses_the_current_values() -> None:
     assert [r["source_file"] for r in rows] == [None, None, None]
 
 
+def test_waits_across_a_collector_outage_are_not_the_next_scrapes() -> None:
+    """Scrapes every minute, none for 8 hours, then every minute again: the first scrape after the
+    gap would take the whole outage's admissions (and their long waits) as its interval's, crediting
+    them to the hour after the outage. Its wait columns are null (``interval_s`` says how long the
+    gap was), counted; the next interval is read again."""
+    scrapes, count, total = [], 0, 0.0
+    for k in range(60 * 12):
+        count += 1
+        total += 3600.0 if 120 <= k < 600 else 5.0  # long waits during the outage, 5 s otherwise
+        if 120 <= k < 600:
+            continue  # the collector is down from 02:00 to 10:00
+        scrapes.append((T0 + dt.timedelta(minutes=k), hist_text([0, count, count], total)))
+    res = parse_kueue_scrapes(scrapes)
+    rows = {r["sample_utc"]: r for r in res.table.to_pylist()}
+    after = rows[T0 + dt.timedelta(hours=10)]
+    assert after["interval_s"] == 8 * 3600 + 60 and after["wait_mean_s"] is None
+    assert after["wait_count_interval"] is None and after["wait_p50_s"] is None
+    assert rows[T0 + dt.timedelta(hours=10, minutes=1)]["wait_mean_s"] == 5.0
+    assert rows[T0 + dt.timedelta(hours=1)]["wait_mean_s"] == 5.0
+    assert res.counters["intervals_after_gap"] == 1
+
+
 def test_followers_duplicates_missing_labels_and_untyped() -> None:
     text = (
         hist_text([1, 2, 2], 3.0, role="follower")
