@@ -238,7 +238,8 @@ jr AS (
     SELECT global_job_id, run_index,
            gpus,
            gpus[1] AS gpu_id,
-           CAST(coalesce(len(gpus), ceil(request_gpus), 1) AS INTEGER) AS n_gpus,
+           -- the more of the GPUs named and those asked for (an AssignedGPUs adstash cut names fewer)
+           CAST(coalesce(greatest(len(gpus), ceil(request_gpus)), 1) AS INTEGER) AS n_gpus,
            host,
            run_start_utc AS started_utc,
            run_end_utc AS evicted_utc,

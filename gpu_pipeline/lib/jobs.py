@@ -264,7 +264,15 @@ def _to_str(v: Any, attr: str) -> str:
     raise _BadValue(f"{attr}={_short(v)} is a {type(v).__name__}, expected a string")
 
 
+#: condor_adstash cuts a string attribute longer than 256 characters to its first 253 and "..."
+#: (eight full GPU UUIDs are 327): the last id named is then a piece of one.
+ADSTASH_CUT = "..."
+
+
 def _to_gpus(v: Any, attr: str) -> str | None:
+    """The GPU ids of an AssignedGPUs value, normalized, comma-separated. A value adstash cut
+    (ending in ``...``) loses its last, partial id: the ids before it are whole (the run's GPU count
+    then comes from RequestGPUs, where larger)."""
     if isinstance(v, list):
         parts = [_to_str(x, attr) for x in v if not _is_unset(x)]
     else:
@@ -272,6 +280,8 @@ def _to_gpus(v: Any, attr: str) -> str | None:
         if s.startswith("{") and s.endswith("}"):
             s = s[1:-1]
         parts = s.split(",")
+        if s.endswith(ADSTASH_CUT):
+            parts = parts[:-1]
     ids = []
     for p in parts:
         g = normalize_gpu_id(p.strip().strip('"'))

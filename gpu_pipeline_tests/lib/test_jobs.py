@@ -630,3 +630,29 @@ def test_an_epoch_is_numbered_by_its_shadow_start():
     # a job document keeps NumJobStarts (its last run)
     job_doc = {k: v for k, v in never_ran.items() if k not in ("EpochAdType", "EpochWriteDate")}
     assert normalize_docs([job_doc], "ndjson").table["run_index"].to_pylist() == [0]
+
+
+def test_an_assigned_gpus_value_adstash_cut_keeps_its_whole_ids():
+    """adstash cuts strings over 256 characters to 253 and "...": eight MIG UUIDs (327 characters)
+    end in a piece of the seventh. The piece is not an id; the run's GPU count is RequestGPUs."""
+    import datetime as dt
+
+    from gpu_pipeline.lib.evictions import evictions_from_tables
+
+    ids = [f"MIG-{i:08d}-aaaa-bbbb-cccc-dddddddddddd" for i in range(8)]
+    full = ",".join(ids)
+    cut = full[:253] + "..."
+    t0 = 1754384400  # 2025-08-05 09:00 UTC
+    doc = {"GlobalJobId": "ap1#9.0#1754380800", "QDate": t0 - 60, "JobStatus": 1, "NumJobStarts": 1,
+           "JobCurrentStartDate": t0, "LastVacateTime": t0 + 3600, "RecordTime": t0 + 3600, "numvacates": "1",
+           "StartdSlot": "backfill2_1", "StartdName": "gpu01", "RequestGpus": 8, "AssignedGPUs": cut}
+    for row in (normalize_docs([doc], "ndjson").table.to_pylist()[0],):
+        assert row["assigned_gpus"] == ",".join(ids[:6])
+    from gpu_pipeline.lib.jobs_fast import fast_rows
+
+    assert fast_rows(pa.array([json.dumps(doc)]), "ndjson").table["assigned_gpus"].to_pylist() == [",".join(ids[:6])]
+    day = dt.datetime(2025, 8, 5, tzinfo=dt.UTC)
+    ev = evictions_from_tables(day, day + dt.timedelta(days=1), jobs=normalize_docs([doc], "ndjson").table)
+    assert ev["n_gpus"].to_pylist() == [8] and ev["lost_gpu_hours"].to_pylist() == [8.0]
+    # an uncut value keeps every id
+    assert normalize_docs([dict(doc, AssignedGPUs=full)], "ndjson").table["assigned_gpus"].to_pylist() == [full]
