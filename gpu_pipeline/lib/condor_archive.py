@@ -690,6 +690,10 @@ def read_window(
     lo_local = start_utc.astimezone(zone).replace(tzinfo=None) - _MARGIN
     hi_local = end_utc.astimezone(zone).replace(tzinfo=None) + _MARGIN
     lo, hi = lo_local.isoformat(sep=" "), hi_local.isoformat(sep=" ")
+    # a row whose time cannot be read is this window's when its text lies in the window's own local
+    # range (the margin's rows are a neighbouring day's: each is rejected by one day, not two)
+    own_lo = start_utc.astimezone(zone).replace(tzinfo=None).isoformat(sep=" ")
+    own_hi = end_utc.astimezone(zone).replace(tzinfo=None).isoformat(sep=" ")
     month_files = find_month_files(archive_dir)
     result = ArchiveRead(table=RAW_CONDOR_SLOT_SNAPSHOTS.empty())
     schema = RAW_CONDOR_SLOT_SNAPSHOTS.schema
@@ -717,8 +721,9 @@ def read_window(
                 if pc.any(bad).as_py():
                     for rowid, text in zip(data.column("source_rowid").filter(bad).to_pylist(),
                                            data.column("timestamp_local").filter(bad).to_pylist(), strict=True):
-                        part.rejected.append((str(path), rowid,
-                                              "unparseable timestamp (expected YYYY-MM-DD HH:MM:SS.ffffff)", str(text)))
+                        if own_lo <= str(text) < own_hi:
+                            part.rejected.append((str(path), rowid, "unparseable timestamp "
+                                                  "(expected YYYY-MM-DD HH:MM:SS.ffffff)", str(text)))
                 kept = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
                 kept = kept.append_column("snapshot_utc", utc)
                 inside = pc.and_(pc.greater_equal(utc, lo_s), pc.less(utc, hi_s))

@@ -165,3 +165,18 @@ def test_cleaning_the_asset_s_column_subset_equals_cleaning_whole_rows(tmp_path)
     part = clean_slot_rows(subset, full_rows=lambda idx: raw.take(idx))
     assert part.table.equals(whole.table)
     assert part.quarantine.equals(whole.quarantine) and whole.quarantine.num_rows == 1
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/Chicago"])
+def test_a_row_whose_time_cannot_be_read_is_quarantined_by_one_day(tmp_path, zone):
+    """Each day reads its archive text with a 2-hour margin either side: a row with an unreadable
+    time near midnight was rejected (and counted) by both days it lay between."""
+    write_gpu_state_db(tmp_path / "gpu_state_2025-08.db", [
+        slot_row("2025-08-06 23:55:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed"),
+        slot_row("2025-08-06 24:00:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed"),  # no such hour
+        slot_row("2025-08-07 00:30:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed"),
+        slot_row("2025-08-07 01:05:xx.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed")])
+    days = ["2025-08-05", "2025-08-06", "2025-08-07", "2025-08-08"]
+    rejected = {day: [r[1] for r in read_window(tmp_path, *day_window(day, zone), zone).rejected] for day in days}
+    assert sorted(rowid for ids in rejected.values() for rowid in ids) == [2, 4]
+    assert rejected["2025-08-06"] == [2] and rejected["2025-08-07"] == [4]  # each in its own local day
