@@ -17,7 +17,11 @@ carried into a bucket that had none); a GPU absent from the bucket's snapshot (`
 ``dropout``) is dated by the bucket's first snapshot (from the clean slot snapshots when they are
 passed, else the earliest ``snapshot_utc`` of any GPU in that bucket); a bucket without any
 snapshot (``no_snapshot``) by its start. Buckets that carry the same snapshot have the same state,
-so a period's start and end are exact snapshot times whatever the cadence.
+so at a cadence of a bucket or slower a period's start and end are exact snapshot times. With
+snapshots faster than a bucket, a bucket's time is the snapshot its state came from (the latest of
+its highest rank), not the first snapshot seen available or otherwise: an end may then be off by up
+to a bucket plus the cadence, more than ``resolution_s`` (the interval between those bucket
+snapshots) says (README, availability_periods).
 
 ``resolution_s`` (per row) bounds the timing error: the true start lies in the interval between
 the snapshot before ``start_utc`` and ``start_utc``, the true end between the last snapshot seen
