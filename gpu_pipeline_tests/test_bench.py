@@ -154,6 +154,38 @@ def test_baseline_states_equal_the_pipeline_at_fifteen_minute_cadence(pool):
     assert sum(thinned[start_i + 39] < t < thinned[start_i + 42] for t in blank) >= 2
 
 
+def test_baseline_states_equal_the_pipeline_with_snapshots_written_in_two_parts(pool):
+    """Every 15-minute snapshot of the pool split in two parts written 2 s apart, host by host: the
+    pipeline's states are those of the snapshots written whole, and the baseline takes the parts as
+    one snapshot as the pipeline does (states.SNAPSHOT_PARTS_*)."""
+    store = Store(pool["base"] / "data")
+    table = pa.concat_tables([store.read_table(CLEAN_SLOT_SNAPSHOTS, d) for d in (PREV, DAY)])
+    snaps = sorted(set(table.column("snapshot_utc").to_pylist()))
+    whole = table.filter(pc.is_in(table.column("snapshot_utc"),
+                                  pa.array(snaps[::3], table.schema.field("snapshot_utc").type)))
+    hosts = sorted(set(whole.column("host").to_pylist()))
+    later = pc.is_in(whole.column("host"), pa.array(hosts[len(hosts) // 2:]))
+    shifted = pc.if_else(later, pc.add(whole.column("snapshot_utc"), pa.scalar(dt.timedelta(seconds=2))),
+                         whole.column("snapshot_utc"))
+    table = whole.set_column(whole.schema.get_field_index("snapshot_utc"), "snapshot_utc", shifted)
+    con = connect()
+    try:
+        con.register("rows_whole", whole)
+        con.register("rows_parts", table)
+        p_whole = compute_gpu_states(con, "rows_whole", [], pool["start"], pool["end"]).to_pandas()
+        p = compute_gpu_states(con, "rows_parts", [], pool["start"], pool["end"]).to_pandas()
+    finally:
+        con.close()
+    # the states of the snapshots written whole: the same, but the parts' own times
+    for col in ("gpu_id", "bucket_start_utc", "state", "na_reason"):
+        assert _nullable(p[col]) == _nullable(p_whole[col]), col
+    path = pool["base"] / "rows_parts.parquet"
+    pq.write_table(table, path)
+    b = baseline.states_baseline(baseline.load_clean_parquet([path]), pool["start"], pool["end"])
+    for col in ("gpu_id", "bucket_start_utc", "state", "snapshot_utc", "na_reason"):
+        assert _nullable(p[col]) == _nullable(b[col]), col
+
+
 def test_the_tools_loop_nesting_gives_the_same_allocation(pool):
     store = Store(pool["base"] / "data")
     rows = baseline.load_clean_parquet(store.files(CLEAN_SLOT_SNAPSHOTS, [PREV, DAY]))

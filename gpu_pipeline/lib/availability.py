@@ -72,7 +72,7 @@ import pyarrow as pa
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.db import exact_avg, exact_sum
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
-from gpu_pipeline.lib.states import SNAPSHOT_PARTS_US
+from gpu_pipeline.lib.states import part_gap_sql
 
 BUCKET = dt.timedelta(minutes=5)
 #: States in which a GPU can take a backfill job.
@@ -170,10 +170,11 @@ day_gpus AS (
     FROM src, params WHERE src.bucket_start_utc >= params.s GROUP BY gpu_id
 ),
 snap_times AS ({snap_times}),
+snap_gaps AS (SELECT epoch(t) - epoch(lag(t) OVER (ORDER BY t)) AS d FROM snap_times),
 cadence AS (
+    -- the gaps between snapshots, not between the parts of one (states.SNAPSHOT_PARTS_MAX_US)
     SELECT coalesce(median(d), (SELECT bucket_s FROM params)) AS cadence_s
-    FROM (SELECT epoch(t) - epoch(lag(t) OVER (ORDER BY t)) AS d FROM snap_times)
-    WHERE d > {parts_s}  -- gaps under a minute are parts of one snapshot (states.SNAPSHOT_PARTS_US)
+    FROM snap_gaps, ({part_gap}) pg WHERE d > pg.p
 ),
 -- first snapshot of each bucket: from the clean snapshots when given, else from the states
 clean_first AS (
@@ -356,7 +357,7 @@ def compute_availability_periods(
         snap_times = "SELECT t FROM _avail_snaps"
     try:
         sql = _PERIODS_SQL.format(states="_avail_states", snap_times=snap_times, clean_times=clean_times,
-                                  parts_s=SNAPSHOT_PARTS_US // 1_000_000)
+                                  part_gap=part_gap_sql("snap_gaps", "d", 1e-6))
         table = con.sql(
             sql,
             params={"start": start_utc, "end": end_utc, "bucket_s": bucket.total_seconds()},

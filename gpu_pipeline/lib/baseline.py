@@ -59,6 +59,9 @@ __all__ = [
 
 BUCKET = dt.timedelta(minutes=5)
 STALE_FACTOR = 1.5
+# Snapshot times at most this far apart, and at most this share of the 90th-percentile gap, are the
+# parts of one snapshot (the pipeline's rule, states.SNAPSHOT_PARTS_*).
+PARTS_MAX_US, PARTS_SHARE = 60_000_000, 0.1
 LOOKBACK = dt.timedelta(hours=1)
 TIERS = ("priority", "shared", "backfill")
 TOTAL_TIER = "TOTAL"
@@ -175,7 +178,16 @@ def _prepare(df: pd.DataFrame, start_utc: dt.datetime, end_utc: dt.datetime) -> 
     # The tool floors with ``dt.floor("5min")``; counting from the window start is the same on a
     # 5-minute grid and stays right for a day that starts off the grid.
     start = pd.Timestamp(start_utc)
-    df["bucket"] = start + ((df["timestamp"] - start) // BUCKET) * BUCKET
+    # a snapshot written in parts seconds apart is known by its first part (states.snapshot_firsts)
+    epoch0 = pd.Timestamp(0, tz="UTC")
+    t_us = ((df["timestamp"] - epoch0) // pd.Timedelta(microseconds=1)).to_numpy(dtype=np.int64)
+    times = np.unique(t_us)
+    gaps = np.diff(times)
+    part_gap = min(PARTS_MAX_US, PARTS_SHARE * float(np.quantile(gaps, 0.9))) if len(gaps) else 0.0
+    new_snapshot = np.concatenate(([True], gaps > part_gap))
+    first_us = times[new_snapshot][np.cumsum(new_snapshot) - 1][np.searchsorted(times, t_us)]
+    df["_first"] = epoch0 + pd.to_timedelta(first_us, unit="us")
+    df["bucket"] = start + ((df["_first"] - start) // BUCKET) * BUCKET
     # Text columns as NumPy object arrays, as pandas 2 (the tool's pandas) returned them: pandas 3's
     # Arrow-backed ``str`` dtype costs more per call on the small per-bucket masks below.
     for col in df.columns:
@@ -191,13 +203,14 @@ def _round_half_away(x: float) -> int:
 class _Buckets:
     """Which rows feed each bucket: its own snapshots, else the latest earlier snapshot younger
     than the larger of ``STALE_FACTOR`` x the observed cadence (median gap between snapshots) and
-    2 x cadence - half a bucket, as the pipeline's states take them."""
+    2 x cadence - half a bucket, as the pipeline's states take them (a snapshot written in parts
+    by its first part's time, carried with every part)."""
 
     def __init__(self, df: pd.DataFrame, start_utc: dt.datetime, end_utc: dt.datetime):
         self.df = df
         self.start = pd.Timestamp(start_utc)
-        self.day = df[df["timestamp"] >= self.start]
-        self.snaps = pd.DatetimeIndex(df["timestamp"].unique()).sort_values()
+        self.day = df[df["_first"] >= self.start]
+        self.snaps = pd.DatetimeIndex(df["_first"].unique()).sort_values()  # the snapshots' first parts
         gaps = (self.snaps[1:] - self.snaps[:-1]) / pd.Timedelta(microseconds=1)
         gaps = gaps[gaps > 0]
         cadence_us = float(np.median(gaps)) if len(gaps) else BUCKET / dt.timedelta(microseconds=1)
@@ -213,7 +226,7 @@ class _Buckets:
         prior = self.snaps[(self.snaps < bucket) & (self.snaps >= bucket - self.stale)]
         if len(prior) == 0:
             return None
-        return self.df[self.df["timestamp"] == prior.max()]
+        return self.df[self.df["_first"] == prior.max()]  # every part of it
 
 
 def _gpu_table(day: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from gpu_pipeline.lib.coverage import Coverage, coverage, coverage_of_points, register_columns, source_rows
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import TS, TableSpec, _f, conform
-from gpu_pipeline.lib.states import SNAPSHOT_PARTS_US
+from gpu_pipeline.lib.states import snapshot_firsts
 from gpu_pipeline.lib.timeutil import epoch_us
 
 #: A telemetry series: one GPU of one source (whatever host name its samples came under: one GPU
@@ -87,14 +87,14 @@ COVERAGE_COLUMNS = {
 
 
 def _snapshot_coverage(slots: pa.Table, day_start: dt.datetime, day_end: dt.datetime) -> Coverage:
-    """The pool's snapshots against their cadence: a snapshot written in parts less than a minute
-    apart (two collectors writing one archive) is one snapshot, at its first part's time
-    (:data:`~gpu_pipeline.lib.states.SNAPSHOT_PARTS_US`), as the states take it."""
+    """The pool's snapshots against their cadence: a snapshot written in parts seconds apart (two
+    collectors writing one archive) is one snapshot, at its first part's time
+    (:func:`~gpu_pipeline.lib.states.snapshot_firsts`), as the states take it."""
     if not slots.num_rows:
         return coverage(slots, "snapshot_utc", [], day_start, day_end)
     t_us = np.unique(pc.cast(slots.column("snapshot_utc"), pa.int64()).to_numpy(zero_copy_only=False))
     t_us = t_us[(t_us >= epoch_us(day_start)) & (t_us < epoch_us(day_end))]
-    first = t_us[np.concatenate(([True], np.diff(t_us) > SNAPSHOT_PARTS_US))] if len(t_us) else t_us
+    first = np.unique(snapshot_firsts(t_us))
     return coverage_of_points(np.zeros(len(first), dtype=np.int64), first, day_start, day_end)
 
 

@@ -86,7 +86,7 @@ import pyarrow as pa
 from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.db import exact_sum
 from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, TS, TableSpec, _f, conform
-from gpu_pipeline.lib.states import SNAPSHOT_PARTS_US
+from gpu_pipeline.lib.states import part_gap_sql
 
 BUCKET = dt.timedelta(minutes=5)
 DETECTORS: tuple[str, ...] = ("job_records", "snapshots", "job_records,snapshots")
@@ -379,10 +379,10 @@ snap_times AS (
     SELECT DISTINCT snapshot_utc AS t FROM _ev_states, params
     WHERE snapshot_utc >= params.s AND snapshot_utc < params.e
 ),
+snap_gaps AS (SELECT epoch(t) - epoch(lag(t) OVER (ORDER BY t)) AS d FROM snap_times),
 cadence AS (
-    SELECT coalesce(median(d), $bucket_s) AS cadence_s
-    -- gaps under a minute are parts of one snapshot (states.SNAPSHOT_PARTS_US)
-    FROM (SELECT epoch(t) - epoch(lag(t) OVER (ORDER BY t)) AS d FROM snap_times) WHERE d > {parts_s}
+    -- the gaps between snapshots, not between the parts of one (states.SNAPSHOT_PARTS_MAX_US)
+    SELECT coalesce(median(d), $bucket_s) AS cadence_s FROM snap_gaps, ({part_gap}) pg WHERE d > pg.p
 ),
 {jr_sql},
 {sn_sql},
@@ -547,7 +547,7 @@ def compute_evictions(
                           start_utc - lookback, start_utc, end_utc, states="_ev_states")
         jr_sql = _JOB_EVICTIONS_SQL.strip().format(job_side_codes=", ".join(map(str, JOB_SIDE_VACATE_CODES)))
         sql = _MERGE_SQL.format(jr_sql=jr_sql, sn_sql=_SNAPSHOT_EVICTIONS_SQL.strip(),
-                                parts_s=SNAPSHOT_PARTS_US // 1_000_000,
+                                part_gap=part_gap_sql("snap_gaps", "d", 1e-6),
                                 lost_sum=exact_sum("epoch(evicted_utc) - epoch(started_utc)"),
                                 day_tier=_host_tier("ht.day_priority", "ht.day_shared"),
                                 any_tier=_host_tier("ht.any_priority", "ht.any_shared"))

@@ -1,10 +1,10 @@
 """Per-GPU state per 5-minute bucket (DESIGN.md 5.1), in DuckDB SQL.
 
 For each bucket of the day:
-1. The bucket's snapshots are those whose time falls in it. A bucket with none takes the latest
-   earlier snapshot (with its parts: times less than a minute before it,
-   :data:`SNAPSHOT_PARTS_US`) if the bucket starts less than the larger of ``stale_factor`` x the
-   observed cadence (the median gap between snapshots, gaps under a minute not counted) and
+1. The bucket's snapshots are those whose time falls in it (a snapshot written in parts seconds
+   apart by the time of its first part: :data:`SNAPSHOT_PARTS_MAX_US`). A bucket with none takes
+   the latest earlier snapshot, every part of it, if the bucket starts less than the larger of
+   ``stale_factor`` x the observed cadence (the median gap between snapshots) and
    2 x cadence - half a bucket after it (so 15-minute archives fill 5-minute buckets,
    and a single missed snapshot does not blank the pool: at 5-minute cadence both give 7.5 minutes,
    at 15-minute cadence the second gives 27.5, where 1.5 x cadence, 22.5, left the last bucket
@@ -49,45 +49,80 @@ params AS (
 )"""
 
 #: Snapshot times closer than this are parts of one snapshot of the pool (two collectors, or a pool
-#: queried in pieces, writing one archive seconds apart): the cadence is the median of the longer
-#: gaps (its parts' 2-s gaps made a 15-minute archive's cadence 2 s, and 2 of 3 buckets blank), and
-#: a bucket without a snapshot carries all parts of the latest one.
-SNAPSHOT_PARTS_US = 60_000_000
+#: queried in pieces, writing one archive seconds apart) -- when also closer than
+#: SNAPSHOT_PARTS_SHARE of the day's 90th-percentile gap between snapshot times (a 30-s collector's
+#: snapshots are each its own). A snapshot is known by its first part's time: its bucket, the
+#: cadence (the median gap between snapshots: the parts' 2-s gaps made a 15-minute archive's cadence
+#: 2 s, and 2 of 3 buckets blank), and a bucket without one carries every part of the latest.
+SNAPSHOT_PARTS_MAX_US = 60_000_000
+SNAPSHOT_PARTS_SHARE = 0.1
+SNAPSHOT_PARTS_QUANTILE = 0.9
 
-BUCKET_SNAPS_SQL = """
-snaps AS (SELECT DISTINCT t_us FROM rows),
+
+def snapshot_part_gap_us(t_us: np.ndarray) -> float:
+    """The longest gap between two parts of one snapshot, of sorted distinct snapshot times (µs)."""
+    gaps = np.diff(np.asarray(t_us, dtype=np.int64))
+    gaps = gaps[gaps > 0]
+    if not len(gaps):
+        return 0.0
+    return min(float(SNAPSHOT_PARTS_MAX_US), SNAPSHOT_PARTS_SHARE * float(np.quantile(gaps, SNAPSHOT_PARTS_QUANTILE)))
+
+
+def snapshot_firsts(t_us: np.ndarray) -> np.ndarray:
+    """Per sorted distinct snapshot time (µs), the time of its snapshot's first part."""
+    t_us = np.asarray(t_us, dtype=np.int64)
+    if not len(t_us):
+        return t_us
+    new = np.concatenate(([True], np.diff(t_us) > snapshot_part_gap_us(t_us)))
+    return t_us[new][np.cumsum(new) - 1]
+
+
+def part_gap_sql(gaps: str, d: str, unit: float = 1.0) -> str:
+    """The SQL of :func:`snapshot_part_gap_us` over the positive gaps ``d`` of ``gaps`` (a FROM
+    clause), in µs (``unit`` 1) or seconds (``unit`` 1e-6); 0 without a gap."""
+    return (f"SELECT least({SNAPSHOT_PARTS_MAX_US * unit!r}, {SNAPSHOT_PARTS_SHARE!r} * "
+            f"coalesce(quantile_cont({d}, {SNAPSHOT_PARTS_QUANTILE!r}), 0)) AS p FROM {gaps} WHERE {d} > 0")
+
+
+BUCKET_SNAPS_SQL = f"""
+snap_gaps AS (
+    SELECT t_us, t_us - lag(t_us) OVER (ORDER BY t_us) AS d FROM (SELECT DISTINCT t_us FROM rows)
+),
+part_gap AS ({part_gap_sql("snap_gaps", "d")}),
+snaps AS (  -- each snapshot time with its snapshot's first part (f_us)
+    SELECT t_us, min(t_us) OVER (PARTITION BY part_of) AS f_us
+    FROM (SELECT g.t_us, sum(CASE WHEN g.d IS NULL OR g.d > pg.p THEN 1 ELSE 0 END) OVER (ORDER BY g.t_us) AS part_of
+          FROM snap_gaps g CROSS JOIN part_gap pg)
+),
 cadence AS (
     SELECT coalesce(median(d), (SELECT b_us FROM params)) AS c_us
-    FROM (SELECT t_us - lag(t_us) OVER (ORDER BY t_us) AS d FROM snaps)
-    WHERE d > {parts_us}
+    FROM (SELECT f_us - lag(f_us) OVER (ORDER BY f_us) AS d FROM (SELECT DISTINCT f_us FROM snaps))
+    WHERE d > 0
 ),
 buckets AS (
     SELECT generate_series AS b_start_us
     FROM params, generate_series(params.s_us, params.e_us - 1, params.b_us)
 ),
 in_bucket AS (
-    SELECT p.s_us + ((s.t_us - p.s_us) // p.b_us) * p.b_us AS b_start_us, s.t_us
+    SELECT p.s_us + ((s.f_us - p.s_us) // p.b_us) * p.b_us AS b_start_us, s.t_us
     FROM snaps s, params p
-    WHERE s.t_us >= p.s_us
+    WHERE s.f_us >= p.s_us
 ),
 carried_last AS (
-    SELECT b.b_start_us, max(s.t_us) AS last_us
+    SELECT b.b_start_us, max(s.f_us) AS last_f
     FROM buckets b
-    JOIN snaps s ON s.t_us < b.b_start_us
+    JOIN snaps s ON s.f_us < b.b_start_us
     CROSS JOIN cadence c CROSS JOIN params p
     WHERE b.b_start_us NOT IN (SELECT b_start_us FROM in_bucket)
-      AND s.t_us >= b.b_start_us - greatest(CAST(c.c_us * $stale_factor AS BIGINT), 2 * c.c_us - p.b_us // 2)
+      AND s.f_us >= b.b_start_us - greatest(CAST(c.c_us * $stale_factor AS BIGINT), 2 * c.c_us - p.b_us // 2)
     GROUP BY b.b_start_us
 ),
-carried AS (
-    -- the latest snapshot, with its parts written just before it
-    SELECT cl.b_start_us, s.t_us
-    FROM carried_last cl
-    JOIN snaps s ON s.t_us <= cl.last_us AND s.t_us >= cl.last_us - {parts_us}
+carried AS (  -- the latest snapshot, every part of it
+    SELECT cl.b_start_us, s.t_us FROM carried_last cl JOIN snaps s ON s.f_us = cl.last_f
 ),
 bucket_snaps AS (
     SELECT * FROM in_bucket UNION ALL SELECT * FROM carried
-)""".replace("{parts_us}", str(SNAPSHOT_PARTS_US))
+)"""
 
 
 def bucket_snaps_sql(rows_cte: str) -> str:

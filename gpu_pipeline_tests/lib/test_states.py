@@ -2,6 +2,7 @@
 
 import datetime as dt
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -171,6 +172,34 @@ def test_a_snapshot_written_in_two_parts_seconds_apart_is_one_snapshot():
     cov = coverage_rows(DAY0, end, table, states_t, GPU_SAMPLES.empty(), JOBS.empty(), None, {})
     snaps = [r for r in cov.to_pylist() if r["source"] == "slot_snapshots"][0]
     assert (snaps["cadence_s"], snaps["samples"], snaps["gaps"]) == (900.0, 96, 0)
+
+
+def test_snapshot_parts_either_side_of_a_bucket_boundary_and_a_fast_collector():
+    """Parts at hh:14:59 and hh:15:01 are one snapshot, bucketed by its first part (each GPU was a
+    dropout in the bucket holding only the other's part). A collector every 30 s is no snapshot in
+    parts: each time is its own (a fixed one-minute rule chained them all into one)."""
+    from gpu_pipeline.lib.coverage_table import coverage_rows
+    from gpu_pipeline.lib.schemas import GPU_SAMPLES, JOBS
+    from gpu_pipeline.lib.states import snapshot_firsts
+
+    rows = []
+    for k in range(9):
+        rows.append(row(snap(15 * k + 14, 59), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared", host="h1"))
+        rows.append(row(snap(15 * k + 15, 1), "slot1", "GPU-bbbbbbbb", "Claimed", "shared", host="h2", job="j#1.0#1"))
+    out = states(rows, minutes=120)
+    # (the last bucket's snapshot has its second part after the window: GPU-bbbbbbbb is not in it)
+    assert {(g, r["state"]) for (g, m), r in out.items() if 10 <= m < 115} == {
+        ("GPU-aaaaaaaa", "idle_shared"), ("GPU-bbbbbbbb", "busy_shared")}
+    fast = [row(DAY0 + dt.timedelta(seconds=30 * k + 1), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared")
+            for k in range(2880)]
+    t_us = np.array(sorted(int(r["snapshot_utc"].timestamp() * 1e6) for r in fast))
+    assert (snapshot_firsts(t_us) == t_us).all()
+    table = conform(pa.Table.from_pylist(fast), CLEAN_SLOT_SNAPSHOTS)
+    end = DAY0 + dt.timedelta(days=1)
+    cov = coverage_rows(DAY0, end, table, states_from_table(table, DAY0, end), GPU_SAMPLES.empty(), JOBS.empty(),
+                        None, {})
+    snaps = [r for r in cov.to_pylist() if r["source"] == "slot_snapshots"][0]
+    assert (snaps["samples"], snaps["cadence_s"], snaps["gaps"]) == (2880, 30.0, 0)
 
 
 def test_every_gpu_gets_every_bucket_gpu_hours_conserved():
