@@ -162,11 +162,13 @@ EVICTION_RATES = TableSpec(
 )
 
 
-#: VacateReasonCodes of a run that ended by the job's own doing, not by a reclaim of its slot: every
-#: code below 1000 (a hold code: the job failed -- FailedToCheckpoint 36, a transfer error, ... -- and
-#: was put on hold), UserVacateJob 1004 and JobRemoved 1023 (HTCondor's condor_holdcodes.h; the
-#: manual's table of vacate reasons). A run ended so is no eviction, whatever else its record says.
-JOB_SIDE_VACATE_CODES: tuple[int, ...] = (1004, 1023)
+#: VacateReasonCodes of a run that ended by the job's own doing or its submit side, not by a reclaim
+#: of its slot: every code below 1000 (a hold code: the job failed -- FailedToCheckpoint 36, a
+#: transfer error, ... -- and was put on hold), UserVacateJob 1004, ScheddVacate 1022 (the AP vacated
+#: the job: ``condor_vacate_job``, as the real CHTC ad shows) and JobRemoved 1023 (HTCondor's
+#: condor_holdcodes.h; the manual's table of vacate reasons). A run ended so is no eviction,
+#: whatever else its record says.
+JOB_SIDE_VACATE_CODES: tuple[int, ...] = (1004, 1022, 1023)  # UserVacateJob, ScheddVacate, JobRemoved
 
 _JOB_EVICTIONS_SQL = """
 dedup AS (
@@ -196,6 +198,9 @@ jr_base AS (
     WHERE r.is_backfill_slot
       AND r.run_start_utc IS NOT NULL AND r.run_end_utc IS NOT NULL
       AND (r.completion_utc IS NULL OR r.completion_utc < r.run_start_utc)
+      -- an epoch whose executable never started (an input transfer failed: NumJobStarts 0, or as
+      -- the epoch before it) is no run that a reclaim could end
+      AND NOT coalesce(r.doc_kind = 'epoch' AND (r.num_job_starts = 0 OR r.num_job_starts = p.num_job_starts), false)
       AND coalesce(r.vacate_reason_code NOT IN ({job_side_codes}) AND r.vacate_reason_code >= 1000, true)
       AND (
           r.last_vacate_utc = r.run_end_utc
@@ -408,7 +413,9 @@ pairs AS (
                AS pick
     FROM jr
     JOIN sn ON sn.global_job_id = jr.global_job_id
-           AND (list_contains(jr.gpus, sn.gpu_id) OR jr.gpus IS NULL)
+           -- a record naming none of its GPUs, or fewer than it held (a list adstash cut), takes
+           -- any of the job's GPUs seen reclaimed in the window
+           AND (list_contains(jr.gpus, sn.gpu_id) OR jr.gpus IS NULL OR len(jr.gpus) < jr.n_gpus)
     CROSS JOIN cadence c
     WHERE epoch(jr.evicted_utc) >= epoch(sn.last_seen_utc) - c.cadence_s
       AND epoch(jr.evicted_utc) <= epoch(sn.evicted_utc) + c.cadence_s

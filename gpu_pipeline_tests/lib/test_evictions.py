@@ -205,7 +205,7 @@ def test_history_documents_only_an_eviction_then_a_completed_run():
     assert evictions(jobs_t=jobs(job("H2", 1, at(12), at(14), kind="job", completed=True, vacate=at(13)))) == []
 
 
-@pytest.mark.parametrize("code", [36, 13, 1004, 1023])
+@pytest.mark.parametrize("code", [36, 13, 1004, 1022, 1023])
 def test_a_run_ended_by_the_job_itself_is_no_eviction(code):
     """A vacate whose VacateReasonCode is a hold code (below 1000: the job failed -- FailedToCheckpoint
     36, a transfer error 13 -- and was put on hold) or the user's vacate / removal is not a reclaim
@@ -216,6 +216,29 @@ def test_a_run_ended_by_the_job_itself_is_no_eviction(code):
     assert evictions(jobs_t=jobs(later)) == []
     for reclaimed in (1014, 1018, None):  # draining, preemption, no code: evictions
         assert len(evictions(jobs_t=jobs(job("F3", 0, at(9), at(9.5), status=1, code=reclaimed)))) == 1
+
+
+def test_an_epoch_whose_executable_never_started_is_no_eviction():
+    """Epochs are numbered by NumShadowStarts: a shadow start whose input transfer failed (its
+    NumJobStarts as the epoch before it's, or 0) is an epoch of its own, but no run a reclaim ended."""
+    rows = by_job(evictions(jobs_t=jobs(
+        job("E1", 0, at(9), at(11), starts=1, code=1018),
+        job("E1", 1, at(12), at(12 + 1 / 12), starts=1, status=1),  # never ran; the job went back to Idle
+        job("E1", 2, at(13), at(14), starts=2, completed=True),
+        job("E2", 0, at(9), at(9.5), starts=0, status=1),  # the first shadow start never ran either
+        job("E2", 1, at(10), at(11), starts=1, completed=True),
+    )))
+    assert set(rows) == {("E1", 0)}
+
+
+def test_a_record_naming_fewer_gpus_than_it_held_is_one_eviction_with_the_snapshots():
+    """An 8-GPU run whose AssignedGPUs adstash cut names 6: the snapshots see all 8 reclaimed; one
+    eviction of 8 GPUs (the two GPUs not named made a second, snapshots-only row)."""
+    ids = [f"GPU-{i:08x}" for i in range(1, 9)]
+    st = states(day_of({g: ["P"] * 108 + ["B:J8"] * 24 + ["P:owner#1.0#1"] * 12 for g in ids}))
+    rows = evictions(states_t=st, jobs_t=jobs(job("J8", 0, at(9), at(11), gpus=",".join(ids[:6]), request_gpus=8,
+                                                  code=1018)))
+    assert [(r["detected_by"], r["n_gpus"], r["lost_gpu_hours"]) for r in rows] == [("job_records,snapshots", 8, 16.0)]
 
 
 def test_job_record_eviction_at_midnight_belongs_to_the_day_it_ends():
