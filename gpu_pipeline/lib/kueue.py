@@ -34,9 +34,9 @@ Histograms (how the wait columns are computed)
     the delta of the ``_bucket`` counts (Prometheus' linear interpolation inside the bucket; a rank
     in the ``+Inf`` bucket returns the highest finite bound), ``interval_s`` = seconds since that
     previous scrape. A series' first scrape has null interval columns, and so has a scrape whose
-    previous one is more than :data:`OUTAGE_FACTOR` x its cluster's median scrape interval away (a
-    collector outage: the admissions of the whole outage would be credited to the hour after it;
-    ``interval_s`` is kept, the rest null, counted as ``intervals_after_gap``). A counter reset (the
+    interval since the cluster's scrape before is more than :data:`OUTAGE_FACTOR` x the intervals
+    beside it (a collector outage: the admissions of the whole outage would be credited to the hour
+    after it; ``interval_s`` is kept, the rest null, counted as ``intervals_after_gap``). A counter reset (the
     controller restarted: a count, the sum or a bucket went down) or a changed bucket layout takes
     the current cumulative values as the delta (like ``rate()``), counted as ``counter_resets``.
     The wait is "created or requeued until admission" (Kueue's definition), so a requeued workload
@@ -70,7 +70,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
-import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -488,20 +487,31 @@ def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, clu
     return scrape
 
 
-#: A scrape interval more than this many times the cluster's median is an outage (DESIGN 5.7 counts
-#: gaps so; the demand's hold rule, ``demand.KUEUE_HOLD_GAP_FACTOR``, is this).
+#: A scrape interval more than this many times both intervals beside it is an outage (a collector
+#: down for hours; a baseline scrape days old). Against its neighbours, not the day's median: a
+#: collector that goes from 30-s to 2-minute scrapes has no outage. The demand's hold rule
+#: (``demand.KUEUE_HOLD_GAP_FACTOR``) is the same factor.
 OUTAGE_FACTOR = 3
 
 
-def _median_intervals(ordered: list[KueueScrape]) -> dict[str | None, float]:
-    """Per cluster, the median interval (s) between its distinct scrape times."""
-    times: dict[str | None, list[float]] = {}
+def _after_outage(ordered: list[KueueScrape]) -> set[tuple[str | None, dt.datetime]]:
+    """(cluster, time) of the scrapes whose interval since the cluster's scrape before is an outage:
+    longer than :data:`OUTAGE_FACTOR` x the interval before it and x the interval after it (x the
+    one there is, at either end; a cluster with one interval has none)."""
+    times: dict[str | None, list[dt.datetime]] = {}
     for s in ordered:
-        t = s.sample_utc.timestamp()
         at = times.setdefault(s.cluster, [])
-        if not at or at[-1] != t:
-            at.append(t)
-    return {c: statistics.median(b - a for a, b in itertools.pairwise(t)) for c, t in times.items() if len(t) > 1}
+        if not at or at[-1] != s.sample_utc:
+            at.append(s.sample_utc)
+    out = set()
+    for cluster, t in times.items():
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(t)]
+        for i, gap in enumerate(gaps):
+            beside = [g for g in (gaps[i - 1] if i else None, gaps[i + 1] if i + 1 < len(gaps) else None)
+                      if g is not None]
+            if beside and all(gap > OUTAGE_FACTOR * g for g in beside):
+                out.add((cluster, t[i + 1]))
+    return out
 
 
 class _Prev(NamedTuple):
@@ -528,7 +538,7 @@ def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
     cols: dict[str, list] = {f.name: [] for f in KUEUE_DEMAND.schema}
     prev: dict[tuple, _Prev] = {}
     seen_times: set[tuple] = set()
-    medians = _median_intervals(ordered)
+    after_outage = _after_outage(ordered)
 
     def emit(s: KueueScrape, key: RowKey, values: Mapping[str, object]) -> None:
         cq = key.cluster_queue
@@ -568,11 +578,9 @@ def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
             before = prev.get(pk)
             prev[pk] = _Prev(s.sample_utc, h)
             if before is not None:
-                gap = (s.sample_utc - before.at).total_seconds()
-                median = medians.get(s.cluster)
-                if median is not None and gap > OUTAGE_FACTOR * median:
+                if (s.cluster, s.sample_utc) in after_outage:
                     counters["intervals_after_gap"] += 1
-                    values["interval_s"] = gap
+                    values["interval_s"] = (s.sample_utc - before.at).total_seconds()
                 else:
                     values.update(_interval(before, s.sample_utc, h, counters))
             emit(s, key, values)

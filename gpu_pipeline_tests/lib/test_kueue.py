@@ -192,6 +192,15 @@ def test_waits_across_a_collector_outage_are_not_the_next_scrapes() -> None:
     assert rows[T0 + dt.timedelta(hours=10, minutes=1)]["wait_mean_s"] == 5.0
     assert rows[T0 + dt.timedelta(hours=1)]["wait_mean_s"] == 5.0
     assert res.counters["intervals_after_gap"] == 1
+    # a collector going from 30-s to 2-minute scrapes has no outage: every interval keeps its waits
+    scrapes, count = [], 0
+    for k in range(200):
+        count += 2
+        at = T0 + dt.timedelta(seconds=30 * k if k < 100 else 3000 + 120 * (k - 100))
+        scrapes.append((at, hist_text([0, count, count], 5.0 * count)))
+    res = parse_kueue_scrapes(scrapes)
+    assert [r["wait_mean_s"] for r in res.table.to_pylist()][1:] == [5.0] * 199
+    assert "intervals_after_gap" not in res.counters
 
 
 def test_followers_duplicates_missing_labels_and_untyped() -> None:
