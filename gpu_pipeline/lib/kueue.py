@@ -34,8 +34,8 @@ Histograms (how the wait columns are computed)
     the delta of the ``_bucket`` counts (Prometheus' linear interpolation inside the bucket; a rank
     in the ``+Inf`` bucket returns the highest finite bound), ``interval_s`` = seconds since that
     previous scrape. A series' first scrape has null interval columns, and so has a scrape whose
-    interval since the cluster's scrape before is more than :data:`OUTAGE_FACTOR` x the intervals
-    beside it (a collector outage: the admissions of the whole outage would be credited to the hour
+    interval since the series' scrape before is more than :data:`OUTAGE_FACTOR` x the series'
+    intervals beside it (a collector outage: the admissions of the whole outage would be credited to the hour
     after it; ``interval_s`` is kept, the rest null, counted as ``intervals_after_gap``). A counter reset (the
     controller restarted: a count, the sum or a bucket went down) or a changed bucket layout takes
     the current cumulative values as the delta (like ``rate()``), counted as ``counter_resets``.
@@ -494,23 +494,18 @@ def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, clu
 OUTAGE_FACTOR = 3
 
 
-def _after_outage(ordered: list[KueueScrape]) -> set[tuple[str | None, dt.datetime]]:
-    """(cluster, time) of the scrapes whose interval since the cluster's scrape before is an outage:
-    longer than :data:`OUTAGE_FACTOR` x the interval before it and x the interval after it (x the
-    one there is, at either end; a cluster with one interval has none)."""
-    times: dict[str | None, list[dt.datetime]] = {}
-    for s in ordered:
-        at = times.setdefault(s.cluster, [])
-        if not at or at[-1] != s.sample_utc:
-            at.append(s.sample_utc)
+def _after_outage(times: dict[tuple, list[dt.datetime]]) -> set[tuple]:
+    """(series key, time) of the scrapes whose interval since the series' scrape before is an
+    outage: longer than :data:`OUTAGE_FACTOR` x the series' interval before it and x its interval
+    after it (x the one there is, at either end; a series with one interval has none)."""
     out = set()
-    for cluster, t in times.items():
+    for key, t in times.items():
         gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(t)]
         for i, gap in enumerate(gaps):
             beside = [g for g in (gaps[i - 1] if i else None, gaps[i + 1] if i + 1 < len(gaps) else None)
                       if g is not None]
             if beside and all(gap > OUTAGE_FACTOR * g for g in beside):
-                out.add((cluster, t[i + 1]))
+                out.add((key, t[i + 1]))
     return out
 
 
@@ -538,7 +533,15 @@ def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
     cols: dict[str, list] = {f.name: [] for f in KUEUE_DEMAND.schema}
     prev: dict[tuple, _Prev] = {}
     seen_times: set[tuple] = set()
-    after_outage = _after_outage(ordered)
+    # each histogram series' scrape times (the scrapes the loop below reads), for its outages
+    series_times: dict[tuple, list[dt.datetime]] = {}
+    read_times: set[tuple] = set()
+    for s in ordered:
+        if (s.cluster, s.sample_utc) not in read_times:
+            read_times.add((s.cluster, s.sample_utc))
+            for key in s.hists:
+                series_times.setdefault((s.cluster, key), []).append(s.sample_utc)
+    after_outage = _after_outage(series_times)
 
     def emit(s: KueueScrape, key: RowKey, values: Mapping[str, object]) -> None:
         cq = key.cluster_queue
@@ -578,7 +581,7 @@ def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
             before = prev.get(pk)
             prev[pk] = _Prev(s.sample_utc, h)
             if before is not None:
-                if (s.cluster, s.sample_utc) in after_outage:
+                if (pk, s.sample_utc) in after_outage:
                     counters["intervals_after_gap"] += 1
                     values["interval_s"] = (s.sample_utc - before.at).total_seconds()
                 else:
