@@ -148,6 +148,7 @@ EXIT_OK = 0  #: every iteration appended a snapshot
 EXIT_PARTIAL = 1  #: some iterations failed, at least one snapshot was appended
 EXIT_COLLECTOR_DOWN = 3  #: nothing appended: the collector never answered
 EXIT_ARCHIVE_ERROR = 4  #: the archive cannot be written (the loop stops at once) or only failed writes
+EXIT_FAILED = 5  #: nothing appended: every iteration failed otherwise (the log has each error)
 EXIT_INTERRUPTED = 130  #: stopped by KeyboardInterrupt (SIGINT)
 
 
@@ -675,12 +676,23 @@ def local_timestamp(snapshot_time: dt.datetime, archive_tz: str = "UTC") -> str:
     return snapshot_time.astimezone(_zone(archive_tz)).strftime(TIMESTAMP_FORMAT)
 
 
+def _exists(path: Path) -> bool:
+    """``path.exists()``, a file-system refusal (a folder the collector may not enter: EACCES is no
+    "does not exist" to ``Path.exists``) as an :class:`ArchiveWriteError` naming the path."""
+    try:
+        return path.exists()
+    except OSError as exc:
+        transient = exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT)
+        raise ArchiveWriteError(f"{path}: cannot look at the archive: {exc.strerror or exc}",
+                                transient=transient) from exc
+
+
 def archive_path(archive_dir: Path, snapshot_time: dt.datetime, archive_tz: str = "UTC") -> Path:
     """The monthly SQLite file a snapshot goes to (an existing ``.sqlite`` of the month is kept)."""
     month = local_timestamp(snapshot_time, archive_tz)[:7]
     db = Path(archive_dir) / f"gpu_state_{month}.db"
     legacy = db.with_suffix(".sqlite")
-    if not db.exists() and legacy.exists():
+    if not _exists(db) and _exists(legacy):
         return legacy
     return db
 
@@ -854,7 +866,7 @@ def append_snapshot(
     _check_rows(rows, snapshot_time)
     path = archive_path(archive_dir, snapshot_time, archive_tz)
     parquet = archive_dir / f"gpu_state_{ts_text[:7]}.parquet"
-    if not path.exists() and parquet.exists():
+    if not _exists(path) and _exists(parquet):
         raise ArchiveWriteError(
             f"{parquet} exists: a new {path.name} would hide its rows from the reader (which prefers "
             "the SQLite file of a month); move the Parquet archive away or collect into another directory"
@@ -863,7 +875,7 @@ def append_snapshot(
         archive_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ArchiveWriteError(f"{archive_dir}: cannot create the archive directory: {exc}") from exc
-    if path.exists():
+    if _exists(path):
         _append_existing(path, rows, ts_text, busy_timeout_s)
     else:
         _create_new(path, rows, ts_text, busy_timeout_s)
@@ -989,7 +1001,7 @@ class LoopResult:
             return EXIT_COLLECTOR_DOWN
         if self.archive_failures:
             return EXIT_ARCHIVE_ERROR
-        return EXIT_PARTIAL
+        return EXIT_FAILED  # nothing written: not the "some written" of EXIT_PARTIAL
 
 
 def collect_loop(

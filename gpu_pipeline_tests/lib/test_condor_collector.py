@@ -723,3 +723,22 @@ def test_query_collector_projection_and_nested_device_follow_up(monkeypatch):
         ("GPU-c4a646d7", "Tesla V100-PCIE-16GB", 16160), ("GPU-6a96bd13", "TITAN RTX", 24220)]
     assert {"Name", "AssignedGPUs", "AvailableGPUs", "State", "Disk", "PreventJobsReason", "GPUs", "TotalGPUs",
             "SlotType", "PartitionableSlot", "DetectedGPUs"} <= set(cc.PROJECTION)
+
+
+def test_an_archive_folder_the_file_system_refuses_to_look_at_stops_the_loop(tmp_path):
+    """``Path.exists`` raises for a folder the collector may not enter (EACCES) or a name the file
+    system refuses (here ENAMETOOLONG, which root meets too): that is an archive that cannot be
+    written -- exit 4, the loop stopped at once -- not an unexpected error retried for ever with
+    exit 1 ("some snapshot written") though nothing was."""
+    out = tmp_path / ("x" * 300) / "archive"
+    result = cc.collect_loop("cm.example.edu", out, iterations=3, interval_s=60, sleep=lambda s: None,
+                             query=lambda host, timeout_s, constraint: fixture_ads_old(), now=lambda: T0)
+    assert (result.successes, result.failures, result.iterations) == (0, 1, 1)
+    assert result.exit_code == cc.EXIT_ARCHIVE_ERROR and "cannot look at the archive" in result.stopped_reason
+    # an error of another kind in every iteration, nothing written: exit 5, not 1
+    def broken(host, timeout_s, constraint):
+        raise RuntimeError("a bug")
+
+    result = cc.collect_loop("cm.example.edu", tmp_path / "ok", iterations=2, interval_s=60, sleep=lambda s: None,
+                             query=broken, now=lambda: T0)
+    assert (result.successes, result.failures, result.exit_code) == (0, 2, cc.EXIT_FAILED)
