@@ -27,8 +27,10 @@ import pyarrow.compute as pc
 from gpu_pipeline.lib.es_source import EsConfig, fetch_jobs
 from gpu_pipeline.lib.jobs import (
     canonical_json,
+    close_superseded_runs,
     file_items,
     jobs_overlapping,
+    normalize_docs,
     normalize_items,
     quarantine_table,
     text_fingerprint,
@@ -144,6 +146,8 @@ class CleanJobs:
     duplicates: int = 0
     outside_window: int = 0
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
+    #: open runs a later record of the job showed over (:func:`~gpu_pipeline.lib.jobs.close_superseded_runs`)
+    runs_closed_by_later_record: int = 0
 
 
 def _readable(raw: pa.Table) -> pa.ChunkedArray:
@@ -151,6 +155,35 @@ def _readable(raw: pa.Table) -> pa.ChunkedArray:
     if raw.column("parse_error").null_count == raw.num_rows:
         return raw.column("doc_json")
     return pc.if_else(pc.is_null(raw.column("parse_error")), raw.column("doc_json"), None)
+
+
+def _close_open_runs(table: pa.Table, candidates: pa.Table) -> tuple[pa.Table, int]:
+    """:func:`~gpu_pipeline.lib.jobs.close_superseded_runs` of the day's rows, with every document of
+    the same jobs the day read (``candidates``: the raw documents with their job where read plainly)
+    as the later records that may close an open run -- those outside the day too: a job's history
+    record of the 5th closes its ``condor_q`` snapshot's run in the partition of the 7th. Those
+    records' rows are not kept."""
+    open_run = pc.and_(pc.is_null(table["run_end_utc"]), pc.is_valid(table["run_start_utc"])) if table.num_rows else None
+    if open_run is None or not pc.any(open_run).as_py():
+        return table, 0
+    ids = set(pc.unique(table["global_job_id"].filter(open_run)).to_pylist())
+    closers = []
+    by_source: dict[str, list] = {}
+    for r in candidates.select(["source", "doc_json", "_job_id"]).to_pylist():
+        if r["_job_id"] is not None and r["_job_id"] not in ids:
+            continue
+        try:
+            doc = json.loads(r["doc_json"])
+        except (TypeError, ValueError):
+            continue
+        if isinstance(doc, dict) and (r["_job_id"] is not None or str(doc.get("GlobalJobId", "")).strip() in ids):
+            by_source.setdefault(r["source"], []).append(doc)
+    for source, docs in sorted(by_source.items()):
+        closers.append(normalize_docs(docs, source).table)
+    both = pa.concat_tables([table, *closers]) if closers else table
+    closed_table = close_superseded_runs(both)[0].slice(0, table.num_rows)
+    closed = int(pc.sum(pc.and_(open_run, pc.is_valid(closed_table["run_end_utc"]))).as_py() or 0)
+    return closed_table, closed
 
 
 def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> CleanJobs:
@@ -167,6 +200,8 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
     # broken by it: the later read wins, as without the window)
     raw = raw.append_column("_row", pa.array(range(raw.num_rows), pa.int64()))
     outside, job_ids = outside_window_ids(_readable(raw), window_s)
+    # every document's job (null where not read plainly), for the records that may close an open run
+    candidates = raw.append_column("_job_id", job_ids)
     skipped_early = int(outside.sum())
     early = raw.slice(0, 0).append_column("_job_id", pa.array([], pa.string()))
     if skipped_early:
@@ -222,6 +257,7 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
         duplicates += result.duplicates
         skipped += result.skipped_outside_window
     table = pa.concat_tables(tables) if tables else JOBS.empty()
+    table, closed = _close_open_runs(table, candidates)
     kept = jobs_overlapping(table, start_utc, end_utc)
     kept = kept.sort_by([("global_job_id", "ascending"), ("run_index", "ascending"), ("doc_kind", "ascending"),
                          ("source", "ascending")])
@@ -233,4 +269,5 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
         duplicates=duplicates,
         outside_window=table.num_rows - kept.num_rows + skipped,
         quarantined_by_reason=dict(sorted(reasons.items())),
+        runs_closed_by_later_record=closed,
     )

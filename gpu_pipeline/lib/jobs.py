@@ -101,9 +101,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpu_pipeline.lib.db import connect as db_connect
 from gpu_pipeline.lib.schemas import JOBS, QUARANTINE, TS
 from gpu_pipeline.lib.slots import normalize_gpu_id
 
@@ -972,6 +974,42 @@ def _ts_scalar(t: Any) -> pa.Scalar:
     if isinstance(t, (int, float)):
         return pa.scalar(int(round(t * 1_000_000)), type=TS)
     raise TypeError(f"expected a timezone-aware datetime or epoch seconds, got {type(t).__name__}")
+
+
+def close_superseded_runs(table: pa.Table) -> tuple[pa.Table, int]:
+    """A run still open in its record (a ``condor_q`` snapshot of the job running: ``run_end_utc``
+    null) that a later record of the job shows to be over -- that record is of a later run -- ends
+    at that record's ``LastVacateTime`` when it lies within the open run (from its start to the later
+    run's start), else at the later run's start. Left open, the run ran on every day after (the
+    open end overlaps them) and was never an eviction. Returns the table and how many runs it closed."""
+    if table.num_rows < 2 or not pc.any(pc.is_null(table["run_end_utc"])).as_py():
+        return table, 0
+    con = db_connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        con.register("_runs", table.append_column("_i", pa.array(range(table.num_rows), pa.int64())))
+        ends = con.sql("""
+            WITH latest AS (
+                SELECT global_job_id, arg_max(run_index, record_utc) AS k, arg_max(run_start_utc, record_utc) AS k_start,
+                       arg_max(last_vacate_utc, record_utc) AS k_vacate, max(record_utc) AS k_record
+                FROM _runs WHERE record_utc IS NOT NULL GROUP BY global_job_id
+            )
+            SELECT r._i,
+                   CASE WHEN l.k_vacate >= r.run_start_utc AND l.k_vacate <= l.k_start THEN l.k_vacate
+                        ELSE l.k_start END AS run_end
+            FROM _runs r JOIN latest l USING (global_job_id)
+            WHERE r.run_end_utc IS NULL AND r.run_start_utc IS NOT NULL AND r.run_index < l.k
+              AND l.k_start > r.run_start_utc AND (r.record_utc IS NULL OR r.record_utc < l.k_record)
+        """).to_arrow_table()
+    finally:
+        con.close()
+    if not ends.num_rows:
+        return table, 0
+    end = np.full(table.num_rows, -1, dtype=np.int64)
+    end[ends["_i"].to_numpy()] = np.arange(ends.num_rows)
+    closed = pc.if_else(pa.array(end >= 0), ends["run_end"].cast(TS).take(pa.array(np.maximum(end, 0))),
+                        table["run_end_utc"])
+    return table.set_column(table.schema.get_field_index("run_end_utc"), "run_end_utc", closed), ends.num_rows
 
 
 def jobs_overlapping(table: pa.Table, start_utc: Any, end_utc: Any) -> pa.Table:

@@ -656,3 +656,45 @@ def test_an_assigned_gpus_value_adstash_cut_keeps_its_whole_ids():
     assert ev["n_gpus"].to_pylist() == [8] and ev["lost_gpu_hours"].to_pylist() == [8.0]
     # an uncut value keeps every id
     assert normalize_docs([dict(doc, AssignedGPUs=full)], "ndjson").table["assigned_gpus"].to_pylist() == [full]
+
+
+@pytest.mark.parametrize("mode", ["by_dates", "full"])
+def test_a_later_record_of_a_later_run_closes_a_stale_open_run(monkeypatch, mode):
+    """A ``condor_q -json`` snapshot of run 0 running on a backfill slot, then the job's history
+    record: run 1 (NumJobStarts 2) started at 14:00 after a vacate at 13:00 and completed. The keys
+    differ (run 0, run 1), so the snapshot was not superseded: run 0 stayed open, ran on every later
+    day and was no eviction. It ends at the vacate -- on its own day and on later days, whose
+    partitions read the history record only aside (it lies before them)."""
+    import datetime as dt
+
+    import numpy as np
+
+    from gpu_pipeline.lib import job_source
+    from gpu_pipeline.lib.evictions import evictions_from_tables
+    from gpu_pipeline.lib.job_source import clean_job_documents
+    from gpu_pipeline.lib.jobs import canonical_json
+
+    def t(h: float) -> int:
+        return int((dt.datetime(2025, 8, 5, tzinfo=dt.UTC) + dt.timedelta(hours=h)).timestamp())
+
+    gj = "schedd1#10.0#1754400000"
+    snap = {"GlobalJobId": gj, "JobStatus": 2, "NumJobStarts": 1, "QDate": t(10), "JobCurrentStartDate": t(11),
+            "RemoteHost": "backfill2_1@gpu01", "ServerTime": t(12), "AssignedGPUs": "GPU-aaaaaaaa"}
+    final = {"GlobalJobId": gj, "JobStatus": 4, "NumJobStarts": 2, "QDate": t(10), "JobStartDate": t(11),
+             "JobCurrentStartDate": t(14), "LastVacateTime": t(13), "CompletionDate": t(16), "RecordTime": t(16),
+             "LastRemoteHost": "slot1_1@gpu02", "AssignedGPUs": "GPU-bbbbbbbb", "EnteredCurrentStatus": t(16)}
+    # both documents as a later day's read gives them too (a source that returns every document of
+    # a job with a run open on the day)
+    raw = job_source._raw_table([("condor_history", "f", i, canonical_json(d), None) for i, d in enumerate([snap, final])])
+    if mode == "full":  # nothing skipped from its dates: the history record is normalized with the rest
+        monkeypatch.setattr(job_source, "outside_window_ids",
+                            lambda texts, w: (np.zeros(len(texts), bool), pa.nulls(len(texts), pa.string())))
+    for day, runs in (("2025-08-05", [(0, t(13)), (1, t(16))]), ("2025-08-07", [])):
+        start = dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC)
+        end = start + dt.timedelta(days=1)
+        got = clean_job_documents(raw, start, end)
+        assert [(r["run_index"], int(r["run_end_utc"].timestamp())) for r in got.table.to_pylist()] == runs, day
+        if day == "2025-08-05":
+            assert got.runs_closed_by_later_record == 1
+            ev = evictions_from_tables(start, end, jobs=got.table).to_pylist()
+            assert [(e["run_index"], int(e["evicted_utc"].timestamp())) for e in ev] == [(0, t(13))]

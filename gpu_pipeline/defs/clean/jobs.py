@@ -62,6 +62,7 @@ def jobs(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg
                 "rows_quarantined": cleaned.quarantine.num_rows,
                 "duplicate_documents_dropped": cleaned.duplicates,
                 "runs_outside_day": cleaned.outside_window,
+                "runs_closed_by_later_record": cleaned.runs_closed_by_later_record,
             },
             details={"quarantined_by_reason": cleaned.quarantined_by_reason},
         )
