@@ -164,6 +164,26 @@ def _read_sqlite(path: Path, lo: str, hi: str, consume: _Consume,
         return _read_sqlite_once(path, lo, hi, consume, lock_timeout_s)
 
 
+#: A timestamp text that carries its UTC offset (an archive written from aware times, as pandas
+#: ``to_sql`` writes them: ``2025-08-06 00:00:00.000000+00:00``).
+_OFFSET_TEXT = re.compile(r"(Z|[+-]\d\d:?\d\d)$")
+#: The widest UTC offset a zone has: text with offsets sorts by local wall time, not by the instant.
+_MAX_OFFSET = dt.timedelta(hours=14)
+
+
+def _text_bounds(con: sqlite3.Connection, lo: str, hi: str) -> tuple[str, str]:
+    """The text range to read, ``lo``..``hi`` (local wall time with the margin), widened by the
+    widest UTC offset when the file's first or last timestamp text carries an offset: its rows are
+    then read by their instant (the localizer reads an offset), and text in another offset than the
+    source zone's lay outside the local range (a day lost its last hours in America/Chicago)."""
+    ends = con.execute(f"SELECT timestamp FROM (SELECT timestamp FROM {TABLE} ORDER BY rowid LIMIT 1) UNION ALL "
+                       f"SELECT timestamp FROM (SELECT timestamp FROM {TABLE} ORDER BY rowid DESC LIMIT 1)").fetchall()
+    if not any(isinstance(t, str) and _OFFSET_TEXT.search(t.strip()) for (t,) in ends):
+        return lo, hi
+    return ((dt.datetime.fromisoformat(lo) - _MAX_OFFSET).isoformat(sep=" "),
+            (dt.datetime.fromisoformat(hi) + _MAX_OFFSET).isoformat(sep=" "))
+
+
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -180,6 +200,7 @@ def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
         if missing_req:
             raise ArchiveError(f"{path}: table '{TABLE}' lacks required columns {missing_req}")
         wanted = [c for c in SOURCE_COLUMNS if c in cols]
+        lo, hi = _text_bounds(con, lo, hi)
         try:
             ranges = _reader_ranges(con, path, lo, hi)
             # The first reader stays a few batches ahead; the second reads its whole range meanwhile

@@ -487,3 +487,17 @@ def test_dst_hour_and_odd_values_across_two_readers(tmp_path, monkeypatch):
     fast, slow = _both_readers(monkeypatch, tmp_path / "odd", start, end, "UTC")
     assert set(fast.read_paths.values()) == {"row_by_row"} and fast.table.equals(slow.table)
     assert fast.non_numeric == {"GPUs_GlobalMemoryMb": 1}
+
+
+@pytest.mark.parametrize("zone", ["America/Chicago", "Asia/Tokyo"])
+def test_timestamp_text_with_an_offset_is_read_by_its_instant(tmp_path, zone):
+    """An archive written from aware times (pandas ``to_sql`` writes ``...+00:00``): each row is its
+    instant whatever the source zone, and the day's rows are all read (the text was compared with
+    the zone's local window and a day lost up to 3 hours at either end), each on one day only."""
+    rows = [slot_row(f"2025-08-06 {h:02d}:00:00.000000+00:00", "slot1", "GPU-aaaaaaaa", "Unclaimed")
+            for h in range(24)]
+    write_gpu_state_db(tmp_path / "gpu_state_2025-08.db", rows)
+    per_day = {day: read_window(tmp_path, *day_window(day, "UTC"), zone).table.column("snapshot_utc").to_pylist()
+               for day in ("2025-08-05", "2025-08-06", "2025-08-07")}
+    assert per_day["2025-08-06"] == [dt.datetime(2025, 8, 6, h, tzinfo=dt.UTC) for h in range(24)]
+    assert per_day["2025-08-05"] == per_day["2025-08-07"] == []
