@@ -184,7 +184,7 @@ def _gpu_resource_sql(names: Sequence[str], column: str = "resource") -> str:
 #: times the cluster's median scrape interval away (a gap, as DESIGN 5.7 counts gaps; the median as the
 #: coverage module takes it): it then stands for one median interval, so an outage is not filled with
 #: the last value seen.
-KUEUE_HOLD_GAP_FACTOR = OUTAGE_FACTOR  # 3; the Kueue table's waits after such a gap are null
+KUEUE_HOLD_GAP_FACTOR = OUTAGE_FACTOR  # 3, the factor of the Kueue table's outages (against the intervals beside)
 #: ... and never for more than this (a scrape hours old is not the present; 10:00 and 16:00 alone
 #: stand for 10-11 and 16-17).
 KUEUE_MAX_HOLD = dt.timedelta(hours=1)

@@ -166,7 +166,10 @@ def _close_open_runs(table: pa.Table, candidates: pa.Table) -> tuple[pa.Table, i
     open_run = pc.and_(pc.is_null(table["run_end_utc"]), pc.is_valid(table["run_start_utc"])) if table.num_rows else None
     if open_run is None or not pc.any(open_run).as_py():
         return table, 0
-    ids = set(pc.unique(table["global_job_id"].filter(open_run)).to_pylist())
+    open_ids = pc.unique(table["global_job_id"].filter(open_run))
+    ids = set(open_ids.to_pylist())
+    job = candidates["_job_id"]
+    candidates = candidates.filter(pc.or_(pc.is_null(job), pc.fill_null(pc.is_in(job, value_set=open_ids), False)))
     closers = []
     by_source: dict[str, list] = {}
     for r in candidates.select(["source", "doc_json", "_job_id"]).to_pylist():
