@@ -263,11 +263,16 @@ def _load_env(dir_: str | None, defaults: bool = True) -> None:
         _apply_env_defaults()
 
 
+def _dagster_home() -> str:
+    """``DAGSTER_HOME``, else ``./.dagster_home``: the instance the commands of this folder use."""
+    return (os.environ.get("DAGSTER_HOME") or "").strip() or str(Path.cwd() / ".dagster_home")
+
+
 def _default_dagster_home() -> None:
     """``DAGSTER_HOME``, prepared from the template; unset, ``./.dagster_home`` (git-ignored): the
     runs, schedules and backfills are kept there instead of in an instance that ends with the command."""
     if not os.environ.get("DAGSTER_HOME"):
-        os.environ["DAGSTER_HOME"] = str(Path.cwd() / ".dagster_home")
+        os.environ["DAGSTER_HOME"] = _dagster_home()
         print(f"DAGSTER_HOME not set: using {os.environ['DAGSTER_HOME']}", file=sys.stderr)
     prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
 
@@ -318,8 +323,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from gpu_pipeline.lib.store import Store, connect, create_catalog, empty_tables
 
     # unset, the root the runs of this folder take: DAGSTER_HOME's, ./.dagster_home when that is unset too
-    home = (os.environ.get("DAGSTER_HOME") or "").strip() or str(Path.cwd() / ".dagster_home")
-    root = args.data_root or data_root({**os.environ, "DAGSTER_HOME": home})
+    root = args.data_root or data_root({**os.environ, "DAGSTER_HOME": _dagster_home()})
     if not Path(str(root).removeprefix("file://")).expanduser().is_dir():
         print(f"error: {root}: no such data root", file=sys.stderr)
         return 2

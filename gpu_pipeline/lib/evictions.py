@@ -169,6 +169,9 @@ EVICTION_RATES = TableSpec(
 #: condor_holdcodes.h; the manual's table of vacate reasons). A run ended so is no eviction,
 #: whatever else its record says.
 JOB_SIDE_VACATE_CODES: tuple[int, ...] = (1004, 1022, 1023)  # UserVacateJob, ScheddVacate, JobRemoved
+# A run ``r`` whose VacateReasonCode is none of those (or unknown): one a reclaim may have ended.
+_RECLAIM_OR_UNKNOWN = (f"coalesce(r.vacate_reason_code NOT IN ({', '.join(map(str, JOB_SIDE_VACATE_CODES))}) "
+                       "AND r.vacate_reason_code >= 1000, true)")
 
 _JOB_EVICTIONS_SQL = """
 dedup AS (
@@ -201,7 +204,7 @@ jr_base AS (
       -- an epoch whose executable never started (an input transfer failed: NumJobStarts 0, or as
       -- the epoch before it) is no run that a reclaim could end
       AND NOT coalesce(r.doc_kind = 'epoch' AND (r.num_job_starts = 0 OR r.num_job_starts = p.num_job_starts), false)
-      AND coalesce(r.vacate_reason_code NOT IN ({job_side_codes}) AND r.vacate_reason_code >= 1000, true)
+      AND {reclaim_or_unknown}
       AND (
           r.last_vacate_utc = r.run_end_utc
           OR (jl.last_run > r.run_index AND coalesce(r.job_status, 0) <> 5)
@@ -227,7 +230,7 @@ vacated_before AS (
     WHERE r.doc_kind = 'job' AND r.is_backfill_slot AND r.run_index >= 1
       AND r.run_start_utc IS NOT NULL AND r.last_vacate_utc IS NOT NULL
       AND r.last_vacate_utc <= r.run_start_utc
-      AND coalesce(r.vacate_reason_code NOT IN ({job_side_codes}) AND r.vacate_reason_code >= 1000, true)
+      AND {reclaim_or_unknown}
       AND NOT EXISTS (SELECT 1 FROM runs p WHERE p.global_job_id = r.global_job_id AND p.run_index = r.run_index - 1)
 ),
 jr_gain AS (
@@ -252,8 +255,8 @@ jr AS (
            CASE
                WHEN gained_s IS NOT NULL THEN runtime_s - least(greatest(gained_s, 0), runtime_s)
                WHEN committed_time_s IS NOT NULL AND remote_wall_clock_s IS NOT NULL
-                   THEN CASE WHEN runtime_s IS NULL THEN greatest(remote_wall_clock_s - committed_time_s, 0)
-                             ELSE least(runtime_s, greatest(remote_wall_clock_s - committed_time_s, 0)) END
+                   -- (least skips a null: a run of unknown length loses the whole bound)
+                   THEN least(runtime_s, greatest(remote_wall_clock_s - committed_time_s, 0))
                ELSE runtime_s
            END AS badput_s,
            CASE
@@ -552,7 +555,7 @@ def compute_evictions(
     try:
         _stage_host_tiers(con, "_ev_hosttier", snapshots_from_sql, list(snapshots_params or []),
                           start_utc - lookback, start_utc, end_utc, states="_ev_states")
-        jr_sql = _JOB_EVICTIONS_SQL.strip().format(job_side_codes=", ".join(map(str, JOB_SIDE_VACATE_CODES)))
+        jr_sql = _JOB_EVICTIONS_SQL.strip().format(reclaim_or_unknown=_RECLAIM_OR_UNKNOWN)
         sql = _MERGE_SQL.format(jr_sql=jr_sql, sn_sql=_SNAPSHOT_EVICTIONS_SQL.strip(),
                                 part_gap=part_gap_sql("snap_gaps", "d", 1e-6),
                                 lost_sum=exact_sum("epoch(evicted_utc) - epoch(started_utc)"),

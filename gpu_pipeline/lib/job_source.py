@@ -173,8 +173,6 @@ def _close_open_runs(table: pa.Table, candidates: pa.Table) -> tuple[pa.Table, i
     closers = []
     by_source: dict[str, list] = {}
     for r in candidates.select(["source", "doc_json", "_job_id"]).to_pylist():
-        if r["_job_id"] is not None and r["_job_id"] not in ids:
-            continue
         try:
             doc = json.loads(r["doc_json"])
         except (TypeError, ValueError):
@@ -184,6 +182,7 @@ def _close_open_runs(table: pa.Table, candidates: pa.Table) -> tuple[pa.Table, i
     for source, docs in sorted(by_source.items()):
         closers.append(normalize_docs(docs, source).table)
     both = pa.concat_tables([table, *closers]) if closers else table
+    # (the count is the day's rows closed: the closers' own open rows are closed too, and dropped)
     closed_table = close_superseded_runs(both)[0].slice(0, table.num_rows)
     closed = int(pc.sum(pc.and_(open_run, pc.is_valid(closed_table["run_end_utc"]))).as_py() or 0)
     return closed_table, closed

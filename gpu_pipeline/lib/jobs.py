@@ -101,7 +101,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -307,8 +306,11 @@ _COERCE = {
 }
 
 #: name -> (kind, HTCondor attribute spellings in order of preference)
-#: the fields a job document's run is numbered by, in order (the first one set and not 0)
-_STARTS = ("num_job_starts", "num_shadow_starts", "job_run_count")
+#: the fields a job document's run is numbered by, in order (the first one set and not 0), and an
+#: epoch document's: its shadow start first (adstash's epoch identity: a shadow start whose
+#: executable never started -- an input transfer failed -- leaves NumJobStarts as it was)
+JOB_STARTS = ("num_job_starts", "num_shadow_starts", "job_run_count")
+EPOCH_STARTS = ("num_shadow_starts", "num_job_starts", "job_run_count")
 _FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cluster_id": ("int", ("ClusterId",)),
     "proc_id": ("int", ("ProcId",)),
@@ -513,9 +515,7 @@ def _row(raw: Any, source: str) -> dict:
     v = {name: d.get(name) for name in _FIELDS}
 
     kind = "epoch" if (d.has("EpochWriteDate") or d.has("EpochAdType")) else "job"
-    # an epoch's run is its shadow start (adstash's epoch identity: a shadow start whose executable
-    # never started -- an input transfer failed -- leaves NumJobStarts as it was)
-    order = ("num_shadow_starts", "num_job_starts", "job_run_count") if kind == "epoch" else _STARTS
+    order = EPOCH_STARTS if kind == "epoch" else JOB_STARTS
     starts = next((n for n in (v[k] for k in order) if n), 0)
     run_index = max(starts - 1, 0)
 
@@ -988,28 +988,28 @@ def close_superseded_runs(table: pa.Table) -> tuple[pa.Table, int]:
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.register("_runs", table.append_column("_i", pa.array(range(table.num_rows), pa.int64())))
-        ends = con.sql("""
+        # every row's end, in the table's order (a closed run's from the later record)
+        out = con.sql("""
             WITH latest AS (
                 SELECT global_job_id, arg_max(run_index, record_utc) AS k, arg_max(run_start_utc, record_utc) AS k_start,
                        arg_max(last_vacate_utc, record_utc) AS k_vacate, max(record_utc) AS k_record
                 FROM _runs WHERE record_utc IS NOT NULL GROUP BY global_job_id
             )
-            SELECT r._i,
-                   CASE WHEN l.k_vacate >= r.run_start_utc AND l.k_vacate <= l.k_start THEN l.k_vacate
-                        ELSE l.k_start END AS run_end
-            FROM _runs r JOIN latest l USING (global_job_id)
-            WHERE r.run_end_utc IS NULL AND r.run_start_utc IS NOT NULL AND r.run_index < l.k
-              AND l.k_start > r.run_start_utc AND (r.record_utc IS NULL OR r.record_utc < l.k_record)
+            SELECT CASE WHEN r.run_end_utc IS NULL AND r.run_start_utc IS NOT NULL AND r.run_index < l.k
+                             AND l.k_start > r.run_start_utc AND (r.record_utc IS NULL OR r.record_utc < l.k_record)
+                        THEN CASE WHEN l.k_vacate >= r.run_start_utc AND l.k_vacate <= l.k_start THEN l.k_vacate
+                                  ELSE l.k_start END
+                        ELSE r.run_end_utc END AS run_end
+            FROM _runs r LEFT JOIN latest l USING (global_job_id)
+            ORDER BY r._i
         """).to_arrow_table()
     finally:
         con.close()
-    if not ends.num_rows:
+    ends = out["run_end"].cast(TS)
+    closed = int(pc.sum(pc.and_(pc.is_null(table["run_end_utc"]), pc.is_valid(ends))).as_py() or 0)
+    if not closed:
         return table, 0
-    end = np.full(table.num_rows, -1, dtype=np.int64)
-    end[ends["_i"].to_numpy()] = np.arange(ends.num_rows)
-    closed = pc.if_else(pa.array(end >= 0), ends["run_end"].cast(TS).take(pa.array(np.maximum(end, 0))),
-                        table["run_end_utc"])
-    return table.set_column(table.schema.get_field_index("run_end_utc"), "run_end_utc", closed), ends.num_rows
+    return table.set_column(table.schema.get_field_index("run_end_utc"), "run_end_utc", ends), closed
 
 
 def jobs_overlapping(table: pa.Table, start_utc: Any, end_utc: Any) -> pa.Table:

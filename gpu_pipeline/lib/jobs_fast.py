@@ -34,6 +34,8 @@ from gpu_pipeline.lib.jobs import (
     _MAX_EPOCH_S,
     _PLACEHOLDERS,
     COPIED_FIELDS,
+    EPOCH_STARTS,
+    JOB_STARTS,
     JOB_STATUS_NAMES,
     RUNNING_STATUSES,
     _BadValue,
@@ -259,8 +261,7 @@ def fast_rows(texts: pa.Array | pa.ChunkedArray, source: str,
         return pc.coalesce(*(pc.if_else(pc.not_equal(v[k], 0), v[k], None) for k in order), pa.scalar(0, pa.int32()))
 
     # an epoch's run by its shadow start first (jobs._row)
-    starts = pc.if_else(pa.array(epoch), first_start(("num_shadow_starts", "num_job_starts", "job_run_count")),
-                        first_start(("num_job_starts", "num_shadow_starts", "job_run_count")))
+    starts = pc.if_else(pa.array(epoch), first_start(EPOCH_STARTS), first_start(JOB_STARTS))
     run_index = pc.max_element_wise(pc.subtract(pc.cast(starts, pa.int64()), 1), 0)
     status = v["job_status"]
     start = pc.coalesce(v["current_start"], v["first_start"])

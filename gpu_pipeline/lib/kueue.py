@@ -532,15 +532,20 @@ def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
     files: list[str] = []
     cols: dict[str, list] = {f.name: [] for f in KUEUE_DEMAND.schema}
     prev: dict[tuple, _Prev] = {}
+    # the scrapes read: the first of a cluster's at each time (the one with the most series)
     seen_times: set[tuple] = set()
-    # each histogram series' scrape times (the scrapes the loop below reads), for its outages
-    series_times: dict[tuple, list[dt.datetime]] = {}
-    read_times: set[tuple] = set()
+    read: list[KueueScrape] = []
     for s in ordered:
-        if (s.cluster, s.sample_utc) not in read_times:
-            read_times.add((s.cluster, s.sample_utc))
-            for key in s.hists:
-                series_times.setdefault((s.cluster, key), []).append(s.sample_utc)
+        if (s.cluster, s.sample_utc) in seen_times:
+            counters["duplicate_scrapes"] += 1
+            continue
+        seen_times.add((s.cluster, s.sample_utc))
+        read.append(s)
+    # each histogram series' scrape times, for its outages
+    series_times: dict[tuple, list[dt.datetime]] = {}
+    for s in read:
+        for key in s.hists:
+            series_times.setdefault((s.cluster, key), []).append(s.sample_utc)
     after_outage = _after_outage(series_times)
 
     def emit(s: KueueScrape, key: RowKey, values: Mapping[str, object]) -> None:
@@ -564,11 +569,7 @@ def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
                 v = values.get(name)
                 out.append(_count(v, counters) if name in _INT_COLUMNS and v is not None else v)
 
-    for s in ordered:
-        if (s.cluster, s.sample_utc) in seen_times:
-            counters["duplicate_scrapes"] += 1
-            continue
-        seen_times.add((s.cluster, s.sample_utc))
+    for s in read:
         counters["scrapes"] += 1
         counters.update(s.counters)
         if s.source_file:
