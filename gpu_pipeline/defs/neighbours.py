@@ -3,7 +3,7 @@
 Some assets of day D read other days' partitions (:data:`NEIGHBOUR_READS`): the GPU states and
 the allocation read the clean slot snapshots of D-1 (the first bucket carries the last snapshot
 before midnight), availability and evictions read D-1, the availability summary up to a week back,
-the demand the job records of the two days before, efficiency the samples, states and job records of
+the demand the job records of the 14 days before, efficiency the samples, states and job records of
 D-1 and D+1 (a segment or held-idle run across midnight is judged on its whole length). Dagster knows
 only the same-day dependencies: declaring these (partition mappings with offsets) made a range
 backfill one run per asset over a widened range instead of one run. So Dagster does not mark D
@@ -204,7 +204,7 @@ def _latest_storage_id(instance: dg.DagsterInstance, keys: Iterable[dg.AssetKey]
     description=(
         "Re-materializes a day whose neighbouring day's input was re-materialized after it (the states and "
         "the allocation read the day before's slot snapshots, availability and evictions the day before, "
-        "the demand the job records of two days before, efficiency the days either side): the stale assets "
+        "the demand the job records of the 14 days before, efficiency the days either side): the stale assets "
         "and everything downstream of them, one run per day. Reads only finished runs' records; its first "
         "tick only sets the cursor."
     ),

@@ -12,14 +12,21 @@ Demand (HTCondor job records, ``clean/jobs``)
       as the records tell);
     * a job that never started: ``[queued_utc, left)`` with the same ``left`` rule (so a job
       removed from the queue ends at its record time, a job still idle at the window end).
+    * An interval of the last two kinds with no ``left`` ends earlier where the slot snapshots
+      saw the job running again: at the first snapshot after its start whose GPU state is busy
+      with the job (``metrics/gpu_states.global_job_id``), its ``open_end`` false. The run it
+      saw has no record yet (adstash writes one when a run ends).
 
     Runs are merged over the job's ``epoch`` and ``job`` documents (one row per job run; epoch
     values win). When an earlier run is missing (job documents only describe the last run), the
     gap before a run starts at the run's ``last_vacate_utc`` when that lies between the previous
     known run's end and the run's start, else it is not counted; the first-run wait is counted
     only when run 0 is known. Read the clean partitions of the window's days and the
-    :data:`JOBS_LOOKBACK_DAYS` before (an eviction gap can start a day earlier); rows repeated
-    across partitions are deduplicated on the table key (latest ``record_utc`` wins).
+    :data:`JOBS_LOOKBACK_DAYS` (14) before: a job evicted, or queued with a ``condor_q`` row, is
+    demand on the days after as long as no later record or snapshot ends its wait, up to two
+    weeks after its last record (a day's partition holds only the rows overlapping it, and a job
+    still idle has no record on the days after). Rows repeated across partitions are deduplicated
+    on the table key (latest ``record_utc`` wins).
 
     ``demand_gpus`` of an hour = time-weighted mean of Σ ``request_gpus`` of the idle jobs
     (GPU-seconds idle in the hour / hour length); ``pending_jobs`` = the same for the job count;
@@ -32,7 +39,8 @@ Demand (HTCondor job records, ``clean/jobs``)
     yet; its wait appears when a later re-materialization of the day finds it (the second
     schedule), or at once from a queue-snapshot source (``condor_q -json`` ads: ``job`` rows with
     JobStatus 1, handled as "never started"). A job whose re-queued run is still going shows as
-    idle after the eviction until its next record. On the simulator this is measured: waits of
+    idle after the eviction until a slot snapshot sees it running, or its next record. On the
+    simulator this is measured: waits of
     jobs with a record match the truth to the second; the rest is exactly the jobs without one.
 
 Device class of a job
@@ -133,7 +141,7 @@ DCR_SCALE = 4.0
 WAIT_SCALE_S = 4 * 3600.0
 GAP_SCALE_PP = 100.0
 TOP_N = 10
-JOBS_LOOKBACK_DAYS = 2
+JOBS_LOOKBACK_DAYS = 14
 ANY_DEVICE = "ANY"
 ALL_DEVICES = "ALL"
 UNKNOWN_DEVICE = "unknown"
@@ -273,7 +281,8 @@ IDLE_INTERVALS = pa.schema(
         _f("idle_start_utc", TS, "When the job became idle (unclipped)", nullable=False),
         _f("start_utc", TS, "Interval start clipped to the window", nullable=False),
         _f("end_utc", TS, "Interval end clipped to the window", nullable=False),
-        _f("open_end", pa.bool_(), "The end is the window end because the job was still idle",
+        _f("open_end", pa.bool_(), "The end is the window end because the job was still idle (no "
+           "record or slot snapshot ended the wait)",
            nullable=False),
         _f("request_gpus", pa.float64(), "RequestGPUs", nullable=False),
         _f("device_class", pa.string(), "Device the job can use (ANY when it names none)", nullable=False),
@@ -369,6 +378,19 @@ raw_iv AS (
     SELECT i.global_job_id, 'never_started', i.q_us, coalesce(i.left_us, p.e_us), i.left_us IS NULL
     FROM info2 i, params p
     WHERE i.global_job_id NOT IN (SELECT global_job_id FROM runs)
+),
+-- a wait with no end in the records ends where a slot snapshot sees the job running again
+seen_running AS (
+    SELECT r.global_job_id, r.reason, r.a_us, min(s.seen_us) AS seen_us
+    FROM raw_iv r JOIN job_running s
+      ON s.global_job_id = r.global_job_id AND s.seen_us > r.a_us AND s.seen_us < r.b_us
+    WHERE r.open_end
+    GROUP BY ALL
+),
+ended_iv AS (
+    SELECT r.global_job_id, r.reason, r.a_us, coalesce(s.seen_us, r.b_us) AS b_us,
+        r.open_end AND s.seen_us IS NULL AS open_end
+    FROM raw_iv r LEFT JOIN seen_running s USING (global_job_id, reason, a_us)
 )
 SELECT
     r.global_job_id,
@@ -382,7 +404,7 @@ SELECT
     i.who AS owner,
     i.project,
     i.schedd
-FROM raw_iv r JOIN info2 i USING (global_job_id), params p
+FROM ended_iv r JOIN info2 i USING (global_job_id), params p
 WHERE r.a_us IS NOT NULL AND r.b_us IS NOT NULL
   AND greatest(r.a_us, p.s_us) < least(r.b_us, p.e_us)
 ORDER BY r.global_job_id, r.a_us
@@ -822,10 +844,14 @@ def job_idle_intervals(
     jobs_params: list,
     start_utc: dt.datetime,
     end_utc: dt.datetime,
+    states_from_sql: str | None = None,
+    states_params: list | None = None,
 ) -> pa.Table:
     """The idle (queued) intervals of GPU jobs inside ``[start_utc, end_utc)``, from clean job rows.
 
-    ``jobs_from_sql`` should cover the window's days and :data:`JOBS_LOOKBACK_DAYS` before them.
+    ``jobs_from_sql`` should cover the window's days and :data:`JOBS_LOOKBACK_DAYS` before them;
+    ``states_from_sql`` (``metrics/gpu_states`` of the window), where given, ends a wait that no
+    record ends at the first snapshot that saw the job running.
     """
     cols = _columns(con, jobs_from_sql, jobs_params)
     device_expr = "CAST(device_class AS VARCHAR)" if "device_class" in cols else "CAST(NULL AS VARCHAR)"
@@ -834,6 +860,11 @@ def job_idle_intervals(
         f"FROM {jobs_from_sql}",
         jobs_params,
     )
+    running = ("SELECT DISTINCT global_job_id, epoch_us(snapshot_utc) AS seen_us "
+               f"FROM {states_from_sql} WHERE state LIKE 'busy%' AND global_job_id IS NOT NULL "
+               "AND snapshot_utc IS NOT NULL") if states_from_sql else \
+        "SELECT CAST(NULL AS VARCHAR) AS global_job_id, CAST(NULL AS BIGINT) AS seen_us LIMIT 0"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE job_running AS {running}", states_params or [])
     try:
         table = con.sql(
             _INTERVALS_SQL.format(any=ANY_DEVICE),
@@ -841,6 +872,7 @@ def job_idle_intervals(
         ).to_arrow_table()
     finally:
         con.execute("DROP TABLE IF EXISTS job_rows")
+        con.execute("DROP TABLE IF EXISTS job_running")
     return _cast(table, IDLE_INTERVALS)
 
 
@@ -877,7 +909,7 @@ def compute_demand_capacity(
     ``efficiency_from_sql`` with ``hour_start_utc, device_class, efficiency_gap_pp``.
     Hours are ``start_utc + k h``; the top contributors cover the whole window (call per day).
     """
-    intervals = job_idle_intervals(con, jobs_from_sql, jobs_params, start_utc, end_utc)
+    intervals = job_idle_intervals(con, jobs_from_sql, jobs_params, start_utc, end_utc, states_from_sql, states_params)
     hour_us = _us(HOUR)
     con.register("idle_iv", intervals)
     con.execute(

@@ -11,10 +11,17 @@ Sample times
     sample at or before ``t`` within Prometheus' lookback delta (5 min by default). The grid is
     aligned to multiples of ``step_s`` since the epoch (``t0`` = the first multiple >= start) so
     that windows computed separately (days) meet without overlap or gap; the last point is the last
-    multiple < end. When exporters are scraped every ``step_s`` seconds the points are the raw
-    samples. A series that ends without a staleness marker (data backfilled with promtool, an
-    exporter that vanished without a final scrape) keeps returning its last value for the lookback
-    delta.
+    multiple < end. A point is kept only when its raw sample is new: with each data query the
+    same selector's ``timestamp(...)`` is queried over the same grid (the time of the raw sample
+    each point took), and a point whose sample is at or before the previous grid time (``t -
+    step``) -- which that point took too, in this window or the day before's -- is dropped
+    (``repeated_points``). So exporters scraped every 60 s, read with a 30-s step, give each raw
+    sample once, at the first grid time at or after it; before, every sample came twice, and the
+    energy counter's flat half-steps made the day's energy 1.5 times the truth. A step longer than
+    the scrape interval keeps one raw sample a step (the newest). Where ``timestamp(...)`` gives a
+    series no value at a point, the point is kept. A series that ends without a staleness marker
+    (data backfilled with promtool, an exporter that vanished without a final scrape) thus gives
+    its last sample once, not for the whole lookback delta.
 
 Chunking
     Prometheus refuses a query whose ``(end - start) / step`` exceeds 11,000 points per series.
@@ -552,13 +559,33 @@ def _host_from(labels: Mapping[str, str], host_labels: Sequence[str]) -> str | N
     return None
 
 
+def _series_key(series: Mapping[str, Any]) -> frozenset:
+    return frozenset((k, v) for k, v in (series.get("metric") or {}).items() if k != "__name__")
+
+
+def _repeated_points(sample_times: Sequence, step_ms: int) -> set[int]:
+    """The grid times (ms) whose raw sample (``timestamp()``'s value there) is at or before the
+    grid time before them, so an earlier point took it already."""
+    out = set()
+    for ts, text in sample_times:
+        t_ms = round(float(ts) * 1000)
+        try:
+            sample_ms = round(float(text) * 1000)
+        except ValueError:
+            continue
+        if sample_ms <= t_ms - step_ms:
+            out.add(t_ms)
+    return out
+
+
 def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.datetime, *,
                      sleep: Callable[[float], None] = time.sleep) -> ParseResult:
     """DCGM samples in ``[start_utc, end_utc)`` from Prometheus as ``gpu_samples`` rows (``source =
     "prometheus"``), sorted by (sample_utc, host, gpu_id). See the module docstring.
 
-    Counters: ``queries`` (HTTP range queries), ``chunks`` (per metric), ``series``, ``points``,
-    ``non_finite_values`` (NaN / +-Inf read as null), ``retries``, ``warnings`` (of responses that
+    Counters: ``queries`` (HTTP range queries, two a metric and chunk: the values and their raw
+    sample times), ``chunks`` (per metric), ``series``, ``points``, ``repeated_points`` (a raw
+    sample an earlier grid time took: dropped), ``non_finite_values`` (NaN / +-Inf read as null), ``retries``, ``warnings`` (of responses that
     succeeded, e.g. partial data), ``rows_without_host``, plus the
     text parser's pivot counters (``samples``, ``duplicate_samples``, ``conflicting_samples``,
     ``samples_without_uuid``, ``blank_values``, ``nan_values`` ...)."""
@@ -570,13 +597,18 @@ def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.
     extra: Counter[str] = Counter()
     extra["chunks"] = len(chunks)
     host_keys = ("Hostname", "hostname")
+    step_ms = round(cfg.step_s * 1000)
     for metric in cfg.metrics:
         selector = cfg.selector(metric)
         for cs, ce in chunks:
             result = query_range(cfg, selector, cs, ce, client)
-            extra["queries"] += 1
+            # the raw sample time behind each point, per series (timestamp() drops the metric name)
+            taken = {_series_key(series): series.get("values") or ()
+                     for series in query_range(cfg, f"timestamp({selector})", cs, ce, client)}
+            extra["queries"] += 2
             for series in result:
                 extra["series"] += 1
+                repeats = _repeated_points(taken.get(_series_key(series), ()), step_ms)
                 labels = {k: v for k, v in (series.get("metric") or {}).items() if k != "__name__"}
                 host = _host_from(labels, cfg.host_labels)
                 for k in host_keys:
@@ -587,6 +619,9 @@ def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.
                 for ts, text in series.get("values") or ():
                     extra["points"] += 1
                     t = float(ts)
+                    if repeats and round(t * 1000) in repeats:
+                        extra["repeated_points"] += 1
+                        continue
                     t_us = round(t * 1_000_000)
                     if not start_us <= t_us < end_us:  # never expected: the grid is inside the window
                         extra["points_outside_window"] += 1

@@ -17,6 +17,7 @@ from gpu_pipeline.lib.demand import (
     demand_from_tables,
     efficiency_by_class_sql,
     job_days,
+    job_idle_intervals,
     kueue_gpu_resources,
 )
 from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
@@ -307,11 +308,83 @@ def test_a_long_requeue_wait_is_demand_on_the_days_between_the_runs():
     for name, rows in cases.items():
         everything = jobs(rows)
         parts = {d: jobs_overlapping(everything, *day_window(d)) for d in job_days("2025-08-04")}
-        assert all(p.num_rows == 1 for d, p in parts.items() if d != "2025-08-01"), name
+        assert all(p.num_rows == 1 for d, p in parts.items() if d > "2025-08-01"), name
+        assert all(p.num_rows == 0 for d, p in parts.items() if d < "2025-08-01"), name
         s, e = day_window("2025-08-04")
         r = demand_from_tables(pa.concat_tables(parts.values()), states(2, start=s, end=e), s, e)
         assert {x["demand_gpus"] for x in r.capacity.to_pylist() if x["device_class"] == "ALL"} == {1.0}, name
         assert sum(x["demand_gpu_hours"] for x in r.top.to_pylist() if x["dimension"] == "device_class") == 24.0
+
+
+def test_an_evicted_job_still_idle_is_demand_on_the_days_after_its_last_record():
+    """A 2-GPU job evicted on the 1st at 10:00 with no later record is still queued on the 10th:
+    its only row is in the 1st's partition (the rows overlapping each day), which the 10th reads.
+    Before, the 10th read two days back and showed no demand."""
+    from gpu_pipeline.lib.jobs import jobs_overlapping
+    from gpu_pipeline.lib.timeutil import day_window
+
+    run0 = job("s1#9.0#1", 0, "epoch", queued=dt.datetime(2025, 8, 1, 0, tzinfo=UTC),
+               start=dt.datetime(2025, 8, 1, 2, tzinfo=UTC), end=dt.datetime(2025, 8, 1, 10, tzinfo=UTC),
+               status=1, lv=dt.datetime(2025, 8, 1, 10, tzinfo=UTC), gpus=2.0)
+    everything = jobs([run0])
+    read = job_days("2025-08-10")
+    assert "2025-08-01" in read
+    parts = [jobs_overlapping(everything, *day_window(d)) for d in read]
+    assert [p.num_rows for p in parts].count(1) == 1  # the 1st's partition only
+    s, e = day_window("2025-08-10")
+    r = demand_from_tables(pa.concat_tables(parts), states(4, start=s, end=e), s, e)
+    assert [(x["reason"], x["start_utc"], x["end_utc"], x["open_end"]) for x in r.intervals.to_pylist()] == [
+        ("after_last_run", s, e, True)]
+    assert {x["demand_gpus"] for x in r.capacity.to_pylist() if x["device_class"] == "ALL"} == {2.0}
+
+
+def _busy_with(table: pa.Table, gpu_id: str, job_id: str, since: dt.datetime) -> pa.Table:
+    """``table``'s GPU states with ``gpu_id`` busy running ``job_id`` from bucket ``since`` on (the
+    snapshot of each bucket taken 2 minutes into it)."""
+    rows = table.to_pylist()
+    for r in rows:
+        if r["gpu_id"] == gpu_id and r["bucket_start_utc"] >= since:
+            r.update(state="busy_shared", global_job_id=job_id,
+                     snapshot_utc=r["bucket_start_utc"] + dt.timedelta(minutes=2))
+    return conform(pa.Table.from_pylist(rows), GPU_STATES)
+
+
+def test_a_wait_without_an_end_in_the_records_ends_when_a_snapshot_sees_the_job_running():
+    """Evicted at 10:00 and running again (a run with no record yet: adstash writes one when it
+    ends) from 14:00: the slot snapshots show it busy on GPU 1 from the 14:00 bucket, snapshot
+    14:02. Its wait is 10:00-14:02, not 10:00 to midnight. A job that never started (a
+    ``condor_q`` row) likewise; another job on the GPU, or the job seen before its wait, ends
+    nothing."""
+    evicted = job("bf#8.0#1", 0, "epoch", queued=at(9), start=at(9, 30), end=at(10), lv=at(10), status=1)
+    queued = job("q#3.0#1", 0, "job", queued=at(11), status=1, record=at(11))
+    other = job("bf#9.0#1", 0, "epoch", queued=at(9), start=at(9, 30), end=at(10), lv=at(10), status=1)
+    st = _busy_with(_busy_with(states(3), "GPU-00000001", "bf#8.0#1", at(14)), "GPU-00000002", "q#3.0#1", at(16))
+    # bf#9 is seen only before its wait (its evicted run, 09:30-10:00, on GPU 0)
+    st = _busy_with(st, "GPU-00000000", "bf#9.0#1", at(9, 30))
+    st = conform(pa.Table.from_pylist([r if r["bucket_start_utc"] < at(10) or r["gpu_id"] != "GPU-00000000"
+                                       else {**r, "state": "idle_shared", "global_job_id": None}
+                                       for r in st.to_pylist()]), GPU_STATES)
+    r = demand_from_tables(jobs([evicted, queued, other]), st, DAY, END)
+    assert reasons(r) == [
+        ("bf#8.0#1", "after_last_run", at(10), at(14, 2), False),
+        ("bf#8.0#1", "first_run", at(9), at(9, 30), False),
+        ("bf#9.0#1", "after_last_run", at(10), END, True),
+        ("bf#9.0#1", "first_run", at(9), at(9, 30), False),
+        ("q#3.0#1", "never_started", at(11), at(16, 2), False),
+    ]
+    # without the states' job ids (the library call without a states relation) the waits stay open
+    alone = job_idle_intervals_of(jobs([evicted, queued, other]))
+    assert sorted((x["global_job_id"], x["reason"], x["open_end"]) for x in alone if x["reason"] != "first_run") == [
+        ("bf#8.0#1", "after_last_run", True), ("bf#9.0#1", "after_last_run", True), ("q#3.0#1", "never_started", True)]
+
+
+def job_idle_intervals_of(rows: pa.Table) -> list[dict]:
+    con = connect()
+    try:
+        con.register("j", rows)
+        return job_idle_intervals(con, "j", [], DAY, END).to_pylist()
+    finally:
+        con.close()
 
 
 def test_a_day_does_not_depend_on_other_days_computed_with_it():

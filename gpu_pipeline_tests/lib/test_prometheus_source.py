@@ -32,7 +32,10 @@ from gpu_pipeline_tests.prometheus_server import (
     DcgmHistory,
     GpuEntity,
     PrometheusServer,
+    Series,
+    create_blocks,
     missing_binaries,
+    write_openmetrics,
 )
 
 UTC = dt.UTC
@@ -149,7 +152,7 @@ def test_full_window_reads_back_every_value_exactly(prom: PrometheusServer, hist
     assert got[(utc_s(history.timestamp(11)), "h1", "GPU-0667ce7c")]["power_w"] is None  # +Inf
     assert got[(utc_s(history.timestamp(12)), "h1", "GPU-b156e653")]["util_pct"] is None  # DCGM blank
     c = res.counters
-    assert c["chunks"] == 1 and c["queries"] == len(DCGM_METRIC_NAMES)
+    assert c["chunks"] == 1 and c["queries"] == 2 * len(DCGM_METRIC_NAMES)
     assert c["non_finite_values"] == 2 and c["nan_values"] == 2 and c["blank_values"] == 1
     assert c["series"] == sum(len(e.fields) for e in ENTITIES)
     assert c["points"] == c["series"] * N_STEPS
@@ -193,7 +196,7 @@ def test_chunking_gives_identical_rows(prom: PrometheusServer, history: DcgmHist
     many = fetch_dcgm_range(cfg_for(prom, max_points_per_query=100), start, end)
     assert one.rows == len(ENTITIES) * 240
     assert one.table.column("sample_utc")[0].as_py() == utc_s(history.start_s + 30)
-    assert many.counters["chunks"] == 3 and many.counters["queries"] == 3 * len(DCGM_METRIC_NAMES)
+    assert many.counters["chunks"] == 3 and many.counters["queries"] == 2 * 3 * len(DCGM_METRIC_NAMES)
     assert one.counters["chunks"] == 1
     assert many.table.equals(one.table)
 
@@ -337,14 +340,21 @@ MATRIX = {"status": "success", "data": {"resultType": "matrix", "result": [
 
 
 class StandIn:
-    """A tiny HTTP server whose answers are scripted per request."""
+    """A tiny HTTP server whose answers are scripted per request. The ``timestamp(...)`` query that
+    follows each data query (the raw sample times) is answered apart, with no series (every point
+    kept), and not counted among ``requests``."""
 
     def __init__(self, script: Callable[[BaseHTTPRequestHandler, int], None]):
         self.requests: list[dict] = []
+        self.timestamp_queries = 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
+                if "query=timestamp%28" in self.path:
+                    outer.timestamp_queries += 1
+                    reply(self, 200, {"status": "success", "data": {"resultType": "matrix", "result": []}})
+                    return
                 outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization")})
                 script(self, len(outer.requests))
 
@@ -528,3 +538,50 @@ def test_promql_string_and_selectors() -> None:
 def test_config_validation(kw: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         PrometheusConfig(**kw)
+
+
+@needs_prometheus
+def test_a_step_shorter_than_the_scrape_interval_gives_each_raw_sample_once(tmp_path: Path) -> None:
+    """Exporters scraped every 60 s (Prometheus' default) read with the default 30-s step: each
+    grid time takes the newest raw sample, so every sample came twice, and the energy counter's
+    flat half-steps (the trapezoid) plus its double steps (the counter) made the energy 1.5 times
+    the truth (0.45 kWh an hour of a constant 300 W). Now each raw sample is one row, at the first
+    grid time at or after it, in exactly one of two adjacent windows, and the energy is exact."""
+    from gpu_pipeline.lib.efficiency import compute_efficiency
+    from gpu_pipeline.lib.store import connect
+
+    t0 = 1_709_596_800  # 2024-03-05 00:00 UTC
+    labels = {"gpu": "0", "UUID": "GPU-0667ce7c-1a2b-3c4d-5e6f-00112233aabb", "device": "nvidia0",
+              "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "h1"}
+    scrapes = [t0 - 3600 + 60 * i + 7 for i in range(6 * 60)]  # every 60 s at :07, 23:00 to 05:00
+    watts = 300.0
+    om = write_openmetrics(tmp_path / "h.om", [
+        Series("DCGM_FI_DEV_POWER_USAGE", labels, [(t, watts) for t in scrapes]),
+        Series("DCGM_FI_DEV_GPU_UTIL", labels, [(t, 90.0) for t in scrapes]),
+        Series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", labels,
+               [(t, 1e9 + watts * 1000 * (t - scrapes[0])) for t in scrapes]),
+    ])
+    create_blocks(om, tmp_path / "data")
+    metrics = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+    windows = [(utc_s(t0), utc_s(t0 + 7200)), (utc_s(t0 + 7200), utc_s(t0 + 4 * 3600))]
+    with PrometheusServer(data_dir=tmp_path / "data", workdir=tmp_path / "srv") as server:
+        server.wait_for("count(DCGM_FI_DEV_GPU_UTIL)", t0)
+        cfg = cfg_for(server, metrics=metrics, step_s=30)
+        results = [fetch_dcgm_range(cfg, s, e) for s, e in windows]
+    for (s, e), res in zip(windows, results, strict=True):
+        raw = [t for t in scrapes if s.timestamp() - 30 < t <= e.timestamp() - 30]  # a grid time >= it in [s, e)
+        rows = res.table.to_pylist()
+        assert [r["sample_utc"] for r in rows] == [utc_s(t + 23) for t in raw]  # the next multiple of 30 s
+        assert {r["power_w"] for r in rows} == {watts}
+        assert res.counters["repeated_points"] == res.counters["points"] - 3 * len(rows)
+    assert not {r["sample_utc"] for r in results[0].table.to_pylist()} & {
+        r["sample_utc"] for r in results[1].table.to_pylist()}
+    con = connect()
+    try:
+        con.register("s_in", results[0].table)
+        hourly = compute_efficiency(con, "s_in", [], *windows[0]).hourly.to_pylist()
+    finally:
+        con.close()
+    # 300 W for each hour's 3,570 s between its samples (the window's first sample is at 00:00:30
+    # and its last at 01:59:30; the counter's step at 01:00:30 is split at the hour)
+    assert [(h["energy_kwh"], h["energy_source"]) for h in hourly] == [(pytest.approx(0.3 * 3570 / 3600), "counter")] * 2
