@@ -646,12 +646,15 @@ class _Localizer:
     of that repeated hour is its second occurrence (fold=1), also one later than the last of the
     first pass (a snapshot's seconds of jitter, or a collector that missed the end of the first
     pass). A repeated hour without a step back (the collector down across the change) reads as the
-    first occurrence: nothing in the file tells them apart. The same text twice is one instant.
+    first occurrence: nothing in the file tells them apart. The same text twice is one instant,
+    except in a repeated hour: there a text is localized row by row, so the same text before and
+    after the step back (a collector stamping its snapshots on the minute) is two instants.
     """
 
     def __init__(self, tz: str):
         self.zone = ZoneInfo(tz)
         self.known: dict[str, dt.datetime | None] = {}
+        self.repeated: set[str] = set()  # texts of a repeated hour: localized row by row
         self.max_seen: dt.datetime | None = None
         self.second_pass: set[tuple] = set()  # the repeated hours whose times went back
 
@@ -665,6 +668,7 @@ class _Localizer:
         fold = 0
         hour = _repeated_hour(naive, self.zone)
         if hour is not None:
+            self.repeated.add(text)
             if hour in self.second_pass:
                 fold = 1
             elif self.max_seen is not None and naive < self.max_seen - _STEP_BACK:
@@ -676,13 +680,38 @@ class _Localizer:
 
     def column(self, local: pa.Array | pa.ChunkedArray) -> pa.Array:
         """UTC time of every row (null where unreadable); each distinct text is localized once, in
-        order of first appearance (``pc.unique`` keeps it)."""
+        order of first appearance (``pc.unique`` keeps it); a batch with a text of a repeated hour
+        row by row, in the rows' order."""
         distinct = pc.unique(local).to_pylist()
+        if self.repeated.intersection(distinct):
+            return self._by_row(local, {})
         for text in distinct:
             if text is not None and text not in self.known:
-                self.known[text] = self._one(text)
+                utc = self._one(text)
+                if text in self.repeated:  # its fold depends on the rows around it
+                    return self._by_row(local, {text: utc})
+                self.known[text] = utc
         utc = pa.array([self.known.get(t) if t is not None else None for t in distinct], type=TS_UTC)
         return pc.take(utc, pc.index_in(local, value_set=pa.array(distinct, type=pa.string())))
+
+    def _by_row(self, local: pa.Array | pa.ChunkedArray, first: dict[str, dt.datetime | None]) -> pa.Array:
+        """Every row in order: a text of a repeated hour anew each time (its fold by the times
+        before it), others once. ``first``: a text ``column`` localized already, for its first row
+        (no time was seen between)."""
+        out: list[dt.datetime | None] = []
+        for text in local.to_pylist():
+            if text is None:
+                out.append(None)
+            elif text in first:
+                out.append(first.pop(text))
+            elif text in self.known:
+                out.append(self.known[text])
+            else:
+                utc = self._one(text)
+                if text not in self.repeated:
+                    self.known[text] = utc
+                out.append(utc)
+        return pa.array(out, type=TS_UTC)
 
 
 @dataclass

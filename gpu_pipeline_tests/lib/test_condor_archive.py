@@ -104,6 +104,37 @@ def test_every_time_of_the_second_pass_of_the_repeated_hour_is_its_second_occurr
     assert sorted(read_window(tmp_path, start, end, "America/Chicago").table.column("snapshot_utc").to_pylist()) == sorted(taken)
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "sqlite batches of 3 rows", "parquet"])
+def test_the_same_text_before_and_after_the_fall_back_is_two_instants(tmp_path, kind, monkeypatch):
+    """A collector stamping its snapshots on the minute writes the repeated hour's texts twice,
+    exactly: 01:05:00 CDT, then 01:05:00 CST. Each text was localized once, so the second pass's
+    snapshots all read as the first pass's instants (that hour's states, busy from 01:00 CST, were
+    put an hour early, and the true hour had no snapshot). Two slot rows a snapshot, and the 01:00
+    CST snapshot in a read batch of its own, change nothing."""
+    import pandas as pd
+
+    from gpu_pipeline.lib import condor_archive
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo("America/Chicago")
+    taken = [dt.datetime(2025, 11, 2, 5, 0, tzinfo=UTC) + dt.timedelta(minutes=5 * k) for k in range(48)]
+    rows = [slot_row(t.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S.%f"), slot, gpu,
+                     "Claimed" if t.hour >= 7 else "Unclaimed", job="s#1.0#1" if t.hour >= 7 else None)
+            for t in taken for slot, gpu in (("slot1", "GPU-aaaaaaaa"), ("slot2", "GPU-bbbbbbbb"))]
+    assert len({r["timestamp"] for r in rows}) == 36  # 12 texts twice
+    if kind.startswith("sqlite"):
+        write_gpu_state_db(tmp_path / "gpu_state_2025-11.db", rows)
+        if kind.endswith("3 rows"):
+            monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 3)
+    else:
+        pd.DataFrame(rows).to_parquet(tmp_path / "gpu_state_2025-11.parquet", index=False)
+    start, end = day_window("2025-11-02", "America/Chicago")
+    got = read_window(tmp_path, start, end, "America/Chicago").table
+    assert sorted(got.column("snapshot_utc").to_pylist()) == sorted(taken * 2)
+    claimed = {r["snapshot_utc"] for r in got.to_pylist() if r["State"] == "Claimed"}
+    assert min(claimed) == dt.datetime(2025, 11, 2, 7, 0, tzinfo=UTC)  # 01:00 CST
+
+
 def test_parquet_monthly_archive_is_read_like_sqlite(tmp_path):
     import pandas as pd
 
