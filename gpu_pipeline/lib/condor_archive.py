@@ -367,6 +367,7 @@ class _Block:
     last: int
     ts_min: bytes
     ts_max: bytes | None
+    nontext: bool = False  #: a timestamp in it is NULL, a number or a blob
 
 
 _blocks_lock = threading.Lock()
@@ -430,13 +431,15 @@ def _scan_range(con: sqlite3.Connection, start: int, stop: int | None) -> list[_
     (cursor,) = con.execute(f"SELECT min(rowid) FROM {TABLE} WHERE rowid >= ?", (start,)).fetchone()
     while cursor is not None and (stop is None or cursor < stop):
         end = cursor + step if stop is None else min(cursor + step, stop)
-        first, last, min_type, ts_min, max_type, ts_max = con.execute(
+        first, last, min_type, ts_min, max_type, ts_max, nulls = con.execute(
             f"SELECT min(rowid), max(rowid), typeof(min({ts})), CAST(min({ts}) AS BLOB), "
-            f"typeof(max({ts})), CAST(max({ts}) AS BLOB) FROM {TABLE} WHERE rowid >= ? AND rowid < ?",
+            f"typeof(max({ts})), CAST(max({ts}) AS BLOB), count(*) - count({ts}) "
+            f"FROM {TABLE} WHERE rowid >= ? AND rowid < ?",
             (cursor, end)).fetchone()
         if max_type in ("text", "blob"):
             blocks.append(_Block(first, last, ts_min if min_type == "text" else b"",
-                                 ts_max if max_type == "text" else None))
+                                 ts_max if max_type == "text" else None,
+                                 nontext=bool(nulls) or min_type != "text" or max_type != "text"))
         (cursor,) = con.execute(f"SELECT min(rowid) FROM {TABLE} WHERE rowid >= ?", (end,)).fetchone()
     return blocks
 
@@ -619,6 +622,94 @@ def _read_parquet(path: Path, lo: str, hi: str, source_tz: str) -> tuple[pa.Tabl
     ])), cols
 
 
+#: What a snapshot time's text starts with (``YYYY-MM-DD `` and a time): other text
+#: (``2025-03-10T12:10:00``, ``garbage``) is not read as a time, and is set aside by the day whose own
+#: local text range holds it -- or, for text outside the file's month (``garbage`` sorts after every
+#: date, ``10/03/2025`` before) and for a NULL or a number, by the day that holds the month's first
+#: instant (:func:`_month_strays`). So each row is read, or set aside, by one day.
+_SHAPED = re.compile(r"\d{4}-\d\d-\d\d ")
+_NO_TEXT_REASON = ("no timestamp text (NULL or a number: read by no day; set aside by the day that holds the "
+                   "month's first instant)")
+_OUTSIDE_REASON = ("timestamp text outside the file's month (read by no day; set aside by the day that holds "
+                   "the month's first instant)")
+
+
+def _month_bounds_text(month: str) -> tuple[str, str]:
+    """The text range of a month file's times that some day reads: the month and the read margin
+    either side (a day whose own range holds such a time opens the file)."""
+    y, m = int(month[:4]), int(month[5:7])
+    first = dt.datetime(y, m, 1)
+    after = dt.datetime(y + 1, 1, 1) if m == 12 else dt.datetime(y, m + 1, 1)
+    return (first - _MARGIN).isoformat(sep=" "), (after + _MARGIN).isoformat(sep=" ")
+
+
+def _stray_ranges(path: Path, lo: str, hi: str) -> list[tuple[int, int]] | None:
+    """The rowid ranges that can hold a row :func:`_month_strays` sets aside, by the file's time
+    index (the rowids outside its blocks of text times within ``[lo, hi)``); None without an index."""
+    blocks = _cached_index(path)
+    if blocks is None:
+        return None
+    lo_b, hi_b = lo.encode(), hi.encode()
+    ranges, after = [], -(2**63)
+    for b in blocks:
+        if b.nontext or b.ts_min < lo_b or b.ts_max is None or b.ts_max >= hi_b:
+            continue  # the block may hold one
+        if b.first > after:
+            ranges.append((after, b.first - 1))
+        after = b.last + 1
+    ranges.append((after, 2**63 - 1))
+    return ranges
+
+
+def _month_strays(path: Path, month: str) -> list[tuple[str, int, str, str | None]]:
+    """The rows of a month file that no day reads or sets aside: a timestamp that is NULL or not
+    text, or text outside the month (and the read margin); as quarantine entries (file, row, reason,
+    the value as text). Where the file has a time index, only the rowids outside its blocks of the
+    month's text are looked at (none, for a clean file); else one scan of the timestamps."""
+    lo, hi = _month_bounds_text(month)
+    found: list[tuple[int, object]]
+    if path.suffix == ".parquet":
+        con = db_connect()
+        try:
+            kind = dict((n, k) for n, k, *_ in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall())
+            odd = ('"timestamp" IS NULL OR "timestamp" < ? OR "timestamp" >= ?' if kind.get("timestamp") == "VARCHAR"
+                   else '"timestamp" IS NULL')
+            found = con.execute(f'SELECT file_row_number, "timestamp" FROM read_parquet(?, file_row_number=true) '
+                                f'WHERE {odd} ORDER BY 1', [str(path), lo, hi][:3 if "?" in odd else 1]).fetchall()
+        except duckdb.Error as exc:
+            raise ArchiveError(f"{path}: unreadable Parquet archive: {exc}") from exc
+        finally:
+            con.close()
+    else:
+        try:
+            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        except sqlite3.Error as exc:
+            raise ArchiveError(f"{path}: cannot open SQLite archive: {exc}") from exc
+        try:
+            con.text_factory = _decode
+            odd = 'typeof("timestamp") != \'text\' OR "timestamp" < ? OR "timestamp" >= ?'
+            ranges = _stray_ranges(path, lo, hi)
+            if ranges is None:
+                found = con.execute(f'SELECT rowid, "timestamp" FROM {TABLE} WHERE {odd} ORDER BY rowid',
+                                    (lo, hi)).fetchall()
+            else:
+                found = [row for a, b in ranges for row in con.execute(
+                    f'SELECT rowid, "timestamp" FROM {TABLE} WHERE rowid >= ? AND rowid <= ? AND ({odd}) '
+                    'ORDER BY rowid', (a, b, lo, hi)).fetchall()]
+        except sqlite3.Error as exc:
+            raise ArchiveError(f"{path}: unreadable SQLite archive: {exc}") from exc
+        finally:
+            con.close()
+    out = []
+    for rowid, value in found:
+        if value is None or isinstance(value, int | float):
+            out.append((str(path), int(rowid), _NO_TEXT_REASON, None if value is None else str(value)))
+        else:
+            text = _decode(value) if isinstance(value, bytes) else str(value)
+            out.append((str(path), int(rowid), _OUTSIDE_REASON if isinstance(value, str) else _NO_TEXT_REASON, text))
+    return out
+
+
 #: how far back a local time must step to be the repeated hour's second pass (not two writers' commits
 #: out of order)
 _STEP_BACK = dt.timedelta(minutes=1)
@@ -659,6 +750,8 @@ class _Localizer:
         self.second_pass: set[tuple] = set()  # the repeated hours whose times went back
 
     def _one(self, text: str) -> dt.datetime | None:
+        if not _SHAPED.match(str(text)):  # not read as a time: set aside (see _SHAPED)
+            return None
         try:
             naive = dt.datetime.fromisoformat(str(text).strip())
         except ValueError:
@@ -771,7 +864,7 @@ def read_window(
                 if pc.any(bad).as_py():
                     for rowid, text in zip(data.column("source_rowid").filter(bad).to_pylist(),
                                            data.column("timestamp_local").filter(bad).to_pylist(), strict=True):
-                        if own_lo <= str(text) < own_hi:
+                        if text is not None and own_lo <= str(text) < own_hi:
                             part.rejected.append((str(path), rowid, "unparseable timestamp "
                                                   "(expected YYYY-MM-DD HH:MM:SS.ffffff)", str(text)))
                 kept = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
@@ -831,6 +924,9 @@ def read_window(
             result.missing_columns[str(path)] = absent
         parts.extend(part.tables)
         result.rejected.extend(part.rejected)
+        y, m = int(month[:4]), int(month[5:7])
+        if start_utc <= dt.datetime(y, m, 1, tzinfo=zone).astimezone(UTC) < end_utc:
+            result.rejected.extend(_month_strays(path, month))
         for name, n in part.lost.items():
             lost[name] = lost.get(name, 0) + n
     result.unparseable_timestamps = len(result.rejected)
@@ -855,7 +951,7 @@ def rejected_rows(read: ArchiveRead) -> pa.Table:
         return QUARANTINE_CONDOR_RAW.empty()
     return pa.Table.from_pylist(
         [
-            {"source_table": "condor archive", "reason": reason, "source_file": f, "source_row": rowid,
+            {"source_table": RAW_CONDOR_SLOT_SNAPSHOTS.path, "reason": reason, "source_file": f, "source_row": rowid,
              "record_utc": None, "row_json": json.dumps({"timestamp": text})}
             for f, rowid, reason, text in read.rejected
         ],

@@ -114,4 +114,5 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
     else:
         table = table.filter(pc.greater_equal(table["sample_utc"], pa.scalar(first, table["sample_utc"].type)))
     quarantine = conform(quarantine_lines_table(unreadable, RAW_KUEUE_SCRAPES.path), QUARANTINE_KUEUE_DEMAND)
-    return conform(table, KUEUE_DEMAND), {**result.counters, **counters}, quarantine
+    # the baseline scrapes' rows (the day before's, for the first intervals) are not the day's
+    return conform(table, KUEUE_DEMAND), {**result.counters, **counters, "rows_out": table.num_rows}, quarantine

@@ -203,7 +203,7 @@ class RawStream:
                 if (part := nvml_file_samples(path, self.start_utc, self.end_utc)).num_rows:
                     yield part
             self.files += list(self.reader.files) + [str(p) for p in self.nvml_paths]
-            self.quarantine = quarantine_lines_table(self.reader.quarantine, GPU_SAMPLES.path)
+            self.quarantine = quarantine_lines_table(self.reader.quarantine, RAW_GPU_TELEMETRY.path)
             self.counters.update(self.reader.counters)
         if self.gpu_csv is not None:
             tp = parse_gpu_csv(self.gpu_csv, start_utc=self.start_utc, end_utc=self.end_utc)

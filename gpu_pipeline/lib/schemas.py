@@ -291,7 +291,8 @@ QUARANTINE = TableSpec(
     description="Slot snapshot rows set aside by cleaning, with the reason; nothing is dropped silently.",
     schema=pa.schema(
         [
-            _f("source_table", pa.string(), "Table the row came from", nullable=False),
+            _f("source_table", pa.string(), "Table the row came from; for a source file's row (source_file), "
+               "the raw table it was read for", nullable=False),
             _f("reason", pa.string(), "Why the row was set aside", nullable=False),
             _f("source_file", pa.string(), "Raw file the row was read from"),
             _f("source_row", pa.int64(), "Row number / rowid inside that file"),

@@ -181,9 +181,10 @@ class ParseResult:
     def rows(self) -> int:
         return self.table.num_rows
 
-    def quarantine_table(self) -> pa.Table:
-        """The quarantined lines as rows of the project's quarantine table schema."""
-        return quarantine_lines_table(self.quarantine, GPU_SAMPLES.path)
+    def quarantine_table(self, source_table: str = "raw/gpu_telemetry") -> pa.Table:
+        """The quarantined lines as rows of the project's quarantine table schema; ``source_table``:
+        the table the source files' rows were read for."""
+        return quarantine_lines_table(self.quarantine, source_table)
 
 
 _FILE_SUFFIXES = (".csv", ".prom", ".txt", ".log", ".gz", ".zst")

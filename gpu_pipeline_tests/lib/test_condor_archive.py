@@ -1,4 +1,5 @@
 import datetime as dt
+import json
 import sqlite3
 
 import pyarrow as pa
@@ -532,3 +533,66 @@ def test_timestamp_text_with_an_offset_is_read_by_its_instant(tmp_path, zone):
                for day in ("2025-08-05", "2025-08-06", "2025-08-07")}
     assert per_day["2025-08-06"] == [dt.datetime(2025, 8, 6, h, tzinfo=dt.UTC) for h in range(24)]
     assert per_day["2025-08-05"] == per_day["2025-08-07"] == []
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "sqlite with a time index", "parquet"])
+def test_a_row_whose_time_no_day_reads_is_set_aside_once(tmp_path, kind, monkeypatch):
+    """A timestamp that is NULL, or text outside the file's month (``garbage`` sorts after every
+    date, ``10/03/2025 ...`` before), lies in no day's text range: no day read it, and none set it
+    aside (rows lost without a count). The day that holds the month's first instant (00:00 CST on
+    the 1st = 06:00 UTC: the UTC day 2025-03-01) now sets them aside with file and row. Text in a
+    day's own local range that is not a time of the archive's form is that day's, also when Python
+    could read it (``2025-03-10T12:10:00``, 17:10 UTC on the 10th, lies in the text range of the UTC
+    day 2025-03-11: read by no day before). Every row is read or set aside exactly once."""
+    import pandas as pd
+
+    from gpu_pipeline.lib.condor_archive import rejected_rows
+
+    texts = ["2025-03-10 12:00:00.000000", "2025-03-10 12:05:00.000000x", None, "garbage",
+             "2025-03-10T12:10:00", "10/03/2025 12:15:00", "2025-05-20 10:00:00.000000"]
+    rows = [slot_row(t, "slot1", "GPU-aaaaaaaa", "Unclaimed") for t in texts]
+    if kind.startswith("sqlite"):
+        rows.append(slot_row("2025-03-10 12:20:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed"))
+        path = write_gpu_state_db(tmp_path / "gpu_state_2025-03.db", rows)
+        con = sqlite3.connect(path)
+        con.execute('UPDATE gpu_state SET "timestamp" = 20250310 WHERE rowid = 8')  # a number
+        con.commit()
+        con.close()
+        texts.append(20250310)
+        if kind.endswith("index"):  # blocks of 2 rowids; the strays are looked for outside the clean ones
+            from gpu_pipeline.lib import condor_archive
+
+            monkeypatch.setattr(condor_archive, "_BATCH_ROWS", 2)
+            monkeypatch.setattr(condor_archive, "_BLOCK_SHIFT", 1)
+            monkeypatch.setattr(condor_archive, "_mostly_inside", lambda *a: False)
+            real, looked = condor_archive._stray_ranges, []
+            monkeypatch.setattr(condor_archive, "_stray_ranges", lambda *a: looked.append(real(*a)) or looked[-1])
+    else:
+        pd.DataFrame(rows).astype({"timestamp": "string"}).to_parquet(tmp_path / "gpu_state_2025-03.parquet",
+                                                                      index=False)
+    read_rows: list[int] = []
+    set_aside: dict[str, list] = {}
+    for day in range(1, 32):
+        s = dt.datetime(2025, 3, day, tzinfo=UTC)
+        got = read_window(tmp_path, s, s + dt.timedelta(days=1), "America/Chicago")
+        read_rows += got.table["source_rowid"].to_pylist()
+        q = rejected_rows(got)
+        assert got.unparseable_timestamps == q.num_rows
+        if q.num_rows:
+            set_aside[s.date().isoformat()] = q.to_pylist()
+    first = 0 if kind == "parquet" else 1  # Parquet rows are numbered from 0, SQLite's rowids from 1
+    assert read_rows == [first]
+    assert sorted(set_aside) == ["2025-03-01", "2025-03-10", "2025-03-11"]
+    for day, row in (("2025-03-10", 1), ("2025-03-11", 4)):
+        assert [(r["source_row"] - first, r["reason"].split(" (")[0], json.loads(r["row_json"])["timestamp"])
+                for r in set_aside[day]] == [(row, "unparseable timestamp", texts[row])]
+    month = set_aside["2025-03-01"]
+    assert [(r["source_row"] - first, json.loads(r["row_json"])["timestamp"], r["reason"].split(" (")[0])
+            for r in month] == [(2, None, "no timestamp text"), (3, "garbage", "timestamp text outside the file's month"),
+                                (5, texts[5], "timestamp text outside the file's month"),
+                                (6, texts[6], "timestamp text outside the file's month")] + (
+        [] if kind == "parquet" else [(7, "20250310", "no timestamp text")])
+    if kind.endswith("index"):  # the clean block was not looked at: rows 1 and 2 hold text of the month
+        assert looked == [[(-(2**63), 0), (3, 2**63 - 1)]]
+    assert {r["source_table"] for rs in set_aside.values() for r in rs} == {"raw/condor_slot_snapshots"}
+    assert {r["source_file"] for rs in set_aside.values() for r in rs} == {str(next(tmp_path.iterdir()))}

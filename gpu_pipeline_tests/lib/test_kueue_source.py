@@ -32,6 +32,8 @@ def test_day_of_scrapes_has_a_baseline_and_pending_matches_truth(sim):
     assert table["source_file"].null_count == 0
     assert table["source_file"].to_pylist() == [files[t] for t in table["sample_utc"].to_pylist()]
     assert len(set(table["source_file"].to_pylist())) == 96
+    # rows_out is the rows kept, not with the baseline scrapes' (it said 175 rows more in a sim day)
+    assert counters["rows_out"] == table.num_rows
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     con.register("kd", table)

@@ -371,7 +371,7 @@ def test_nvidia_smi_quarantine_table_matches_the_project_schema():
     assert q.schema == QUARANTINE.schema
     assert q.column("source_row").to_pylist() == [6, 9, 11, 12]
     assert set(q.column("source_file").to_pylist()) == {"a.csv"}
-    assert set(q.column("source_table").to_pylist()) == {"clean/gpu_samples"}
+    assert set(q.column("source_table").to_pylist()) == {"raw/gpu_telemetry"}  # the table the file was read for
 
 
 def test_nvidia_smi_noheader_nounits_default_fields():
