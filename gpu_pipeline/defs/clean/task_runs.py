@@ -56,7 +56,7 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
             runs = t.filter(pc.and_(pc.greater_equal(t["start_utc"], s), pc.less(t["start_utc"], e)))
             # lines set aside are reported on the day their time falls in; lines without a readable
             # time on the dataset's first day
-            q = parsed.quarantine_table(TASK_RUNS.path)
+            q = parsed.quarantine_table()
             when = q["record_utc"]
             first_day = day == first_run_day
             keep = pc.or_(
