@@ -28,7 +28,12 @@ Samples and time weighting
     double counting; a GPU whose collector stopped at 06:00 while another went on is measured by the
     other from then on). Utilization and power come from that one source: a util-only source beats
     a power-only one, whose power the hour then lacks. Two samples of one GPU at one time (the same sample
-    under two host names) are read once (``duplicate_samples_dropped``). The cadence in force at a
+    under two host names) are read once (``duplicate_samples_dropped``). A sample that repeats the
+    GPU's previous reading of its source exactly -- the energy counter unmoved while the power read
+    above 0, the same power and utilization -- is the exporter's cached reading read again (an
+    exporter collecting every 30 s scraped every 15 s): it is dropped (``repeated_readings_dropped``),
+    and the interval is measured between the readings. Kept, its segment took the trapezoid power
+    while the next one took the counter's two steps at once: 1.5 times the energy. The cadence in force at a
     sample is the median interval between the GPU's consecutive samples in its UTC hour, where the
     hour has at least 5 of them, else over all its samples -- or, where larger, the cadence of the
     run its interval belongs to: consecutive intervals each within 1.5x of the one before, at
@@ -615,6 +620,7 @@ def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group
     counters["mig_samples_skipped"] = float(row[1])
     counters["samples_dropped_other_source"] = float(row[2])  # less each group's kept samples
     counters["duplicate_samples_dropped"] = 0.0
+    counters["repeated_readings_dropped"] = 0.0
     # One source per GPU and UTC hour: one with utilization readings in that hour before one without
     # (nvidia-smi on a board in MIG mode, beside DCGM's instances), then the one whose samples span
     # most of the hour (in whole minutes: a 10-second exporter started at 10:45 does not win over a
@@ -738,16 +744,19 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     first = ("SELECT gid, t, sc, util, power, plimit, energy_mj FROM read_parquet(?)",
              [[str(f) for f in sorted(staged.glob("*.parquet"))]]) if staged is not None else (group(), gparams)
     # (the rare group with a repeated (GPU, time) is read from the files again, with the hosts)
-    if not _stage_next_values(con, *first):
+    repeats = _stage_next_values(con, *first, window=(s_us, e_us))
+    if repeats is None:
         # A GPU with two samples at one time (the same sample under two host names: one exporter
         # scraped by two jobs) keeps one, the first by host; the other is counted as a duplicate.
+        one_per_time = (f"SELECT * FROM ({group('r.host')}) "
+                        "QUALIFY row_number() OVER (PARTITION BY gid, t ORDER BY host) = 1")
         windowed = f"""
             SELECT gid, t, util, power, plimit, energy_mj,
                    lead(t) OVER w AS nt, lead(util) OVER w AS util1, lead(power) OVER w AS power1,
                    lead(plimit) OVER w AS plimit1,
                    CASE WHEN lead(sc) OVER w = sc THEN lead(energy_mj) OVER w END AS energy1,
                    count(power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn, lead(t) OVER w - t AS d
-            FROM (SELECT * FROM ({group("r.host")}) QUALIFY row_number() OVER (PARTITION BY gid, t ORDER BY host) = 1)
+            FROM ({_KEEP_READINGS_SQL.format(src=one_per_time)})
             WINDOW w AS (PARTITION BY gid ORDER BY t)"""
         con.execute(
             f"""
@@ -762,6 +771,12 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
             [*gparams, s_us, e_us]).fetchall()
         counters["duplicate_samples_dropped"] += float(dups)
         counters["samples_dropped_other_source"] -= float(dups)
+        [(repeats,)] = con.execute(
+            f"SELECT count(*) FROM ({group()}) WHERE t >= ? AND t < ?", [*gparams, s_us, e_us]).fetchall()
+        repeats -= dups + con.execute("SELECT count(*) FROM _eff_samples WHERE t >= ? AND t < ?",
+                                      [s_us, e_us]).fetchall()[0][0]
+    counters["repeated_readings_dropped"] += float(repeats)
+    counters["samples_dropped_other_source"] -= float(repeats)
     kept = con.execute("SELECT count(*) FROM _eff_samples WHERE t >= ? AND t < ?", [s_us, e_us]).fetchall()[0][0]
     counters["samples_dropped_other_source"] -= float(kept)
     # Per GPU: host, device (samples, else gpu_states), cadence, spec.
@@ -892,25 +907,79 @@ def _drop_samples(con) -> None:
     con.execute("DROP TABLE IF EXISTS _eff_samples_w")
 
 
-def _stage_next_values(con, group_sql: str, params: list) -> bool:
+#: The rows of ``{src}`` (gid, t, sc, util, power, energy_mj; one per GPU and time) that are not a
+#: repeat of the GPU's previous reading (see the module docstring); :func:`_repeated_readings` in SQL.
+_KEEP_READINGS_SQL = """
+    SELECT * EXCLUDE (rep, nxt) FROM (
+        SELECT *, first_value(CASE WHEN NOT rep THEN struct_pack(e := energy_mj, s := sc) END IGNORE NULLS)
+                      OVER (PARTITION BY gid ORDER BY t ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS nxt
+        FROM (
+            SELECT *, coalesce(lag(sc) OVER rw = sc AND lag(energy_mj) OVER rw = energy_mj AND power > 0
+                               AND lag(power) OVER rw = power AND lag(util) OVER rw IS NOT DISTINCT FROM util,
+                               false) AS rep
+            FROM ({src})
+            WINDOW rw AS (PARTITION BY gid ORDER BY t)))
+    WHERE NOT (rep AND coalesce(nxt.s = sc AND nxt.e > energy_mj, false))"""
+
+
+def _repeated_readings(same_gpu: np.ndarray, sc: np.ndarray, util: np.ndarray, power: np.ndarray,
+                       energy: np.ndarray) -> np.ndarray:
+    """Per sample (rows in (GPU, time) order; values NaN where null): whether it repeats the GPU's
+    previous sample's reading -- same source, the energy counter unmoved while the power read above
+    0, the same power and utilization (both unknown counts as the same) -- and the counter moves on
+    at the GPU's next sample that is no such repeat (a counter stuck for good is no repeat: its
+    samples stay, with the trapezoid power)."""
+    n = len(sc)
+    rep = np.zeros(n, dtype=bool)
+    if n < 2:
+        return rep
+    same_util = (util[1:] == util[:-1]) | (np.isnan(util[1:]) & np.isnan(util[:-1]))
+    rep[1:] = (same_gpu & (sc[1:] == sc[:-1]) & (energy[1:] == energy[:-1]) & (power[1:] > 0)
+               & (power[1:] == power[:-1]) & same_util)
+    if not rep.any():
+        return rep
+    # the first sample at or after each that is not a repeat (n where none)
+    nxt = np.minimum.accumulate(np.where(rep, n, np.arange(n))[::-1])[::-1]
+    gid_change = np.zeros(n, dtype=np.int64)
+    gid_change[1:] = np.cumsum(~same_gpu)  # a GPU's number among the rows' GPUs
+    at = np.minimum(nxt, n - 1)
+    moves = (nxt < n) & (gid_change[at] == gid_change) & (sc[at] == sc) & (energy[at] > energy)
+    return rep & moves
+
+
+def _in_order(table: pa.Table, name: str, order: np.ndarray) -> np.ndarray:
+    """A column's values in (GPU, time) order, null as NaN (_NUM, _PLIMIT)."""
+    return table[name].to_numpy(zero_copy_only=False)[order]
+
+
+def _stage_next_values(con, group_sql: str, params: list, window: tuple[int, int]) -> int | None:
     """``_eff_samples`` from the group's samples (``group_sql``: gid, t, sc, util, power, plimit,
     energy_mj) with each GPU's next sample's values (the next energy reading only where the next
     sample is of the same source ``sc``) and its running count of power readings, as the
     window ``PARTITION BY gid ORDER BY t`` gives them: the rows ordered by (gid, t) in numpy
     (the clean files come nearly in time order, so the sort is quick) instead of by DuckDB's window
     sort (a 1,000-GPU group of 1.5 M samples: 1.0 s, this way 0.5 s), and registered with DuckDB as
-    an Arrow table over the numpy arrays (not copied into a table). A GPU with two samples at one
-    time (under two host names), which a clean day does not have: the group returns False, and the
-    window query is made instead (keeping one of them), as for a group without samples."""
+    an Arrow table over the numpy arrays (not copied into a table). Returns the samples inside
+    ``window`` (µs) dropped as repeated readings (:func:`_repeated_readings`). A GPU with two
+    samples at one time (under two host names), which a clean day does not have: the group returns
+    None, and the window query is made instead (keeping one of them), as for a group without
+    samples."""
     scanned = con.sql(group_sql, params=params).to_arrow_table()
     if not scanned.num_rows:
-        return False
+        return None
     gid, t = scanned["gid"].to_numpy(), scanned["t"].to_numpy()
     order = _gpu_time_order(gid, t)
     gid, t = gid[order], t[order]
     same_gpu = gid[1:] == gid[:-1]
     if bool(np.any(same_gpu & (t[1:] == t[:-1]))):
-        return False
+        return None
+    repeated = _repeated_readings(same_gpu, scanned["sc"].to_numpy()[order],
+                                  *(_in_order(scanned, c, order) for c in ("util", "power", "energy_mj")))
+    repeats = int(np.count_nonzero(repeated & (t >= window[0]) & (t < window[1])))
+    if repeated.any():
+        order = order[~repeated]
+        gid, t = gid[~repeated], t[~repeated]
+        same_gpu = gid[1:] == gid[:-1]
     n = len(gid)
     last = np.ones(n, dtype=bool)  # a GPU's last sample: no next one
     last[:-1] = ~same_gpu
@@ -921,7 +990,7 @@ def _stage_next_values(con, group_sql: str, params: list) -> bool:
     columns: dict[str, pa.Array] = {"gid": pa.array(gid)}
     nexts: dict[str, pa.Array] = {"lc": _neighbour_cadence(t, last)}
     for name, next_name in _NEXT:
-        values = t if name == "t" else scanned[name].to_numpy(zero_copy_only=False)[order]  # null as NaN
+        values = t if name == "t" else _in_order(scanned, name, order)
         following = np.empty_like(values)
         following[:-1] = values[1:]
         if name == "t":
@@ -938,7 +1007,7 @@ def _stage_next_values(con, group_sql: str, params: list) -> bool:
             power_count = running - np.repeat(running[starts] - have[starts], np.diff(np.r_[starts, n]))
     del scanned
     con.register("_eff_samples", pa.table({**columns, **nexts, "pn": pa.array(power_count)}))
-    return True
+    return repeats
 
 
 def _seg_sql() -> str:

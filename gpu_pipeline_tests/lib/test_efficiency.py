@@ -671,6 +671,38 @@ def test_a_counter_that_stops_while_the_board_draws_power_is_not_read_as_no_ener
     assert (r["energy_kwh"], r["energy_source"]) == (0.0, "counter")
 
 
+@pytest.mark.parametrize("window_query", [False, True])
+def test_an_exporters_cached_reading_read_twice_is_one_reading(window_query, monkeypatch):
+    """dcgm-exporter collecting every 30 s, scraped every 15 s: every second sample repeats the one
+    before it (the counter unmoved while the board draws 300 W). Its segment took the trapezoid
+    power and the next one the counter's two steps: 0.45 kWh an hour where 0.3. Each repeat is now
+    dropped and counted, and the hour is the 30-s readings' hour; a counter stuck for good is not a
+    repeat (its samples stay, with their power)."""
+    if window_query:
+        _window_query_only(monkeypatch)
+    g = "GPU-aaaaaaaa"
+
+    def reading(i: int) -> int:  # the exporter's reading a scrape gets: a new one every 30 s
+        return i // 2 * 2
+
+    scraped = series(g, at(10), 4 * 60 + 1, step_s=15, power_w=lambda i: 300.0 + reading(i) % 4,
+                     util_pct=90.0, power_limit_w=400.0, energy_mj=lambda i: 1e9 + reading(i) * 15 * 300_000.0)
+    readings = [r for i, r in enumerate(scraped) if i % 2 == 0]
+    got, want = run(samples_table(scraped)), run(samples_table(readings))
+    r = hour_row(got, g, 10)
+    assert (r["energy_kwh"], r["energy_source"]) == (pytest.approx(0.3), "counter")
+    for col in ("energy_kwh", "power_w", "util_pct", "coverage_s", "samples"):
+        assert r[col] == pytest.approx(hour_row(want, g, 10)[col]), col
+    assert got.counters["repeated_readings_dropped"] == 120  # 10:00:15, 10:00:45, ... 10:59:45
+    assert got.counters["samples_dropped_other_source"] == 0
+    assert want.counters["repeated_readings_dropped"] == 0
+    # a counter that stops for good while the readings stay the same: kept, the trapezoid's energy
+    stuck = series(g, at(10), 61, power_w=300.0, util_pct=90.0, energy_mj=5e9)
+    res = run(samples_table(stuck))
+    assert (hour_row(res, g, 10)["energy_kwh"], hour_row(res, g, 10)["energy_source"]) == (pytest.approx(0.3), "power")
+    assert res.counters["repeated_readings_dropped"] == 0
+
+
 @pytest.mark.parametrize("staged", [False, True])
 def test_the_same_sample_under_two_host_names_is_counted_once(staged, monkeypatch):
     # one exporter scraped by two jobs whose instance labels differ: the clean key (with the host)
@@ -1299,15 +1331,21 @@ def _same_results(a, b) -> None:
 
 def _window_query_only(monkeypatch) -> None:
     """Make every group take the window query, as when ``_stage_next_values`` declines."""
-    monkeypatch.setattr(efficiency_module, "_stage_next_values", lambda *a: False)
+    monkeypatch.setattr(efficiency_module, "_stage_next_values", lambda *a, **k: None)
 
 
 def _record_answers(monkeypatch) -> list[bool]:
-    """The answers of ``_stage_next_values`` (True: the group was ordered in numpy), one per group."""
+    """Whether ``_stage_next_values`` ordered the group in numpy (its answer is not None), one per
+    group."""
     answers: list[bool] = []
     real = efficiency_module._stage_next_values
-    monkeypatch.setattr(efficiency_module, "_stage_next_values",
-                        lambda *a: answers.append(real(*a)) or answers[-1])
+
+    def spy(*a, **k):
+        got = real(*a, **k)
+        answers.append(got is not None)
+        return got
+
+    monkeypatch.setattr(efficiency_module, "_stage_next_values", spy)
     return answers
 
 
