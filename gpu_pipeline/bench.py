@@ -1147,7 +1147,7 @@ def bench_telemetry_formats(base: Path, day: dt.date, cfg: BenchConfig) -> dict[
 def bench_sqlite(cfg: BenchConfig, scratch: Path, reuse: bool) -> dict[str, Any]:
     """One day out of a monthly archive of ``cfg.sqlite_rows`` rows, with the pipeline's reader."""
     from gpu_pipeline.lib import baseline
-    from gpu_pipeline.lib.condor_archive import forget_time_indexes, read_window
+    from gpu_pipeline.lib.condor_archive import forget_time_indexes, read_only_uri, read_window
     from gpu_pipeline.lib.simulate import SimConfig
     from gpu_pipeline.lib.timeutil import day_window
 
@@ -1185,7 +1185,7 @@ def bench_sqlite(cfg: BenchConfig, scratch: Path, reuse: bool) -> dict[str, Any]
     hi = end.astimezone(ZoneInfo(SIM_TZ)).strftime("%Y-%m-%d %H:%M:%S")
 
     def bare() -> int:
-        con = sqlite3.connect(f"file:{files[0]}?mode=ro", uri=True)
+        con = sqlite3.connect(read_only_uri(files[0]), uri=True)
         try:
             return con.execute('SELECT count(*) FROM gpu_state WHERE "timestamp" >= ? AND "timestamp" < ?',
                                (lo, hi)).fetchone()[0]

@@ -11,6 +11,7 @@ import argparse
 import datetime as dt
 import math
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -181,6 +182,16 @@ def _demo_dir_error(base: Path) -> str | None:
     return None
 
 
+def _next_steps(base: Path) -> list[str]:
+    """What the demo prints after its run: commands on its folder, quoted for a POSIX shell (a folder
+    name with a space, a quote or a ``#`` pastes back as it is)."""
+    where = shlex.quote(str(base))
+    return ["Open the Dagster UI on these runs and assets:",
+            f"  gpu-pipeline ui --dir {where}        (then browse http://127.0.0.1:3000)",
+            "Query the tables:",
+            f"  gpu-pipeline sql --dir {where} \"SELECT state, count(*) FROM metrics.gpu_states GROUP BY 1\""]
+
+
 def _env_line(key: str, value: str) -> str:
     """``KEY='value'``, quoted so that python-dotenv (the commands' and Dagster's reader) gives the
     value back as it is: a `` #`` in a folder name began a comment."""
@@ -219,10 +230,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ok = run_pipeline(start, end)
     _print_outputs(Path(env["GPU_PIPELINE_DATA_ROOT"]))
     print()
-    print("Open the Dagster UI on these runs and assets:")
-    print(f"  gpu-pipeline ui --dir {base}        (then browse http://127.0.0.1:3000)")
-    print("Query the tables:")
-    print(f"  gpu-pipeline sql --dir {base} \"SELECT state, count(*) FROM metrics.gpu_states GROUP BY 1\"")
+    print("\n".join(_next_steps(base)))
     if not ok:
         print("The run FAILED; see the run's logs in the UI.", file=sys.stderr)
     return 0 if ok else 1
@@ -255,7 +263,7 @@ def _load_env(dir_: str | None, defaults: bool = True) -> None:
     if dir_:
         env_file = Path(dir_) / ".env"
         if not env_file.is_file():
-            raise SystemExit(f"{env_file}: not found (run `gpu-pipeline demo --dir {dir_}` first)")
+            raise SystemExit(f"{env_file}: not found (run `gpu-pipeline demo --dir {shlex.quote(str(dir_))}` first)")
         _use_only({k: v or "" for k, v in dotenv_values(env_file).items()})
     else:  # over the shell's variables, as Dagster's own commands (dagster dev, the daemon) read it
         load_dotenv(Path.cwd() / ".env", override=True)

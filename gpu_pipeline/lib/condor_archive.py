@@ -184,6 +184,13 @@ def _text_bounds(con: sqlite3.Connection, lo: str, hi: str) -> tuple[str, str]:
             (dt.datetime.fromisoformat(hi) + _MAX_OFFSET).isoformat(sep=" "))
 
 
+def read_only_uri(path: Path | str) -> str:
+    """The SQLite URI that opens ``path`` read-only: the path percent-encoded (``Path.as_uri``), so a
+    folder named with ``#``, ``?`` or ``%`` is that folder (written as is, ``#`` began the URI's
+    fragment, and SQLite opened -- and created -- another file, read-write)."""
+    return Path(path).resolve().as_uri() + "?mode=ro"
+
+
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -191,7 +198,7 @@ def _q(name: str) -> str:
 def _read_sqlite_once(path: Path, lo: str, hi: str, consume: _Consume,
                       lock_timeout_s: float) -> tuple[_FilePart, list[str]]:
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=lock_timeout_s)
+        con = sqlite3.connect(read_only_uri(path), uri=True, timeout=lock_timeout_s)
     except sqlite3.Error as exc:
         raise ArchiveError(f"{path}: cannot open SQLite archive: {exc}") from exc
     try:
@@ -295,7 +302,7 @@ def _sqlite_batches(path: Path, wanted: list[str], lo: str, hi: str,
     queries = ([(query + " ORDER BY rowid", (lo, hi))] if rowids is None else
                [(query + " AND rowid >= ? AND rowid <= ? ORDER BY rowid", (lo, hi, int(a), int(b))) for a, b in rowids])
     try:
-        con = adbc_sqlite.connect(f"file:{path}?mode=ro")
+        con = adbc_sqlite.connect(read_only_uri(path))
     except adbc_driver_manager.Error as exc:
         raise _NotColumnar(str(exc)) from exc
     try:
@@ -416,7 +423,7 @@ def _scan_blocks(con: sqlite3.Connection, path: Path | None = None) -> list[_Blo
 
 
 def _scan_file_range(path: Path, start: int, stop: int | None) -> list[_Block]:
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    con = sqlite3.connect(read_only_uri(path), uri=True)
     try:
         return _scan_range(con, start, stop)
     finally:
@@ -682,7 +689,7 @@ def _month_strays(path: Path, month: str) -> list[tuple[str, int, str, str | Non
             con.close()
     else:
         try:
-            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            con = sqlite3.connect(read_only_uri(path), uri=True)
         except sqlite3.Error as exc:
             raise ArchiveError(f"{path}: cannot open SQLite archive: {exc}") from exc
         try:

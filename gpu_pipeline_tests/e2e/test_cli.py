@@ -251,3 +251,18 @@ def test_the_demos_dotenv_gives_its_values_back_as_they_are(tmp_path):
     values = {"A": str(tmp_path / "run #2" / "data"), "B": "it's a \\ path", "C": ""}
     (tmp_path / ".env").write_text("".join(cli._env_line(k, v) for k, v in values.items()))
     assert dotenv_values(tmp_path / ".env") == values
+
+
+@pytest.mark.parametrize("name", ["demo 'q'", "demo #1", 'say "hi"', "plain"])
+def test_the_demos_printed_commands_paste_back_into_a_shell(tmp_path, name):
+    """The folder in the commands the demo prints was written as is: `--dir /x/demo 'q'` split into
+    two words in a shell, and the query became an unrecognized argument."""
+    import shlex
+
+    from gpu_pipeline import cli
+
+    base = tmp_path / name
+    ui, sql = (line.strip() for line in cli._next_steps(base) if line.startswith("  gpu-pipeline"))
+    assert shlex.split(ui)[:4] == ["gpu-pipeline", "ui", "--dir", str(base)]
+    assert shlex.split(sql) == ["gpu-pipeline", "sql", "--dir", str(base),
+                                "SELECT state, count(*) FROM metrics.gpu_states GROUP BY 1"]

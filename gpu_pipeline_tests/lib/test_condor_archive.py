@@ -596,3 +596,17 @@ def test_a_row_whose_time_no_day_reads_is_set_aside_once(tmp_path, kind, monkeyp
         assert looked == [[(-(2**63), 0), (3, 2**63 - 1)]]
     assert {r["source_table"] for rs in set_aside.values() for r in rs} == {"raw/condor_slot_snapshots"}
     assert {r["source_file"] for rs in set_aside.values() for r in rs} == {str(next(tmp_path.iterdir()))}
+
+
+@pytest.mark.parametrize("folder", ["with #hash", "what?", "with %41pct", "plain"])
+def test_an_archive_folder_named_with_uri_characters_is_read(tmp_path, folder):
+    """The read-only SQLite URI was ``file:{path}?mode=ro`` as written: ``#`` began its fragment and
+    ``?`` its query, so SQLite opened another path read-write (creating an empty file beside the
+    folder: "no table 'gpu_state'"), and ``%41`` was read as ``A``."""
+    where = tmp_path / folder
+    rows = [slot_row(f"2025-08-05 {h:02d}:00:01.000000", "slot1", "GPU-aaaaaaaa", "Claimed") for h in range(24)]
+    write_gpu_state_db(where / "gpu_state_2025-08.db", rows)
+    start, end = day_window("2025-08-05", "UTC")
+    got = read_window(where, start, end, "UTC")
+    assert got.table.num_rows == 24 and got.read_paths == {str(where / "gpu_state_2025-08.db"): "columnar"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder]  # nothing created beside it
