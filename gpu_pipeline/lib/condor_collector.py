@@ -160,7 +160,7 @@ class ArchiveWriteError(RuntimeError):
     """The monthly archive could not be written; the message names the file and the problem.
 
     ``transient`` is True for conditions a later attempt may not meet (lock contention, I/O error,
-    full disk) and False for ones that need a person (not a database, missing required columns,
+    full disk, no free inode) and False for ones that need a person (not a database, missing required columns,
     read-only file, a Parquet archive that a new SQLite file would hide).
     """
 
@@ -730,9 +730,24 @@ def _check_rows(rows: Sequence[Mapping], snapshot_time: dt.datetime) -> None:
 
 
 def _classify(path: Path, exc: sqlite3.Error) -> ArchiveWriteError:
+    """Whether a failed append is worth retrying: a lock, a busy file, an I/O error or a full disk
+    is; SQLite's "unable to open database file" (it could not create the journal) is when the
+    folder's file system has no free inode or block left (the journal's ``open`` then failed with
+    ENOSPC or a quota's EDQUOT, which SQLite does not pass on), else not (a read-only or forbidden
+    folder)."""
     msg = str(exc)
-    transient = any(s in msg.lower() for s in ("locked", "busy", "disk i/o", "full"))
+    transient = any(s in msg.lower() for s in ("locked", "busy", "disk i/o", "full")) or (
+        "unable to open" in msg.lower() and _no_room(path.parent))
     return ArchiveWriteError(f"{path}: cannot append to the slot-state archive: {msg}", transient=transient)
+
+
+def _no_room(folder: Path) -> bool:
+    """The folder's file system has no inode or no block left for this user (``statvfs``)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_favail == 0 or st.f_bavail == 0
 
 
 def _fsync(path: Path) -> None:

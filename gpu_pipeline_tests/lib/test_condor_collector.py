@@ -742,3 +742,43 @@ def test_an_archive_folder_the_file_system_refuses_to_look_at_stops_the_loop(tmp
     result = cc.collect_loop("cm.example.edu", tmp_path / "ok", iterations=2, interval_s=60, sleep=lambda s: None,
                              query=broken, now=lambda: T0)
     assert (result.successes, result.failures, result.exit_code) == (0, 2, cc.EXIT_FAILED)
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_sqlite_unable_to_open_its_journal_on_a_full_file_system_is_retried(tmp_path, monkeypatch, room):
+    """SQLite reports a journal it could not create as "unable to open database file": on a file
+    system with no free inode (or an inode quota), where the journal's open failed with ENOSPC, that
+    stopped the loop for good (exit 4 after one try) although a later cycle gets through; with room
+    left it is a folder that refuses files, and stops the loop."""
+    cc.append_snapshot(tmp_path, [{"Name": "slot1@h", "State": "Claimed", "AssignedGPUs": "GPU-aaaa1111"}], T0)
+    real_connect, real_statvfs = sqlite3.connect, os.statvfs
+
+    def connect(*args, **kwargs):
+        con = real_connect(*args, **kwargs)
+
+        class Refusing:  # the journal cannot be made: every write transaction fails as SQLite says then
+            def execute(self, sql, *rest):
+                if sql.strip().upper().startswith("BEGIN"):
+                    raise sqlite3.OperationalError("unable to open database file")
+                return con.execute(sql, *rest)
+
+            def __getattr__(self, name):
+                return getattr(con, name)
+
+        return Refusing()
+
+    class NoInodes:
+        def __init__(self, st):
+            self.f_bavail, self.f_favail = st.f_bavail, 0
+
+    monkeypatch.setattr(cc.sqlite3, "connect", connect)
+    if not room:
+        monkeypatch.setattr(os, "statvfs", lambda p: NoInodes(real_statvfs(p)))
+    result = cc.collect_loop("cm", tmp_path, iterations=3, sleep=lambda s: None,
+                             query=lambda h, timeout_s, constraint: fixture_ads_old(),
+                             now=lambda: T0 + dt.timedelta(minutes=5))
+    if room:
+        assert (result.iterations, result.failures) == (1, 1) and "unable to open" in result.stopped_reason
+    else:
+        assert (result.iterations, result.failures, result.stopped_reason) == (3, 3, None)
+    assert result.exit_code == cc.EXIT_ARCHIVE_ERROR
