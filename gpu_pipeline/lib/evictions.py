@@ -401,11 +401,14 @@ gpu_info AS (
     SELECT gpu_id, arg_max(host, bucket_start_utc) AS host, max(device_name) AS device_name
     FROM _ev_states GROUP BY gpu_id
 ),
-host_info AS (
-    SELECT g.host,
+host_info AS (  -- the GPUs' latest hosts and every host the slot rows name (a host renamed in the
+                -- day keeps its old name in the job records of the runs before)
+    SELECT h.host,
            any_value(coalesce({day_tier}, {any_tier})) AS tier_of_host,
            max(g.device_name) AS device_name
-    FROM gpu_info g LEFT JOIN _ev_hosttier ht USING (host) GROUP BY g.host
+    FROM (SELECT host FROM gpu_info UNION SELECT host FROM _ev_hosttier) h
+    LEFT JOIN gpu_info g USING (host) LEFT JOIN _ev_hosttier ht USING (host)
+    GROUP BY h.host
 ),
 pairs AS (
     SELECT jr.global_job_id, jr.run_index, jr.evicted_utc AS jr_evicted, sn.gpu_id AS sn_gpu,

@@ -372,6 +372,52 @@ def test_a_prioritized_host_backfilled_all_day_is_priority_by_its_primary_slots(
         con.close()
 
 
+def test_an_eviction_on_a_host_renamed_later_in_the_day_keeps_the_hosts_tier():
+    """Prioritized host gpu01.old is renamed gpu01.new at 12:00 (the same GPU). Backfill job J ran
+    on it 08:00-10:00 and was reclaimed by a primary job; its record names gpu01.old. The hosts'
+    tiers were looked up only for each GPU's latest host, so the eviction had no tier and its rates
+    row (tier None) stood apart from the host's 2 backfill hours (priority, rate 0)."""
+    from gpu_pipeline.lib.states import states_from_table
+
+    def row(m: int, slot: str, state: str, jid: str | None = None) -> dict:
+        host = "gpu01.old" if m < 720 else "gpu01.new"
+        backfill = slot.startswith("backfill")
+        return dict(snapshot_utc=DAY0 + dt.timedelta(minutes=m, seconds=7), host=host, slot_name=f"{slot}@{host}",
+                    gpu_id="GPU-aaaaaaaa", tier="backfill" if backfill else "priority", is_backfill_slot=backfill,
+                    slot_state=state, device_name="NVIDIA A100", global_job_id=jid, remote_owner="u" if jid else None,
+                    prioritized_projects="" if backfill else "grp-a")
+
+    rows = []
+    for m in range(0, 1440, 5):
+        if 480 <= m < 600:
+            rows += [row(m, "slot1", "Unclaimed"), row(m, "backfill1_1", "Claimed", "sub#1.0#1")]
+        elif 600 <= m < 660:
+            rows += [row(m, "slot1_1", "Claimed", "prim#2.0#1")]
+        else:
+            rows += [row(m, "slot1", "Unclaimed"), row(m, "backfill1", "Unclaimed")]
+    clean = conform(pa.Table.from_pylist(rows), CLEAN_SLOT_SNAPSHOTS)
+    st = states_from_table(clean, DAY0, DAY1)
+    j = jobs(job("sub#1.0#1", 0, DAY0 + dt.timedelta(hours=8), DAY0 + dt.timedelta(minutes=601), host="gpu01.old",
+                 slot="backfill1_1"))
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        for name, table in (("st", st), ("jb", j), ("cl", clean)):
+            con.register(name, table)
+        ev = compute_evictions(con, DAY0, DAY1, "st", [], "jb", [], snapshots_from_sql="cl", snapshots_params=[])
+        assert [(r["host"], r["tier_of_host"], r["detected_by"]) for r in ev.to_pylist()] == [
+            ("gpu01.old", "priority", "job_records,snapshots")]
+        con.register("ev", ev)
+        rates = {(r["device_name"], r["tier"]): r for r in compute_eviction_rates(
+            con, "ev", [], "st", [], DAY0, DAY1, snapshots_from_sql="cl", snapshots_params=[]).to_pylist()
+            if r["hour_local"] is None}
+        assert sorted(rates) == [("ALL", "ALL"), ("ALL", "priority"), ("NVIDIA A100", "ALL"), ("NVIDIA A100", "priority")]
+        row_ = rates[("ALL", "priority")]
+        assert (row_["evictions"], row_["backfill_gpu_hours"], row_["evictions_per_backfill_gpu_hour"]) == (1, 2.0, 0.5)
+    finally:
+        con.close()
+
+
 def test_a_run_seen_first_after_a_hole_in_the_gpus_rows_has_a_lower_bound_runtime():
     """A GPU with no rows for some buckets (absent from the grid, not 'na'): the row after the hole
     has no bucket before it, so a backfill run first seen there may have started in the hole (its
