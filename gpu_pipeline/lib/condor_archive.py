@@ -631,28 +631,33 @@ def _read_parquet(path: Path, lo: str, hi: str, source_tz: str) -> tuple[pa.Tabl
 
 #: What a snapshot time's text starts with (``YYYY-MM-DD `` and a time): other text
 #: (``2025-03-10T12:10:00``, ``garbage``) is not read as a time, and is set aside by the day whose own
-#: local text range holds it -- or, for text outside the file's month (``garbage`` sorts after every
-#: date, ``10/03/2025`` before) and for a NULL or a number, by the day that holds the month's first
-#: instant (:func:`_month_strays`). So each row is read, or set aside, by one day.
+#: local text range holds it. A *stray* -- a NULL or numeric timestamp, or text far outside the
+#: file's month (``garbage`` sorts after every date, ``10/03/2025`` before), which no day's text range
+#: reaches -- is set aside by the day that read the row appended before it (rows are appended in
+#: time order), or by the day of the month's first instant when there is none (:func:`_strays`). So
+#: each row is read, or set aside, by one day.
 _SHAPED = re.compile(r"\d{4}-\d\d-\d\d ")
-_NO_TEXT_REASON = ("no timestamp text (NULL or a number: read by no day; set aside by the day that holds the "
-                   "month's first instant)")
-_OUTSIDE_REASON = ("timestamp text outside the file's month (read by no day; set aside by the day that holds "
-                   "the month's first instant)")
+_STRAY_REASON = ("{what} (no day reads it: set aside by the day of the row appended before it, or the "
+                 "month's first day when none was)")
+_NO_TEXT_REASON = _STRAY_REASON.format(what="no timestamp text (NULL, a number or bytes)")
+_OUTSIDE_REASON = _STRAY_REASON.format(what="timestamp text far outside the file's month")
+#: How far outside its month a file's text may lie and still be in a day's text range: a day's range
+#: (25 h at most) with the read margin either side, widened by the widest UTC offset for offset text.
+_STRAY_SLACK = dt.timedelta(days=2)
 
 
 def _month_bounds_text(month: str) -> tuple[str, str]:
-    """The text range of a month file's times that some day reads: the month and the read margin
-    either side (a day whose own range holds such a time opens the file)."""
+    """The text range of a month file's times that a day reading the file may reach: the month and
+    :data:`_STRAY_SLACK` either side."""
     y, m = int(month[:4]), int(month[5:7])
     first = dt.datetime(y, m, 1)
     after = dt.datetime(y + 1, 1, 1) if m == 12 else dt.datetime(y, m + 1, 1)
-    return (first - _MARGIN).isoformat(sep=" "), (after + _MARGIN).isoformat(sep=" ")
+    return (first - _STRAY_SLACK).isoformat(sep=" "), (after + _STRAY_SLACK).isoformat(sep=" ")
 
 
 def _stray_ranges(path: Path, lo: str, hi: str) -> list[tuple[int, int]] | None:
-    """The rowid ranges that can hold a row :func:`_month_strays` sets aside, by the file's time
-    index (the rowids outside its blocks of text times within ``[lo, hi)``); None without an index."""
+    """The rowid ranges that can hold a stray (:func:`_strays`), by the file's time index (the rowids
+    outside its blocks of text times within ``[lo, hi)``); None without an index."""
     blocks = _cached_index(path)
     if blocks is None:
         return None
@@ -668,21 +673,34 @@ def _stray_ranges(path: Path, lo: str, hi: str) -> list[tuple[int, int]] | None:
     return ranges
 
 
-def _month_strays(path: Path, month: str) -> list[tuple[str, int, str, str | None]]:
-    """The rows of a month file that no day reads or sets aside: a timestamp that is NULL or not
-    text, or text outside the month (and the read margin); as quarantine entries (file, row, reason,
-    the value as text). Where the file has a time index, only the rowids outside its blocks of the
-    month's text are looked at (none, for a clean file); else one scan of the timestamps."""
+_SQLITE_PREV = (f'SELECT "timestamp" FROM {TABLE} WHERE rowid < ? AND typeof("timestamp") = \'text\' '
+                'AND "timestamp" >= ? AND "timestamp" < ? ORDER BY rowid DESC LIMIT 1')
+
+
+def _strays(path: Path, month: str) -> list[tuple[int, str, str | None, str | None]]:
+    """The strays of a month file (see :data:`_SHAPED`): (row, reason, the value as text, the text
+    of the nearest row before it whose time lies in the month's range, or None). Where the file has
+    a time index only the rowids outside its blocks of the month's text are looked at (none, for a
+    clean file); else one scan of the timestamps."""
     lo, hi = _month_bounds_text(month)
-    found: list[tuple[int, object]]
+    found: list[tuple[int, object, object]] = []
     if path.suffix == ".parquet":
         con = db_connect()
         try:
             kind = dict((n, k) for n, k, *_ in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall())
-            odd = ('"timestamp" IS NULL OR "timestamp" < ? OR "timestamp" >= ?' if kind.get("timestamp") == "VARCHAR"
-                   else '"timestamp" IS NULL')
-            found = con.execute(f'SELECT file_row_number, "timestamp" FROM read_parquet(?, file_row_number=true) '
-                                f'WHERE {odd} ORDER BY 1', [str(path), lo, hi][:3 if "?" in odd else 1]).fetchall()
+            text = kind.get("timestamp") == "VARCHAR"
+            odd = '"timestamp" IS NULL OR "timestamp" < $lo OR "timestamp" >= $hi' if text else '"timestamp" IS NULL'
+            ok = '"timestamp" >= $lo AND "timestamp" < $hi' if text else '"timestamp" IS NOT NULL'
+            shown = '"timestamp"' if text else """strftime("timestamp", '%Y-%m-%d %H:%M:%S.%f')"""
+            q = {"f": str(path), "lo": lo, "hi": hi} if text else {"f": str(path)}
+            if con.execute(f"SELECT count(*) FROM read_parquet($f) WHERE {odd}", q).fetchone()[0]:
+                found = con.execute(
+                    f"""SELECT file_row_number, "timestamp", prev FROM (
+                            SELECT file_row_number, "timestamp", ({odd}) AS odd,
+                                   last_value(CASE WHEN {ok} THEN {shown} END IGNORE NULLS) OVER (
+                                       ORDER BY file_row_number ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+                            FROM read_parquet($f, file_row_number=true))
+                        WHERE odd ORDER BY 1""", q).fetchall()
         except duckdb.Error as exc:
             raise ArchiveError(f"{path}: unreadable Parquet archive: {exc}") from exc
         finally:
@@ -694,26 +712,54 @@ def _month_strays(path: Path, month: str) -> list[tuple[str, int, str, str | Non
             raise ArchiveError(f"{path}: cannot open SQLite archive: {exc}") from exc
         try:
             con.text_factory = _decode
-            odd = 'typeof("timestamp") != \'text\' OR "timestamp" < ? OR "timestamp" >= ?'
+            odd = '''typeof("timestamp") != 'text' OR "timestamp" < ? OR "timestamp" >= ?'''
             ranges = _stray_ranges(path, lo, hi)
-            if ranges is None:
-                found = con.execute(f'SELECT rowid, "timestamp" FROM {TABLE} WHERE {odd} ORDER BY rowid',
-                                    (lo, hi)).fetchall()
-            else:
-                found = [row for a, b in ranges for row in con.execute(
-                    f'SELECT rowid, "timestamp" FROM {TABLE} WHERE rowid >= ? AND rowid <= ? AND ({odd}) '
-                    'ORDER BY rowid', (a, b, lo, hi)).fetchall()]
+            rows = (con.execute(f'SELECT rowid, "timestamp" FROM {TABLE} WHERE {odd} ORDER BY rowid', (lo, hi)).fetchall()
+                    if ranges is None else
+                    [row for a, b in ranges for row in con.execute(
+                        f'SELECT rowid, "timestamp" FROM {TABLE} WHERE rowid >= ? AND rowid <= ? AND ({odd}) '
+                        'ORDER BY rowid', (a, b, lo, hi)).fetchall()])
+            last, prev = None, None
+            for rowid, value in rows:
+                if last is None or rowid != last + 1:  # a run of strays shares the row before it
+                    got = con.execute(_SQLITE_PREV, (rowid, lo, hi)).fetchone()
+                    prev = got[0] if got else None
+                found.append((rowid, value, prev))
+                last = rowid
         except sqlite3.Error as exc:
             raise ArchiveError(f"{path}: unreadable SQLite archive: {exc}") from exc
         finally:
             con.close()
     out = []
-    for rowid, value in found:
-        if value is None or isinstance(value, int | float):
-            out.append((str(path), int(rowid), _NO_TEXT_REASON, None if value is None else str(value)))
+    for rowid, value, prev in found:
+        prev_text = None if prev is None else _decode(prev) if isinstance(prev, bytes) else str(prev)
+        if isinstance(value, str):
+            out.append((int(rowid), _OUTSIDE_REASON, value, prev_text))
+        else:  # NULL, a number or a blob
+            shown = None if value is None else _decode(value) if isinstance(value, bytes) else str(value)
+            out.append((int(rowid), _NO_TEXT_REASON, shown, prev_text))
+    return out
+
+
+def _owned_strays(path: Path, month: str, start_utc: dt.datetime, end_utc: dt.datetime, source_tz: str,
+                  own_lo: str, own_hi: str) -> list[tuple[str, int, str, str | None]]:
+    """The strays of a month file that the window ``[start_utc, end_utc)`` sets aside, as quarantine
+    entries: those whose row before lies in the window (its time read as the window reads times;
+    text that cannot be read, by the window's own text range), and those with none before when the
+    window holds the month's first instant."""
+    zone = ZoneInfo(source_tz)
+    y, m = int(month[:4]), int(month[5:7])
+    first_is_ours = start_utc <= dt.datetime(y, m, 1, tzinfo=zone).astimezone(UTC) < end_utc
+    localize = _Localizer(source_tz)
+    out = []
+    for rowid, reason, text, prev in _strays(path, month):
+        if prev is None:
+            ours = first_is_ours
         else:
-            text = _decode(value) if isinstance(value, bytes) else str(value)
-            out.append((str(path), int(rowid), _OUTSIDE_REASON if isinstance(value, str) else _NO_TEXT_REASON, text))
+            at = localize._one(prev)
+            ours = start_utc <= at < end_utc if at is not None else own_lo <= prev < own_hi
+        if ours:
+            out.append((str(path), rowid, reason, text))
     return out
 
 
@@ -931,9 +977,7 @@ def read_window(
             result.missing_columns[str(path)] = absent
         parts.extend(part.tables)
         result.rejected.extend(part.rejected)
-        y, m = int(month[:4]), int(month[5:7])
-        if start_utc <= dt.datetime(y, m, 1, tzinfo=zone).astimezone(UTC) < end_utc:
-            result.rejected.extend(_month_strays(path, month))
+        result.rejected.extend(_owned_strays(path, month, start_utc, end_utc, source_tz, own_lo, own_hi))
         for name, n in part.lost.items():
             lost[name] = lost.get(name, 0) + n
     result.unparseable_timestamps = len(result.rejected)

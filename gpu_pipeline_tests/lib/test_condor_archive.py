@@ -1,6 +1,7 @@
 import datetime as dt
 import json
 import sqlite3
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -112,10 +113,11 @@ def test_the_same_text_before_and_after_the_fall_back_is_two_instants(tmp_path, 
     snapshots all read as the first pass's instants (that hour's states, busy from 01:00 CST, were
     put an hour early, and the true hour had no snapshot). Two slot rows a snapshot, and the 01:00
     CST snapshot in a read batch of its own, change nothing."""
+    from zoneinfo import ZoneInfo
+
     import pandas as pd
 
     from gpu_pipeline.lib import condor_archive
-    from zoneinfo import ZoneInfo
 
     zone = ZoneInfo("America/Chicago")
     taken = [dt.datetime(2025, 11, 2, 5, 0, tzinfo=UTC) + dt.timedelta(minutes=5 * k) for k in range(48)]
@@ -182,7 +184,9 @@ def test_a_parquet_archive_of_text_timestamps_reads_as_the_sqlite_text(tmp_path)
     write(["2025-08-05 06:00:01.000000", "garbage", "2025-08-05 2x:00", "2025-08-05 07:00:01.000000"])
     read = read_window(tmp_path, start, end, "UTC")
     assert read.table.column("snapshot_utc").to_pylist() == [dt.datetime(2025, 8, 5, h, 0, 1, tzinfo=UTC) for h in (6, 7)]
-    assert [r[1] for r in read.rejected] == [2]  # the unreadable time within the day's text range, by its row
+    # the unreadable time within the day's text range, by its row; "garbage" (after every date, in no
+    # day's range) by the day of the row appended before it
+    assert [r[1] for r in read.rejected] == [2, 1]
     write(["2025-08-05 01:00:01.000000-05:00", "2025-08-05 12:00:01.000000-05:00"])
     read = read_window(tmp_path, start, end, "America/Chicago")
     assert read.table.column("snapshot_utc").to_pylist() == [dt.datetime(2025, 8, 5, h, 0, 1, tzinfo=UTC) for h in (6, 17)]
@@ -447,7 +451,9 @@ def test_time_index_ignores_non_text_timestamps_like_the_window_query(tmp_path, 
     whole = _one_range(monkeypatch, tmp_path, start, end, "UTC")
     assert indexed.table.equals(whole.table)
     assert indexed.table.column("source_rowid").to_pylist() == [1, 2, 4, 9, 11, 12]
-    assert indexed.rejected == whole.rejected and [r[1] for r in indexed.rejected] == [10]
+    # the unreadable text in the day's range, then the rows with no text (numbers, NULL, a blob), which
+    # no day reads: this day's, as the rows appended before them are
+    assert indexed.rejected == whole.rejected and [r[1] for r in indexed.rejected] == [10, 3, 5, 6, 7, 8]
 
 
 def test_the_time_index_scanned_in_two_halves_is_the_one_pass_index(tmp_path, monkeypatch):
@@ -537,28 +543,30 @@ def test_timestamp_text_with_an_offset_is_read_by_its_instant(tmp_path, zone):
 
 @pytest.mark.parametrize("kind", ["sqlite", "sqlite with a time index", "parquet"])
 def test_a_row_whose_time_no_day_reads_is_set_aside_once(tmp_path, kind, monkeypatch):
-    """A timestamp that is NULL, or text outside the file's month (``garbage`` sorts after every
-    date, ``10/03/2025 ...`` before), lies in no day's text range: no day read it, and none set it
-    aside (rows lost without a count). The day that holds the month's first instant (00:00 CST on
-    the 1st = 06:00 UTC: the UTC day 2025-03-01) now sets them aside with file and row. Text in a
-    day's own local range that is not a time of the archive's form is that day's, also when Python
-    could read it (``2025-03-10T12:10:00``, 17:10 UTC on the 10th, lies in the text range of the UTC
-    day 2025-03-11: read by no day before). Every row is read or set aside exactly once."""
+    """A timestamp that is NULL or a number, or text far outside the file's month (``garbage`` sorts
+    after every date, ``10/03/2025 ...`` before), lies in no day's text range: no day read it, and
+    none set it aside (rows lost without a count). Such a row is now set aside by the day of the row
+    appended before it (the collector appends in time order; a nightly run of that day meets it),
+    or by the day of the month's first instant (00:00 CST on the 1st = 06:00 UTC: the UTC day
+    2025-03-01) when no row is before it. Text in a day's own local range that is not a time of the
+    archive's form is that day's, also when Python could read it (``2025-03-10T12:10:00``, 17:10 UTC
+    on the 10th, lies in the text range of the UTC day 2025-03-11: read by no day before). Every row
+    is read or set aside exactly once over the month's days."""
     import pandas as pd
 
     from gpu_pipeline.lib.condor_archive import rejected_rows
 
-    texts = ["2025-03-10 12:00:00.000000", "2025-03-10 12:05:00.000000x", None, "garbage",
+    texts = [None, "2025-03-10 12:00:00.000000", "2025-03-10 12:05:00.000000x", None, "garbage",
              "2025-03-10T12:10:00", "10/03/2025 12:15:00", "2025-05-20 10:00:00.000000"]
     rows = [slot_row(t, "slot1", "GPU-aaaaaaaa", "Unclaimed") for t in texts]
     if kind.startswith("sqlite"):
         rows.append(slot_row("2025-03-10 12:20:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed"))
         path = write_gpu_state_db(tmp_path / "gpu_state_2025-03.db", rows)
         con = sqlite3.connect(path)
-        con.execute('UPDATE gpu_state SET "timestamp" = 20250310 WHERE rowid = 8')  # a number
+        con.execute('UPDATE gpu_state SET "timestamp" = 20250310 WHERE rowid = 9')  # a number
         con.commit()
         con.close()
-        texts.append(20250310)
+        texts.append("20250310")
         if kind.endswith("index"):  # blocks of 2 rowids; the strays are looked for outside the clean ones
             from gpu_pipeline.lib import condor_archive
 
@@ -570,32 +578,49 @@ def test_a_row_whose_time_no_day_reads_is_set_aside_once(tmp_path, kind, monkeyp
     else:
         pd.DataFrame(rows).astype({"timestamp": "string"}).to_parquet(tmp_path / "gpu_state_2025-03.parquet",
                                                                       index=False)
+    first = 0 if kind == "parquet" else 1  # Parquet rows are numbered from 0, SQLite's rowids from 1
     read_rows: list[int] = []
     set_aside: dict[str, list] = {}
     for day in range(1, 32):
         s = dt.datetime(2025, 3, day, tzinfo=UTC)
         got = read_window(tmp_path, s, s + dt.timedelta(days=1), "America/Chicago")
-        read_rows += got.table["source_rowid"].to_pylist()
+        read_rows += [r - first for r in got.table["source_rowid"].to_pylist()]
         q = rejected_rows(got)
         assert got.unparseable_timestamps == q.num_rows
         if q.num_rows:
-            set_aside[s.date().isoformat()] = q.to_pylist()
-    first = 0 if kind == "parquet" else 1  # Parquet rows are numbered from 0, SQLite's rowids from 1
-    assert read_rows == [first]
-    assert sorted(set_aside) == ["2025-03-01", "2025-03-10", "2025-03-11"]
-    for day, row in (("2025-03-10", 1), ("2025-03-11", 4)):
-        assert [(r["source_row"] - first, r["reason"].split(" (")[0], json.loads(r["row_json"])["timestamp"])
-                for r in set_aside[day]] == [(row, "unparseable timestamp", texts[row])]
-    month = set_aside["2025-03-01"]
-    assert [(r["source_row"] - first, json.loads(r["row_json"])["timestamp"], r["reason"].split(" (")[0])
-            for r in month] == [(2, None, "no timestamp text"), (3, "garbage", "timestamp text outside the file's month"),
-                                (5, texts[5], "timestamp text outside the file's month"),
-                                (6, texts[6], "timestamp text outside the file's month")] + (
-        [] if kind == "parquet" else [(7, "20250310", "no timestamp text")])
-    if kind.endswith("index"):  # the clean block was not looked at: rows 1 and 2 hold text of the month
-        assert looked == [[(-(2**63), 0), (3, 2**63 - 1)]]
-    assert {r["source_table"] for rs in set_aside.values() for r in rs} == {"raw/condor_slot_snapshots"}
-    assert {r["source_file"] for rs in set_aside.values() for r in rs} == {str(next(tmp_path.iterdir()))}
+            set_aside[s.date().isoformat()] = [
+                (r["source_row"] - first, r["reason"].split(" (")[0], json.loads(r["row_json"])["timestamp"])
+                for r in q.to_pylist()]
+            assert {r["source_table"] for r in q.to_pylist()} == {"raw/condor_slot_snapshots"}
+            assert {r["source_file"] for r in q.to_pylist()} == {str(next(tmp_path.iterdir()))}
+    no_text, far = "no timestamp text", "timestamp text far outside the file's month"
+    assert read_rows == [1]
+    assert set_aside == {
+        "2025-03-01": [(0, no_text, None)],  # no row before it
+        "2025-03-10": [(2, "unparseable timestamp", texts[2]), (3, no_text, None), (4, far, "garbage")],
+        "2025-03-11": [(5, "unparseable timestamp", texts[5]), (6, far, texts[6]), (7, far, texts[7])]
+        + ([] if kind == "parquet" else [(8, no_text, "20250310")]),
+    }
+    if kind.endswith("index"):  # every block holds a stray here: the index was asked, and looks at all
+        assert looked and all(r == [(-(2**63), 2**63 - 1)] for r in looked)
+
+
+def test_strays_are_looked_for_outside_the_clean_blocks_of_the_time_index(monkeypatch):
+    """A block of the time index whose times are all text of the month (and its slack) holds no
+    stray: only the rowids outside such blocks are looked at."""
+    from gpu_pipeline.lib import condor_archive as ca
+
+    def clean(first: int, last: int) -> object:
+        return ca._Block(first, last, b"2025-03-02 00:00:00", b"2025-03-30 00:00:00")
+
+    blocks = [clean(1, 2), ca._Block(3, 4, b"", None, nontext=True), clean(5, 6),
+              ca._Block(7, 8, b"2025-03-02 00:00:00", b"garbage"), clean(9, 10), clean(13, 14)]
+    monkeypatch.setattr(ca, "_cached_index", lambda path: blocks)
+    lo, hi = ca._month_bounds_text("2025-03")
+    assert (lo, hi) == ("2025-02-27 00:00:00", "2025-04-03 00:00:00")
+    assert ca._stray_ranges(Path("x"), lo, hi) == [(-(2**63), 0), (3, 4), (7, 8), (11, 12), (15, 2**63 - 1)]
+    monkeypatch.setattr(ca, "_cached_index", lambda path: None)
+    assert ca._stray_ranges(Path("x"), lo, hi) is None
 
 
 @pytest.mark.parametrize("folder", ["with #hash", "what?", "with %41pct", "plain"])
