@@ -43,10 +43,11 @@ DAY, PREV = DAYS[1], DAYS[0]
 
 def _knock_out(table: pa.Table) -> pa.Table:
     """Collector misses and a dropout the simulator may not produce on its own: one lost snapshot
-    (its bucket carries the previous one), four in a row (buckets with no snapshot at all) and one
-    GPU absent from a few snapshots."""
+    (its bucket carries the previous one), four in a row (buckets with no snapshot at all), one
+    GPU absent from a few snapshots, and two hours written every 15 minutes (a collector's cadence
+    changed in the day: each part read at its own)."""
     snaps = sorted(set(table.column("snapshot_utc").to_pylist()))
-    lost = {snaps[10], *snaps[100:104]}
+    lost = {snaps[10], *snaps[100:104], *(t for k, t in enumerate(snaps[30:54]) if k % 3)}
     keep = pc.invert(pc.is_in(table.column("snapshot_utc"), pa.array(sorted(lost), table.schema.field("snapshot_utc").type)))
     gpu = table.column("gpu_id")[0].as_py()
     gone = pa.array(snaps[200:203], table.schema.field("snapshot_utc").type)

@@ -33,8 +33,8 @@ Extra rows:
 
 Buckets and snapshots: exactly the assignment of :mod:`gpu_pipeline.lib.states` (the SQL below
 reuses its CTEs): a bucket uses the snapshots taken inside it, else the latest earlier snapshot if
-it is younger than the larger of ``STALE_FACTOR`` x the observed cadence and 2 x cadence - half a
-bucket (one missed snapshot bridged); a bucket with neither is not covered and
+it is younger than the larger of ``STALE_FACTOR`` x the cadence in force after it (the median of
+the five gaps around the next one) and 2 x cadence - half a bucket (one missed snapshot bridged); a bucket with neither is not covered and
 has no rows (it is unknown, not zero). Only GPUs seen during the window count, as in the state table.
 
 Rows per covered bucket: ``(tier, ALL)`` for the three tiers and ``TOTAL`` always (zeros included),

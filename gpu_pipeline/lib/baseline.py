@@ -201,8 +201,9 @@ def _round_half_away(x: float) -> int:
 
 
 class _Buckets:
-    """Which rows feed each bucket: its own snapshots, else the latest earlier snapshot younger
-    than the larger of ``STALE_FACTOR`` x the observed cadence (median gap between snapshots) and
+    """Which rows feed each bucket: its own snapshots, else the latest earlier snapshot if younger
+    than the larger of ``STALE_FACTOR`` x the cadence in force after it (the median of the five
+    gaps between snapshots around the one that follows it; the day's median where it has none) and
     2 x cadence - half a bucket, as the pipeline's states take them (a snapshot written in parts
     by its first part's time, carried with every part)."""
 
@@ -211,22 +212,26 @@ class _Buckets:
         self.start = pd.Timestamp(start_utc)
         self.day = df[df["_first"] >= self.start]
         self.snaps = pd.DatetimeIndex(df["_first"].unique()).sort_values()  # the snapshots' first parts
-        gaps = (self.snaps[1:] - self.snaps[:-1]) / pd.Timedelta(microseconds=1)
-        gaps = gaps[gaps > 0]
-        cadence_us = float(np.median(gaps)) if len(gaps) else BUCKET / dt.timedelta(microseconds=1)
+        gaps = np.asarray((self.snaps[1:] - self.snaps[:-1]) / pd.Timedelta(microseconds=1), dtype=float)
+        day_cadence = float(np.median(gaps[gaps > 0])) if (gaps > 0).any() else BUCKET / dt.timedelta(microseconds=1)
         bucket_us = BUCKET // dt.timedelta(microseconds=1)
-        self.stale = pd.Timedelta(microseconds=max(_round_half_away(cadence_us * STALE_FACTOR),
-                                                   _round_half_away(2 * cadence_us) - bucket_us // 2))
+        # gap k lies between snapshots k and k + 1; snapshot i's window: gaps i - 2 .. i + 2
+        self.stale = []
+        for i in range(len(self.snaps)):
+            near = gaps[max(0, i - 2):i + 3]
+            cadence_us = float(np.median(near)) if len(near) else day_cadence
+            self.stale.append(pd.Timedelta(microseconds=max(_round_half_away(cadence_us * STALE_FACTOR),
+                                                            _round_half_away(2 * cadence_us) - bucket_us // 2)))
         self.buckets = pd.date_range(start_utc, end_utc, freq=BUCKET, inclusive="left")
 
     def rows(self, bucket: pd.Timestamp) -> pd.DataFrame | None:
         bucket_df = self.day[self.day["bucket"] == bucket]
         if len(bucket_df):
             return bucket_df
-        prior = self.snaps[(self.snaps < bucket) & (self.snaps >= bucket - self.stale)]
-        if len(prior) == 0:
+        i = int(self.snaps.searchsorted(bucket)) - 1  # the latest snapshot before the bucket
+        if i < 0 or self.snaps[i] < bucket - self.stale[i]:
             return None
-        return self.df[self.df["_first"] == prior.max()]  # every part of it
+        return self.df[self.df["_first"] == self.snaps[i]]  # every part of it
 
 
 def _gpu_table(day: pd.DataFrame) -> pd.DataFrame:

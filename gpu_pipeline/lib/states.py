@@ -4,8 +4,11 @@ For each bucket of the day:
 1. The bucket's snapshots are those whose time falls in it (a snapshot written in parts seconds
    apart by the time of its first part: :data:`SNAPSHOT_PARTS_MAX_US`). A bucket with none takes
    the latest earlier snapshot, every part of it, if the bucket starts less than the larger of
-   ``stale_factor`` x the observed cadence (the median gap between snapshots) and
-   2 x cadence - half a bucket after it (so 15-minute archives fill 5-minute buckets,
+   ``stale_factor`` x the cadence in force and 2 x cadence - half a bucket after it -- the cadence
+   in force after a snapshot being the median of the five gaps between snapshots around the one
+   that follows it, so that a day of 15-minute snapshots, then 5-minute ones, is read at each
+   part's own (the day's median, 5 minutes, blanked a third of the 15-minute part's buckets), while
+   an outage is one long gap among short ones (so 15-minute archives fill 5-minute buckets,
    and a single missed snapshot does not blank the pool: at 5-minute cadence both give 7.5 minutes,
    at 15-minute cadence the second gives 27.5, where 1.5 x cadence, 22.5, left the last bucket
    before the next snapshot blank); otherwise every GPU is ``na`` with reason ``no_snapshot``.
@@ -108,14 +111,22 @@ in_bucket AS (
     FROM snaps s, params p
     WHERE s.f_us >= p.s_us
 ),
-carried_last AS (
-    SELECT b.b_start_us, max(s.f_us) AS last_f
-    FROM buckets b
-    JOIN snaps s ON s.f_us < b.b_start_us
-    CROSS JOIN cadence c CROSS JOIN params p
-    WHERE b.b_start_us NOT IN (SELECT b_start_us FROM in_bucket)
-      AND s.f_us >= b.b_start_us - greatest(CAST(c.c_us * $stale_factor AS BIGINT), 2 * c.c_us - p.b_us // 2)
-    GROUP BY b.b_start_us
+local_cadence AS (
+    -- the cadence in force after each snapshot: the median of the five gaps around the one that
+    -- follows it (a day of 15-minute snapshots, then 5-minute ones, is read at each part's own)
+    SELECT f_us, coalesce(median(g) OVER (ORDER BY f_us ROWS BETWEEN 1 PRECEDING AND 3 FOLLOWING),
+                          (SELECT c_us FROM cadence)) AS c_us
+    FROM (SELECT f_us, f_us - lag(f_us) OVER (ORDER BY f_us) AS g FROM (SELECT DISTINCT f_us FROM snaps))
+),
+carried_last AS (  -- the latest earlier snapshot, if it is recent enough at its cadence
+    SELECT l.b_start_us, l.last_f
+    FROM (SELECT b.b_start_us, max(s.f_us) AS last_f
+          FROM buckets b JOIN snaps s ON s.f_us < b.b_start_us
+          WHERE b.b_start_us NOT IN (SELECT b_start_us FROM in_bucket)
+          GROUP BY b.b_start_us) l
+    JOIN local_cadence c ON c.f_us = l.last_f
+    CROSS JOIN params p
+    WHERE l.last_f >= l.b_start_us - greatest(CAST(c.c_us * $stale_factor AS BIGINT), 2 * c.c_us - p.b_us // 2)
 ),
 carried AS (  -- the latest snapshot, every part of it
     SELECT cl.b_start_us, s.t_us FROM carried_last cl JOIN snaps s ON s.f_us = cl.last_f

@@ -145,6 +145,19 @@ def test_one_missed_snapshot_at_fifteen_minute_cadence_is_bridged_two_are_not():
     assert [m for m, r in reasons.items() if r == "no_snapshot"] == [30, 35, 40]
 
 
+def test_a_day_whose_cadence_changes_is_read_at_each_parts_own():
+    """Snapshots every 15 minutes until noon, every 5 after: the carry was judged against the day's
+    median gap (5 minutes, a 7.5-minute window), so every third bucket of the morning was
+    no_snapshot. The cadence in force is now the median of the gaps around each snapshot: the
+    morning is whole, and a missed 5-minute snapshot after noon is still a hole past 7.5 minutes."""
+    times = [m for m in range(0, 720, 15)] + [m for m in range(720, 1440, 5) if not 900 <= m < 930]
+    rows = [row(snap(m), "slot1", "GPU-aaaaaaaa", "Unclaimed", "shared") for m in times]
+    out = states(rows, minutes=1440)
+    missing = [m for m in range(0, 1440, 5) if out[("GPU-aaaaaaaa", m)]["na_reason"] == "no_snapshot"]
+    assert missing == [905, 910, 915, 920, 925]  # 15:00 is carried from 14:55:07; then the outage
+    assert out[("GPU-aaaaaaaa", 10)]["snapshot_utc"] == snap(0)
+
+
 def test_a_snapshot_written_in_two_parts_seconds_apart_is_one_snapshot():
     """A 15-minute archive whose every snapshot is written in two parts 2 s apart (two collectors,
     h1's rows at :07, h2's at :09): the cadence is 15 minutes, not the 2-s gap between the parts,
