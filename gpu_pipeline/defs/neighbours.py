@@ -3,7 +3,8 @@
 Some assets of day D read other days' partitions (:data:`NEIGHBOUR_READS`): the GPU states and
 the allocation read the clean slot snapshots of D-1 (the first bucket carries the last snapshot
 before midnight), availability and evictions read D-1, the availability summary up to a week back,
-the demand the job records of the 14 days before, efficiency the samples, states and job records of
+the demand the job records of the 14 days before, the Terapixel task runs' GPU means the samples of
+D+1 (a run past midnight), efficiency the samples, states and job records of
 D-1 and D+1 (a segment or held-idle run across midnight is judged on its whole length). Dagster knows
 only the same-day dependencies: declaring these (partition mappings with offsets) made a range
 backfill one run per asset over a widened range instead of one run. So Dagster does not mark D
@@ -49,6 +50,7 @@ from gpu_pipeline.defs import jobs as _jobs  # the module: its job is collected 
 from gpu_pipeline.defs.clean.gpu_samples import KEY as SAMPLES_KEY
 from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
 from gpu_pipeline.defs.clean.slot_snapshots import KEY as SLOTS_KEY
+from gpu_pipeline.defs.clean.task_runs import MEANS_KEY as TASK_MEANS_KEY
 from gpu_pipeline.defs.metrics.allocation import BUCKETS_KEY, DAILY_KEY
 from gpu_pipeline.defs.metrics.availability import LOOKBACK_DAYS, PERIODS_KEY, SUMMARY_KEY
 from gpu_pipeline.defs.metrics.demand import CAP_KEY, TOP_KEY
@@ -78,7 +80,11 @@ NEIGHBOUR_READS: dict[dg.AssetKey, dict[dg.AssetKey, tuple[int, ...]]] = {
     **{key: _EFFICIENCY_READ for key in EFFICIENCY_KEYS},
     CAP_KEY: _DEMAND_READ,
     TOP_KEY: _DEMAND_READ,
+    # a task run that goes on past midnight: its means read the next day's samples
+    TASK_MEANS_KEY: {SAMPLES_KEY: (1,)},
 }
+#: The reads of :data:`NEIGHBOUR_READS` made only on a day that needs them (the sensor watches them all).
+READ_WHEN_NEEDED: dict[dg.AssetKey, dict[dg.AssetKey, tuple[int, ...]]] = {TASK_MEANS_KEY: {SAMPLES_KEY: (1,)}}
 
 #: how many records of each watched asset one tick reads at most (the rest on the next ticks)
 RECORDS_PER_TICK = 2_000
@@ -204,7 +210,8 @@ def _latest_storage_id(instance: dg.DagsterInstance, keys: Iterable[dg.AssetKey]
     description=(
         "Re-materializes a day whose neighbouring day's input was re-materialized after it (the states and "
         "the allocation read the day before's slot snapshots, availability and evictions the day before, "
-        "the demand the job records of the 14 days before, efficiency the days either side): the stale assets "
+        "the demand the job records of the 14 days before, the task runs' GPU means the next day's samples, "
+        "efficiency the days either side): the stale assets "
         "and everything downstream of them, one run per day. Reads only finished runs' records; its first "
         "tick only sets the cursor."
     ),

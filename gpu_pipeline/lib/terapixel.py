@@ -80,8 +80,10 @@ Per-task GPU means (:func:`task_gpu_means`)
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
+import functools
 import heapq
 import io
 import random
@@ -195,6 +197,19 @@ def _source(path_or_text: str | Path) -> tuple[Any, str | None]:
     return path_or_text.encode("utf-8"), None
 
 
+def _names_its_file(fn: Callable) -> Callable:
+    """Arrow's own failures while reading a file (the wide line that takes a block, dictionaries it
+    cannot unify) name the file."""
+    @functools.wraps(fn)
+    def wrapped(path_or_text: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(path_or_text, *args, **kwargs)
+        except pa.ArrowException as exc:
+            what = path_or_text if isinstance(path_or_text, Path) or "\n" not in str(path_or_text) else "CSV text"
+            raise ValueError(f"{what}: unreadable Terapixel CSV: {exc}") from exc
+    return wrapped
+
+
 def _open(src: Any) -> BinaryIO:
     return io.BytesIO(src) if isinstance(src, bytes) else open(src, "rb")  # noqa: SIM115
 
@@ -208,6 +223,7 @@ class _Scan:
                  dict_columns: Sequence[str] = ()) -> None:
         self.src, self.path = _source(path_or_text)
         self.what = self.path or f"{kind} text"
+        self.kind = kind
         self.columns = tuple(columns)
         self.dict_columns = set(dict_columns)
         self.invalid: list[tuple[int | None, str, int]] = []
@@ -225,7 +241,9 @@ class _Scan:
         return pacsv.open_csv(
             _open(self.src),
             read_options=pacsv.ReadOptions(use_threads=threads, block_size=_BLOCK),
-            parse_options=pacsv.ParseOptions(ignore_empty_lines=False, invalid_row_handler=handler),
+            # no quoting in the dataset: a stray '"' opened a quoted cell that took the rest of the file
+            parse_options=pacsv.ParseOptions(ignore_empty_lines=False, invalid_row_handler=handler,
+                                             quote_char=False, escape_char=False),
             convert_options=pacsv.ConvertOptions(
                 column_types={c: _DICT if c in self.dict_columns else pa.string() for c in self.header},
                 include_columns=list(columns),
@@ -244,10 +262,19 @@ class _Scan:
             return "skip"
 
         offset = 0
-        with self._reader(True, self.columns, handler) as reader:
+        with self._unreadable(), self._reader(True, self.columns, handler) as reader:
             for batch in reader:
                 yield offset, batch
                 offset += batch.num_rows
+
+    @contextlib.contextmanager
+    def _unreadable(self) -> Iterator[None]:
+        """What pyarrow cannot read (bytes that are not UTF-8, a line longer than a block) fails the
+        file, naming it."""
+        try:
+            yield
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            raise ValueError(f"{self.what}: unreadable Terapixel {self.kind}: {exc}") from exc
 
     def invalid_lines(self) -> list[tuple[int, str, int]]:
         """Line number, text and field count of each rejected row. Multithreaded parsing does not know
@@ -259,7 +286,7 @@ class _Scan:
                 found.append((row.number, row.text, row.actual_columns))
                 return "skip"
 
-            with self._reader(False, self.columns[:1], handler) as reader:
+            with self._unreadable(), self._reader(False, self.columns[:1], handler) as reader:
                 for _ in reader:
                     pass
             self.invalid = found
@@ -274,10 +301,14 @@ class _Scan:
         before = bad - 2 - np.arange(len(bad))  # rows read before the i-th rejected line
         return ordinals + 2 + np.searchsorted(before, ordinals, side="right")
 
-    def quarantine(self, ordinals: np.ndarray, reasons: Sequence[str], raw: Sequence[str]) -> list[QuarantinedLine]:
-        """QuarantinedLine for rows given by ordinal, plus the rejected rows, by line."""
+    def quarantine(self, ordinals: np.ndarray, reasons: Sequence[str], raw: Sequence[str],
+                   times: Sequence[dt.datetime | None] | None = None) -> list[QuarantinedLine]:
+        """QuarantinedLine for rows given by ordinal (with their time, where read), plus the rejected
+        rows, by line."""
         lines = self.lines_of(ordinals).tolist()
-        out = [QuarantinedLine(ln, r, t, self.path) for ln, r, t in zip(lines, reasons, raw, strict=True)]
+        when = times if times is not None else [None] * len(lines)
+        out = [QuarantinedLine(ln, r, t, self.path, at)
+               for ln, r, t, at in zip(lines, reasons, raw, when, strict=True)]
         out += [QuarantinedLine(ln, f"expected {len(self.header or ())} fields, got {k}", text, self.path)
                 for ln, text, k in self.invalid_lines()]
         return sorted(out, key=lambda q: q.line_number)
@@ -470,6 +501,7 @@ def _gpu_batch(batch: pa.RecordBatch, start: dt.datetime | None, end: dt.datetim
     return out, quarantine, reasons
 
 
+@_names_its_file
 def parse_gpu_csv(
     path_or_text: str | Path,
     source_file: str | None = None,
@@ -715,6 +747,7 @@ def _task_xy(task_xy: str | Path, counters: Counter[str]) -> tuple[pa.Table, lis
     return keep, quarantine, scan.path
 
 
+@_names_its_file
 def parse_task_runs(
     checkpoints: str | Path,
     task_xy: str | Path | None = None,
@@ -796,7 +829,9 @@ def parse_task_runs(
                                  else "unmatched STOP: no START before it")
     q_all = np.concatenate(q_rows)
     q_raw = _raw_lines(ev, q_all, CHECKPOINT_COLUMNS)
-    quarantine = scan.quarantine(ordinal[q_all], q_reasons, q_raw)
+    # each set-aside event's time where it was read (the day that reports it)
+    q_times = ev.column("ts").combine_chunks().take(pa.array(q_all, pa.int64())).to_pylist()
+    quarantine = scan.quarantine(ordinal[q_all], q_reasons, q_raw, q_times)
     quarantine = sorted(quarantine, key=lambda q: q.line_number) + xy_quarantine
 
     # 3. runs, numbered per (job, task, event) by start
@@ -868,8 +903,9 @@ def task_gpu_means(task_runs: Any, samples: Any, *, max_hold_s: float = 10.0) ->
 
     ``task_runs``: a :data:`TASK_RUNS` table or :class:`TaskRunsResult`; ``samples``: a
     ``gpu_samples`` table or :class:`ParseResult`. The run's GPU is its ``gpu_id`` on its host, else
-    the single GPU its host reports in ``samples`` (a host with several GPUs and a run without
-    ``gpu_id``: no GPU). Samples of one GPU at one instant are averaged first. Sample *i* at ``t_i``
+    the single GPU its host reports in ``samples``, else (a GPU replaced in the day) the host's GPU
+    with the most samples during the run; its ``gpu_id`` and ``gpu_uuid`` are filled in from the
+    samples where the run had none. Samples of one GPU at one instant are averaged first. Sample *i* at ``t_i``
     weighs ``min(t_next, t_i + max_hold_s, end_utc) - t_i`` where ``t_next`` is the GPU's next sample;
     each mean ignores null values (and their weights). ``energy_j`` is the power integrated over the
     covered time. A run without samples has ``samples = 0``, ``covered_s = 0`` and null means.
@@ -881,7 +917,9 @@ def task_gpu_means(task_runs: Any, samples: Any, *, max_hold_s: float = 10.0) ->
     runs = getattr(task_runs, "table", task_runs)
     runs = conform(runs.select(TASK_RUNS.schema.names), TASK_RUNS)
     samp = getattr(samples, "table", samples)
-    samp = samp.select(["sample_utc", "host", "gpu_id"] + [c for c, _ in _MEAN_VALUES])
+    if "gpu_uuid" not in samp.column_names:
+        samp = samp.append_column("gpu_uuid", pa.nulls(samp.num_rows, pa.string()))
+    samp = samp.select(["sample_utc", "host", "gpu_id", "gpu_uuid"] + [c for c, _ in _MEAN_VALUES])
     if samp.column("host").null_count:
         samp = samp.filter(pc.is_valid(samp.column("host")))
     hold_us = int(round(max_hold_s * 1e6))
@@ -890,7 +928,8 @@ def task_gpu_means(task_runs: Any, samples: Any, *, max_hold_s: float = 10.0) ->
     host_code, host_vals = _codes(samp.column("host"))
     gpu_code, gpu_vals = _codes(samp.column("gpu_id"))
     pair = host_code.astype(np.int64) * max(len(gpu_vals), 1) + gpu_code
-    pairs, key = np.unique(pair, return_inverse=True)
+    pairs, first_row, key = np.unique(pair, return_index=True, return_inverse=True)
+    pair_uuid = samp.column("gpu_uuid").take(pa.array(first_row, pa.int64())) if samp.num_rows else pa.array([], pa.string())
     t = samp.column("sample_utc").cast(pa.int64()).to_numpy() if samp.num_rows else np.zeros(0, np.int64)
     vals = {c: pc.fill_null(samp.column(c).cast(pa.float64()), np.nan).to_numpy() if samp.num_rows
             else np.zeros(0) for c, _ in _MEAN_VALUES}
@@ -930,13 +969,23 @@ def task_gpu_means(task_runs: Any, samples: Any, *, max_hold_s: float = 10.0) ->
     only_gpu = np.full(len(host_vals) + 1, -1, dtype=np.int64)  # the last slot answers host -1
     only_gpu[pair_host[single]] = pair_gpu[single]
     r_gpu = np.where(r_has_gpu, r_gpu, only_gpu[r_host])
-    want = np.where((r_host >= 0) & (r_gpu >= 0), r_host.astype(np.int64) * n_gpu + r_gpu, -1)
-    k = np.minimum(np.searchsorted(pairs, want), max(len(pairs) - 1, 0))
-    found = (want >= 0) & (pairs[k] == want) if len(pairs) else np.zeros(len(want), dtype=bool)
     start = runs.column("start_utc").cast(pa.int64()).to_numpy()
     end = runs.column("end_utc").cast(pa.int64()).to_numpy()
     lo = np.clip(start - t0, 0, span - 1)
     hi = np.clip(end - t0, 0, span - 1)
+    # a host that reported several GPUs in the samples (a GPU replaced in the day): a run without a
+    # GPU of its own takes the one with the most samples during the run
+    several = np.flatnonzero(~r_has_gpu & (r_host >= 0) & (r_gpu < 0))
+    for i in several.tolist():
+        best, most = -1, 0
+        for kk in np.flatnonzero(pair_host == r_host[i]).tolist():
+            got = int(np.searchsorted(pos, kk * span + hi[i]) - np.searchsorted(pos, kk * span + lo[i]))
+            if got > most:
+                best, most = int(pair_gpu[kk]), got
+        r_gpu[i] = best
+    want = np.where((r_host >= 0) & (r_gpu >= 0), r_host.astype(np.int64) * n_gpu + r_gpu, -1)
+    k = np.minimum(np.searchsorted(pairs, want), max(len(pairs) - 1, 0))
+    found = (want >= 0) & (pairs[k] == want) if len(pairs) else np.zeros(len(want), dtype=bool)
     i0 = np.where(found, np.searchsorted(pos, k * span + lo, side="left"), 0)
     i1 = np.where(found, np.searchsorted(pos, k * span + hi, side="left"), 0)
     i1 = np.maximum(i0, i1)
@@ -969,6 +1018,17 @@ def task_gpu_means(task_runs: Any, samples: Any, *, max_hold_s: float = 10.0) ->
         if c == "power_w":
             result["energy_j"] = pa.array(np.where(good, value, 0.0), mask=~good)
     table = runs
+    if len(pairs):  # the GPU the means come from, where the run did not name one
+        taken = pa.array(np.where(found & ~r_has_gpu, k, -1))
+        use = pc.greater_equal(taken, 0)
+        at = pc.if_else(use, taken, 0)
+        for col, values in (("gpu_id", gpu_vals.take(pa.array(pair_gpu)) if len(gpu_vals) else None),
+                            ("gpu_uuid", pair_uuid)):
+            if values is None:
+                continue
+            i = table.column_names.index(col)
+            table = table.set_column(i, col, pc.if_else(use, values.take(at).cast(pa.string()),
+                                                        table.column(col).cast(pa.string())))
     for name in ("samples", "covered_s", *[o for _, o in _MEAN_VALUES], "energy_j"):
         table = table.append_column(name, result[name])
     return conform(table, TASK_GPU_MEANS)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import duckdb
@@ -536,3 +537,59 @@ def test_many_batches_keep_line_numbers(tmp_path):
     assert [(q.line_number, q.raw_line) for q in result.quarantine] == [(i + 1, bad[i]) for i in sorted(bad)]
     assert result.rows == n - 1 - len(bad)
     assert result.counters["data_lines"] == n - 1
+
+
+def test_a_task_event_set_aside_carries_its_time():
+    """An unmatched START or STOP, whose time was read, carries it (``record_utc``), so the day it
+    falls in reports it; a line whose time cannot be read carries none. Before, none did, and every
+    line went to the file's first day of runs."""
+    head = ",".join(CHECKPOINT_COLUMNS)
+    r = parse_task_runs("\n".join([head, f"2018-11-08T07:00:00Z,{H1},Render,START,{J},{T1}",
+                                   f"2018-11-09T08:00:00Z,{H1},Render,STOP,{J},{T2}",
+                                   f"yesterday,{H1},Render,STOP,{J},{T2}"]) + "\n")
+    assert [(q.line_number, q.reason.split(":")[0], q.record_utc) for q in r.quarantine] == [
+        (2, "unmatched START", ts(7, 0, 0)), (3, "unmatched STOP", dt.datetime(2018, 11, 9, 8, tzinfo=UTC)),
+        (4, "timestamp", None)]
+    assert r.quarantine_table()["record_utc"].to_pylist() == [q.record_utc for q in r.quarantine]
+
+
+def test_the_means_name_the_gpu_they_came_from_also_after_a_gpu_was_replaced():
+    """A run without a GPU of its own took the host's only GPU, and left its gpu_id / gpu_uuid null;
+    a host whose GPU was replaced in the day (two GPUs in the samples) gave its runs no means at all.
+    Each run now takes the host's GPU with the most samples during it, and names it."""
+    samples = samples_table([("h", "GPU-aaaaaaaa", s, 50.0, 100.0) for s in range(0, 10, 2)]
+                            + [("h", "GPU-bbbbbbbb", s, 90.0, 300.0) for s in range(20, 30, 2)]
+                            + [("h2", "GPU-cccccccc", s, 10.0, 50.0) for s in range(0, 30, 2)])
+    samples = samples.set_column(samples.column_names.index("gpu_uuid"), "gpu_uuid", pa.array(
+        [f"{g.lower()[:12]}-0000-0000-0000-000000000000" for g in samples["gpu_id"].to_pylist()]))
+    runs = runs_table([("a", "h", None, 0, 8), ("b", "h", None, 20, 28), ("c", "h2", None, 0, 10),
+                       ("d", "h", "GPU-aaaaaaaa", 20, 28)])
+    got = {r["task_id"]: r for r in task_gpu_means(runs, samples).to_pylist()}
+    assert [(t, got[t]["gpu_id"], got[t]["gpu_uuid"], got[t]["samples"], got[t]["util_pct_mean"]) for t in "abcd"] == [
+        ("a", "GPU-aaaaaaaa", "gpu-aaaaaaaa-0000-0000-0000-000000000000", 4, 50.0),
+        ("b", "GPU-bbbbbbbb", "gpu-bbbbbbbb-0000-0000-0000-000000000000", 4, 90.0),
+        ("c", "GPU-cccccccc", "gpu-cccccccc-0000-0000-0000-000000000000", 5, 10.0),
+        ("d", "GPU-aaaaaaaa", None, 0, None),  # its own GPU, no sample of it then: as it was
+    ]
+
+
+@pytest.mark.parametrize("bad", ["quote", "latin1", "binary"])
+def test_a_stray_quote_or_bytes_that_are_not_utf8(bad):
+    """The dataset has no quoting: a '"' opening a cell made Arrow read the rest of the file as one
+    cell (999 rows lost without a count). Bytes that are not UTF-8 fail the file naming it (pyarrow
+    stopped with a message that named neither the file nor the line)."""
+    lines = [",".join(GPU_CSV_COLUMNS)] + [
+        f"2018-11-08T07:{m:02d}:00.000Z,{H1},0325018004239,{U1},100.0,40,50,10" for m in range(20)]
+    if bad == "quote":
+        lines[5] = lines[5].replace(H1, '"' + H1)
+        r = parse_gpu_csv("\n".join(lines) + "\n")
+        assert r.rows == 20 and not r.quarantine
+        assert sorted(set(r.table["host"].to_pylist())) == ['"' + H1, H1]
+        return
+    data = ("\n".join(lines) + "\n").encode()
+    data = data.replace(b"0325018004239", b"03250\xe9004239", 1) if bad == "latin1" else data + b"\x00\x01\x80\xff\n"
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "gpu.csv"
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=r"gpu\.csv: unreadable Terapixel"):
+            parse_gpu_csv(path)

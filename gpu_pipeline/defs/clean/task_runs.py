@@ -1,5 +1,8 @@
 """Terapixel-style render task runs (clean) and their GPU means (metrics), per day."""
 
+import datetime as dt
+from pathlib import Path
+
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,18 +35,22 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
     base = telemetry.terapixel_dir.strip()
     parsed = None
     if base:
-        from pathlib import Path
-
         d = Path(base)
         xy = d / "task-x-y.csv"
         parsed = parse_task_runs(d / "application-checkpoints.csv", xy if xy.is_file() else None)
 
     first_run_day = None
-    if parsed is not None and parsed.table.num_rows:
+    if parsed is not None:
         from gpu_pipeline.defs.partitions import TIMEZONE
         from gpu_pipeline.lib.timeutil import to_local_naive
 
-        first_run_day = to_local_naive(pc.min(parsed.table["start_utc"]).as_py(), TIMEZONE).date().isoformat()
+        # the file's first day: of its first run, or its first event set aside with a time, else of
+        # the file's last change (a file of lines without any readable time)
+        times = [t for t in (pc.min(parsed.table["start_utc"]).as_py() if parsed.table.num_rows else None,
+                             pc.min(parsed.quarantine_table()["record_utc"]).as_py()) if t is not None]
+        first = min(times) if times else dt.datetime.fromtimestamp(
+            Path(parsed.files[0]).stat().st_mtime, dt.UTC) if parsed.files else None
+        first_run_day = to_local_naive(first, TIMEZONE).date().isoformat() if first is not None else None
 
     def one_day(day: str):
         start, end = window(day)
@@ -55,7 +62,7 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
             e = pa.scalar(end, t["start_utc"].type)
             runs = t.filter(pc.and_(pc.greater_equal(t["start_utc"], s), pc.less(t["start_utc"], e)))
             # lines set aside are reported on the day their time falls in; lines without a readable
-            # time on the dataset's first day
+            # time on the file's first day
             q = parsed.quarantine_table()
             when = q["record_utc"]
             first_day = day == first_run_day
@@ -89,9 +96,15 @@ def task_gpu_means_asset(context: dg.AssetExecutionContext, data_store: DataStor
     def one_day(day: str):
         runs = store.read_table(TASK_RUNS, day) if store.has_partition(TASK_RUNS, day) else TASK_RUNS.empty()
         # only the render farm's samples (filtered while the file is read: a day of a large pool's
-        # 30-second telemetry is millions of rows)
-        samples = (store.read_table(GPU_SAMPLES, day, where=("source", "==", "terapixel"))
-                   if runs.num_rows and store.has_partition(GPU_SAMPLES, day) else GPU_SAMPLES.empty())
+        # 30-second telemetry is millions of rows); a run that goes on past midnight also reads the
+        # next day's (the neighbour sensor re-runs the day when they come)
+        _, end = window(day)
+        days = [day]
+        if runs.num_rows and pc.max(runs["end_utc"]).as_py() > end:
+            days.append((dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat())
+        parts = [store.read_table(GPU_SAMPLES, d, where=("source", "==", "terapixel"))
+                 for d in days if runs.num_rows and store.has_partition(GPU_SAMPLES, d)]
+        samples = pa.concat_tables(parts) if parts else GPU_SAMPLES.empty()
         means = task_gpu_means(runs, samples) if runs.num_rows else TASK_GPU_MEANS.empty()
         return outcome(day, store.write_partition(TASK_GPU_MEANS, day, means), means)
 
