@@ -67,8 +67,11 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
     hi = end_utc.date() + dt.timedelta(days=lookahead_days)
     picked = []
     for p in sorted(files_dir.rglob("*")):
-        if not p.is_file() or not p.name.lower().removesuffix(".gz").endswith(_JOB_SUFFIXES):
+        if not p.name.lower().removesuffix(".gz").endswith(_JOB_SUFFIXES) or p.is_dir():
             continue
+        if not p.is_file():  # a dangling link, a link loop, a pipe: not skipped unseen
+            raise FileNotFoundError(f"{p}: a job-record file name, but not a readable file "
+                                    "(a dangling link, a link loop or a pipe)")
         m = _DATE_RE.search(p.name)
         if m:
             try:

@@ -70,9 +70,12 @@ def raw_scrapes(scrape_dir: str | Path, start_utc: dt.datetime, end_utc: dt.date
     root = Path(scrape_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: Kueue scrape directory does not exist")
-    timed = sorted(
-        (scrape_time(p), p) for p in root.rglob("*") if p.is_file() and p.suffix.lower() in _SUFFIXES
-    )
+    named = [p for p in root.rglob("*") if p.suffix.lower() in _SUFFIXES and not p.is_dir()]
+    odd = [p for p in named if not p.is_file()]
+    if odd:  # a dangling link, a link loop, a pipe: not skipped unseen
+        raise FileNotFoundError(f"{odd[0]}: a Kueue scrape file name, but not a readable file "
+                                "(a dangling link, a link loop or a pipe)")
+    timed = sorted((scrape_time(p), p) for p in named)
     inside = [(t, p) for t, p in timed if start_utc <= t < end_utc]
     before = [(t, p) for t, p in timed if t < start_utc][-BASELINE_SCRAPES:]
     rows = [

@@ -90,7 +90,7 @@ def nvml_file_samples(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) 
         file = pq.ParquetFile(path)  # one open and one footer read for the columns and the rows
         t = file.read(columns=[c for c in file.schema_arrow.names if c in GPU_SAMPLES.schema.names])
         return conform(_rows_within(t, start_utc, end_utc), RAW_GPU_TELEMETRY)
-    except (pa.ArrowException, ValueError, OSError) as exc:
+    except (pa.ArrowException, ValueError, OSError, KeyError) as exc:  # KeyError: no sample_utc column
         raise ValueError(f"{path}: unreadable NVML sampler file: {exc}") from exc
 
 
@@ -112,7 +112,10 @@ def nvml_window_bytes(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) 
     """The Arrow size of an NVML sampler file's rows (its footer's row count times :data:`_ROW_BYTES`:
     the footer's byte sizes are of dictionary-encoded text, several times smaller) times the share of
     its UTC day within [start_utc, end_utc): the size of its rows in the window, roughly."""
-    whole = pq.ParquetFile(path).metadata.num_rows * _ROW_BYTES
+    try:
+        whole = pq.ParquetFile(path).metadata.num_rows * _ROW_BYTES
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{path}: unreadable NVML sampler file: {exc}") from exc
     try:
         day = dt.datetime.combine(dt.date.fromisoformat(path.stem.removeprefix("nvml-")), dt.time(),
                                   tzinfo=dt.UTC)

@@ -1746,19 +1746,30 @@ _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 _ROTATION_NUMBER = re.compile(r"\.[0-9]+$")
 
 
+def _regular_file(path: Path) -> bool:
+    """A regular file (through links); False for anything else, or what cannot be looked at (a
+    dangling link, a link loop)."""
+    try:
+        return path.is_file()
+    except OSError:  # a link loop (ELOOP) on Python versions that raise it
+        return False
+
+
 def _host_files(host_dir: Path, suffix: str, counters: Counter[str]) -> list[Path]:
     """A host folder's files of one kind: ``*<suffix>``, ``*<suffix>.gz`` / ``*<suffix>.zst``
     (compressed by a log rotation), and ``*<suffix>.N`` (``.gz``/``.zst``) as a rotation without
     dates names them, the suffix in any case, in name order. While a rotation compresses a file,
     the file and its compressed copy may both be there (the copy perhaps unfinished): the file is
-    read, the copy skipped and counted (``compressed_twins_skipped``). Any other file in the folder
-    (``.xz``, a note) is counted (``files_not_recognized``), so that samples do not vanish unseen."""
+    read, the copy skipped and counted (``compressed_twins_skipped``). Any other entry in the folder
+    (``.xz``, a note, a dangling link or a link loop, a pipe, a folder) is counted
+    (``files_not_recognized``), so that samples do not vanish unseen."""
     def text_name(path: Path) -> str:  # the name without the codec's suffix
         return path.name[: -len(path.suffix)] if compression_of(path) else path.name
 
-    entries = sorted(p for p in host_dir.glob("*") if p.is_file())
+    everything = list(host_dir.glob("*"))
+    entries = sorted(p for p in everything if _regular_file(p))
     found = [p for p in entries if _ROTATION_NUMBER.sub("", text_name(p)).lower().endswith(suffix)]
-    counters["files_not_recognized"] += len(entries) - len(found)
+    counters["files_not_recognized"] += len(everything) - len(found)
     plain = {p.name for p in found if not compression_of(p)}
     files = []
     for path in found:

@@ -698,3 +698,21 @@ def test_a_later_record_of_a_later_run_closes_a_stale_open_run(monkeypatch, mode
             assert got.runs_closed_by_later_record == 1
             ev = evictions_from_tables(start, end, jobs=got.table).to_pylist()
             assert [(e["run_index"], int(e["evicted_utc"].timestamp())) for e in ev] == [(0, t(13))]
+
+
+def test_a_job_file_name_that_is_no_readable_file_is_an_error_naming_it(tmp_path):
+    """A dangling link (or a link loop) named like a job-record file was skipped unseen: the day's
+    runs in it were missing without a word. A folder of that name is a folder, and is looked into."""
+    import datetime as dt
+
+    from gpu_pipeline.lib.job_source import select_files
+
+    (tmp_path / "epochs-2025-08-05.ndjson").write_text("{}\n")
+    (tmp_path / "old.ndjson").mkdir()
+    (tmp_path / "old.ndjson" / "jobs-2025-08-05.ndjson").write_text("{}\n")
+    s = dt.datetime(2025, 8, 5, tzinfo=dt.UTC)
+    assert [p.name for p in select_files(tmp_path, s, s + dt.timedelta(days=1), 3)] == [
+        "epochs-2025-08-05.ndjson", "jobs-2025-08-05.ndjson"]
+    (tmp_path / "jobs-2025-08-06.ndjson").symlink_to(tmp_path / "gone.ndjson")
+    with pytest.raises(FileNotFoundError, match=r"jobs-2025-08-06\.ndjson: a job-record file name, but not"):
+        select_files(tmp_path, s, s + dt.timedelta(days=1), 3)

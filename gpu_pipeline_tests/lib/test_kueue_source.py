@@ -67,6 +67,14 @@ def test_missing_directory_is_a_clear_error(tmp_path):
         raw_scrapes(tmp_path / "nope", dt.datetime(2025, 8, 5, tzinfo=UTC), dt.datetime(2025, 8, 6, tzinfo=UTC))
 
 
+def test_a_scrape_name_that_is_no_readable_file_is_an_error_naming_it(tmp_path):
+    """A dangling link named like a scrape was skipped unseen (an hour's demand gone without a word)."""
+    (tmp_path / "kueue-20250805T100000Z.prom").write_text(_scrape("leader", 3))
+    (tmp_path / "kueue-20250805T101500Z.prom").symlink_to(tmp_path / "gone.prom")
+    with pytest.raises(FileNotFoundError, match=r"kueue-20250805T101500Z\.prom: a Kueue scrape file name, but not"):
+        raw_scrapes(tmp_path, dt.datetime(2025, 8, 5, tzinfo=UTC), dt.datetime(2025, 8, 6, tzinfo=UTC))
+
+
 def _scrape(role: str, pending: int) -> str:
     return (f'# TYPE kueue_pending_workloads gauge\n'
             f'kueue_pending_workloads{{cluster_queue="cq",status="active",replica_role="{role}"}} {pending}\n')

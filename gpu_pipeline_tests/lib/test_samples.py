@@ -4,6 +4,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import re
 import threading
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from gpu_pipeline.lib import samples as samples_module
@@ -459,3 +461,29 @@ def test_a_raw_write_failing_while_its_slabs_are_sorted_keeps_the_days_file_and_
     assert sorted(p.name for p in Path(first.path).parent.iterdir()) == sorted(
         [".lock", Path(first.path).name, f"_{CLEAN_CHECK_NOTE}.json", f"_{COVERAGE_NOTE}.json"])  # no temp file left
     assert list(spill.iterdir()) == []  # the spill file removed
+
+
+@pytest.mark.parametrize("damage", ["footer cut", "empty", "no sample_utc"])
+def test_a_damaged_sampler_file_fails_the_raw_day_naming_it(tmp_path, damage):
+    """The raw step sizes the day from the files' footers before it reads them: a file with its
+    footer cut, or empty, failed there with Arrow's message alone (no file named); one without a
+    sample_utc column failed with a KeyError, on both paths."""
+    from gpu_pipeline.lib.samples import RawStream, raw_samples, write_raw_samples
+
+    start = dt.datetime(2025, 8, 4, tzinfo=dt.UTC)
+    _sampler_file(tmp_path, "a1", dt.date(2025, 8, 4), range(24))
+    path = next(tmp_path.glob("nvml/*/nvml-2025-08-04*.parquet"))
+    if damage == "footer cut":
+        path.write_bytes(path.read_bytes()[:-10])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        t = pq.read_table(path)
+        pq.write_table(t.drop_columns(["sample_utc"]), path)
+    end = start + dt.timedelta(days=1)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: unreadable NVML sampler file")):
+        write_raw_samples(Store(tmp_path / "store"), "2025-08-04", RawStream(tmp_path, start, end, "UTC"),
+                          spill_dir=tmp_path / "spill")
+    with pytest.raises(ValueError, match=re.escape(f"{path}: unreadable NVML sampler file")):
+        raw_samples(tmp_path, start, end, "UTC")
+    assert not Store(tmp_path / "store").has_partition(RAW_GPU_TELEMETRY, "2025-08-04")

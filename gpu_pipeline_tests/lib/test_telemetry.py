@@ -800,6 +800,15 @@ def test_numbered_rotations_are_read_and_unknown_files_counted(tmp_path):
     assert sorted(r.files) == ["nvidia-smi/n1/NVIDIA-SMI-OLD.CSV", "nvidia-smi/n1/nvidia-smi.csv",
                                "nvidia-smi/n1/nvidia-smi.csv.1", "nvidia-smi/n1/nvidia-smi.csv.2.gz"]
     assert r.counters["files_not_recognized"] == 1
+    # what is no regular file in the folder is counted too (it was skipped unseen): a dangling
+    # link, a link loop, a pipe, a folder
+    (host / "nvidia-smi-gone.csv").symlink_to(tmp_path / "nowhere.csv")
+    (host / "loop.csv").symlink_to(host / "loop.csv")
+    os.mkfifo(host / "nvidia-smi-fifo.csv")
+    (host / "old.csv").mkdir()
+    r = read_telemetry_dir(tmp_path, utc(2025, 7, 14), utc(2025, 7, 15), "UTC")
+    assert [row["util_pct"] for row in rows(r)] == [0.0, 1.0, 2.0, 3.0]
+    assert r.counters["files_not_recognized"] == 5
 
 
 def test_read_telemetry_dir_empty_and_bad_window(tmp_path):
