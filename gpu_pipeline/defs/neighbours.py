@@ -5,8 +5,9 @@ the allocation read the clean slot snapshots of D-1 (the first bucket carries th
 before midnight), availability and evictions read D-1, the availability summary up to a week back,
 the demand the job records of the 14 days before, the Terapixel task runs' GPU means the samples of
 D+1 (a run past midnight), efficiency the samples, states and job records of
-D-1 and D+1 (a segment or held-idle run across midnight is judged on its whole length). Dagster knows
-only the same-day dependencies: declaring these (partition mappings with offsets) made a range
+D-1 and D+1 (a segment or held-idle run across midnight is judged on its whole length), the
+availability duration plots the periods of the week before (the whole periods that end in D). Dagster
+knows only the same-day dependencies: declaring these (partition mappings with offsets) made a range
 backfill one run per asset over a widened range instead of one run. So Dagster does not mark D
 stale when a neighbour is re-materialized.
 
@@ -82,6 +83,9 @@ NEIGHBOUR_READS: dict[dg.AssetKey, dict[dg.AssetKey, tuple[int, ...]]] = {
     TOP_KEY: _DEMAND_READ,
     # a task run that goes on past midnight: its means read the next day's samples
     TASK_MEANS_KEY: {SAMPLES_KEY: (1,)},
+    # the duration plots draw the whole periods that end in the day, as the summary counts them
+    **{dg.AssetKey(["plots", name]): {PERIODS_KEY: tuple(range(-LOOKBACK_DAYS, 0))}
+       for name in ("availability_durations", "time_to_claim")},
 }
 #: The reads of :data:`NEIGHBOUR_READS` made only on a day that needs them (the sensor watches them all).
 READ_WHEN_NEEDED: dict[dg.AssetKey, dict[dg.AssetKey, tuple[int, ...]]] = {TASK_MEANS_KEY: {SAMPLES_KEY: (1,)}}

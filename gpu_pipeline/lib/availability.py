@@ -434,6 +434,23 @@ def stitched_periods_sql(pieces_from_sql: str) -> str:
     """
 
 
+#: Days before a day whose pieces are stitched with its own into the whole periods that end in it
+#: (the summary, and the duration plots): a longer period is a lower bound.
+WHOLE_PERIOD_LOOKBACK_DAYS = 7
+
+
+def whole_periods_ending(con: duckdb.DuckDBPyConnection, pieces_from_sql: str, params: list,
+                         start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
+    """The whole (stitched) periods whose last piece ends in ``(start_utc, end_utc]``: those that
+    ended in the day, and those still open at its end (``open``); ``pieces_from_sql`` should hold
+    the day's pieces and :data:`WHOLE_PERIOD_LOOKBACK_DAYS` before. Columns of
+    :data:`AVAILABILITY_PERIODS`; ``starts_before_day`` true where a period is still cut off by the
+    first day read."""
+    sql = (f"SELECT * EXCLUDE (n_pieces) FROM ({stitched_periods_sql(pieces_from_sql)}) "
+           "WHERE end_utc > ? AND end_utc <= ? ORDER BY host, gpu_id, start_utc")
+    return conform(con.sql(sql, params=[*params, start_utc, end_utc]).to_arrow_table(), AVAILABILITY_PERIODS)
+
+
 def stitch_periods(con: duckdb.DuckDBPyConnection, pieces_from_sql: str, params: list) -> pa.Table:
     """Whole periods from the pieces of several days (see :func:`stitched_periods_sql`)."""
     sql = stitched_periods_sql(pieces_from_sql) + " ORDER BY host, gpu_id, start_utc"

@@ -586,8 +586,10 @@ def _draw_hourly_count_bars(ax: Axes, g: _Grid, day: dt.date, tz: str) -> None:
                 c[h] = np.nanmean(np.where(cov, g.claimed[tier][sl], np.nan))
                 t[h] = np.nanmean(np.where(cov, g.total[tier][sl], np.nan))
         x = np.arange(n_h) + 0.1 + width * (k + 0.5)
-        S.bars(ax, x, np.nan_to_num(c), width * 0.95, color=S.TIER_COLORS[tier])
-        S.bars(ax, x, np.nan_to_num(t - c), width * 0.95, np.nan_to_num(c), color=S.TIER_LIGHT_COLORS[tier])
+        # an hour without any snapshot draws no bar (unknown, hatched below), not a bar of 0 GPUs
+        S.bars(ax, x, c, width * 0.95, color=S.TIER_COLORS[tier])
+        S.bars(ax, x, t - c, width * 0.95, c, color=S.TIER_LIGHT_COLORS[tier])
+    _shade_uncovered(ax, g.covered, g.edges_h())
     ax.set_ylabel(S.unit_label("GPUs, hourly mean", "count"), fontsize=S.FS_LABEL)
     S.style_axes(ax)
     S.set_time_axis(ax, day, tz)
@@ -798,9 +800,11 @@ def availability_durations(
     periods: pa.Table, day: dt.date, tz: str, *, coverage_pct: float | None = None,
     day_devices: Sequence[str] = (),
 ) -> Rendered:
-    """Durations of the backfill availability periods (``availability_periods`` pieces of the day
-    that ended in it, i.e. not ``open``), histogram and ECDF by device class, log x in minutes.
-    Pieces that began before the day are counted from midnight (lower bounds).
+    """Durations of the backfill availability periods that ended in the day (not ``open``),
+    histogram and ECDF by device class, log x in minutes. ``periods``: the whole periods that end in
+    the day (:func:`~gpu_pipeline.lib.availability.whole_periods_ending`, as the summary takes
+    them); one still cut off by the first day read (``starts_before_day``) is a lower bound. The
+    day's own pieces may be given instead (a piece that began before midnight then counted from it).
 
     ``numbers``: ``count``, ``median_min``, ``p90_min``, ``mean_min``, ``open_at_day_end``,
     ``available_gpu_hours`` (all pieces, open ones included)."""
@@ -816,7 +820,7 @@ def availability_durations(
         return S.no_data(name, day, tz, msg, coverage_pct)
     truncated = np.asarray(_num(periods, "starts_before_day") == 1)[ended].sum()
     note = (f"{int(ended.sum())} periods ended in the day; {int((reason == 'open').sum())} still open at the "
-            f"day end (not shown); {int(truncated)} began before midnight (durations from midnight)")
+            f"day end (not shown); {int(truncated)} began before the days read (lower bounds)")
     fig, numbers = _duration_figure(dur[ended] / 60.0, _strs(periods, "device_name")[ended], name, day, tz,
                                     "period duration", note, day_devices=day_devices)
     numbers["open_at_day_end"] = float((reason == "open").sum())
@@ -829,6 +833,8 @@ def time_to_claim(
 ) -> Rendered:
     """Time from a GPU becoming available to a backfill job claiming it: durations of the periods
     that ended ``backfill_claimed``, histogram and ECDF by device class (log x, minutes).
+    ``periods`` as :func:`availability_durations` takes them (the whole periods that end in the day:
+    a GPU idle from 23:05 and claimed at 00:30 waited 85 minutes, not 30).
 
     ``numbers``: ``count`` (claims), ``median_min``, ``p90_min``, ``mean_min``,
     ``claimed_share`` (claims / periods that ended in the day)."""
@@ -845,6 +851,9 @@ def time_to_claim(
         return S.no_data(name, day, tz, msg, coverage_pct)
     n = int(claimed.sum())
     note = f"{n} of {ended} ended periods ended with a backfill claim ({100.0 * n / max(ended, 1):.0f} %)"
+    truncated = int(np.asarray(_num(periods, "starts_before_day") == 1)[claimed].sum())
+    if truncated:
+        note += f"; {truncated} began before the days read (lower bounds)"
     fig, numbers = _duration_figure(dur[claimed] / 60.0, _strs(periods, "device_name")[claimed], name, day, tz,
                                     "time to claim", note, day_devices=day_devices)
     numbers["claimed_share"] = n / max(ended, 1)

@@ -18,14 +18,19 @@ import pyarrow.compute as pc
 
 from gpu_pipeline.lib import metric_plots as P
 from gpu_pipeline.lib.allocation import ALLOCATION_BUCKETS, ALLOCATION_DAILY
-from gpu_pipeline.lib.availability import AVAILABILITY_PERIODS
+from gpu_pipeline.lib.availability import (
+    AVAILABILITY_PERIODS,
+    WHOLE_PERIOD_LOOKBACK_DAYS,
+    whole_periods_ending,
+)
 from gpu_pipeline.lib.demand import DEMAND_CAPACITY, DEMAND_TOP_CONTRIBUTORS
 from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
 from gpu_pipeline.lib.evictions import EVICTION_RATES, EVICTIONS
 from gpu_pipeline.lib.helper_pool import HelperPool, Task, default_helpers
 from gpu_pipeline.lib.plot_style import Rendered
 from gpu_pipeline.lib.schemas import GPU_STATES, TableSpec
-from gpu_pipeline.lib.store import Store
+from gpu_pipeline.lib.store import Store, connect
+from gpu_pipeline.lib.timeutil import day_window
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class PlotDef:
     description: str
     columns: dict[str, tuple[str, ...]] | None = None  # input path -> the only columns the plot reads
     day_devices: bool = False  # colored by device class: gets the day's classes (one color per class)
+    whole_periods: bool = False  # availability periods as the whole periods that end in the day
 
 
 PLOTS: dict[str, PlotDef] = {
@@ -47,8 +53,10 @@ PLOTS: dict[str, PlotDef] = {
                                "One-page daily report: allocation lines, counts, heatmap, distribution, state shares.",
                                columns={GPU_STATES.path: ("state",)}),
     "availability_durations": PlotDef(P.availability_durations, (AVAILABILITY_PERIODS,),
-                                      "Backfill availability period durations: histogram + ECDF by device class.", day_devices=True),
-    "time_to_claim": PlotDef(P.time_to_claim, (AVAILABILITY_PERIODS,), "Time until a backfill job claims an idle GPU.", day_devices=True),
+                                      "Backfill availability period durations (whole periods that ended in the day): "
+                                      "histogram + ECDF by device class.", day_devices=True, whole_periods=True),
+    "time_to_claim": PlotDef(P.time_to_claim, (AVAILABILITY_PERIODS,), "Time until a backfill job claims an idle GPU.",
+                             day_devices=True, whole_periods=True),
     "evictions_by_hour": PlotDef(P.evictions_by_hour, (EVICTIONS, EVICTION_RATES),
                                  "Evictions and lost GPU-hours by local hour of day and device class.", day_devices=True),
     "runtime_to_eviction": PlotDef(P.runtime_to_eviction, (EVICTIONS,), "ECDF of runtime before eviction by device.", day_devices=True),
@@ -85,6 +93,22 @@ class _DayTables:
             self.devices = sorted(str(x) for x in pc.unique(names.combine_chunks()).to_pylist() if x is not None)
         return self.devices
 
+    def whole_periods(self, day: str, tz: str) -> pa.Table:
+        """The whole availability periods that end in the day (the day's pieces stitched to those of
+        the week before, as the summary takes them)."""
+        self._day(day)
+        key = ("whole periods", None)
+        if key not in self.tables:
+            d = dt.date.fromisoformat(day)
+            days = [(d - dt.timedelta(days=k)).isoformat() for k in range(WHOLE_PERIOD_LOOKBACK_DAYS, -1, -1)]
+            sql, params = self.store.relation_sql(AVAILABILITY_PERIODS, days)
+            con = connect()
+            try:
+                self.tables[key] = whole_periods_ending(con, sql, params, *day_window(day, tz))
+            finally:
+                con.close()
+        return self.tables[key]
+
     def get(self, spec: TableSpec, day: str, columns: tuple[str, ...] | None = None) -> pa.Table:
         self._day(day)
         key = (spec.path, columns)
@@ -109,7 +133,8 @@ def render_plot(root: str, name: str, day: str, tz: str) -> Rendered:
     plot = PLOTS[name]
     columns = plot.columns or {}
     extra = {"day_devices": _tables.day_devices(day)} if plot.day_devices else {}
-    return plot.render(*(_tables.get(spec, day, columns.get(spec.path)) for spec in plot.inputs),
+    return plot.render(*(_tables.whole_periods(day, tz) if plot.whole_periods and spec is AVAILABILITY_PERIODS
+                         else _tables.get(spec, day, columns.get(spec.path)) for spec in plot.inputs),
                        dt.date.fromisoformat(day), tz, **extra)
 
 

@@ -77,7 +77,7 @@ def test_a_day_rematerialized_out_of_order_reruns_the_days_that_read_it(loaded_d
         assert set(reqs[DAYS[0]].tags["gpu_pipeline/stale"].split(",")) == EFFICIENCY  # the hour after
         assert set(reqs[DAYS[2]].tags["gpu_pipeline/stale"].split(",")) == EFFICIENCY | {
             "metrics/availability_periods", "metrics/availability_summary", "metrics/evictions",
-            "metrics/eviction_rates"}
+            "metrics/eviction_rates", "plots/availability_durations", "plots/time_to_claim"}
         for day, r in reqs.items():
             _run(defs, instance, day, r.asset_selection)
         done = _tick(defs, instance, data.cursor)

@@ -292,6 +292,38 @@ def test_daily_dashboard_is_an_a4_landscape_page_with_state_shares():
     assert "share_na" not in M.daily_dashboard(full_day_buckets(), daily_table([H100]), None, DAY, TZ).numbers
 
 
+def test_the_dashboards_hourly_bars_leave_hours_without_a_snapshot_blank_and_hatched(monkeypatch):
+    """Hours 2-4 without any snapshot (a collector outage: no allocation bucket) were drawn as bars
+    of 0 GPUs, like hours with no capacity, and not hatched, while the panel above hatched them as
+    unknown. Now they draw no bar, and the bar panel hatches them too."""
+    from matplotlib.axes import Axes
+
+    buckets = full_day_buckets()
+    out = pc.and_(pc.greater_equal(buckets["bucket_start_utc"], pa.scalar(bucket(24), buckets["bucket_start_utc"].type)),
+                  pc.less(buckets["bucket_start_utc"], pa.scalar(bucket(60), buckets["bucket_start_utc"].type)))
+    buckets = buckets.filter(pc.invert(out))
+    drawn, hatched = [], []
+    real_bars, real_span = S.bars, Axes.axvspan
+
+    def bars(ax, x, height, *a, **k):
+        drawn.append((id(ax), np.asarray(height, dtype=float)))
+        return real_bars(ax, x, height, *a, **k)
+
+    def axvspan(ax, x0, x1, *a, **k):
+        hatched.append((id(ax), round(float(x0), 3), round(float(x1), 3)))
+        return real_span(ax, x0, x1, *a, **k)
+
+    monkeypatch.setattr(S, "bars", bars)
+    monkeypatch.setattr(Axes, "axvspan", axvspan)
+    check(M.daily_dashboard(buckets, daily_table([H100]), states_table(), DAY, TZ))
+    hourly = [(ax, h) for ax, h in drawn if len(h) == 24]
+    assert len(hourly) == 6  # three tiers, claimed and unclaimed
+    for _, h in hourly:
+        assert np.isnan(h[2:5]).all() and np.isfinite(h[:2]).all() and np.isfinite(h[5:]).all()
+    bar_axes = {ax for ax, _ in hourly}
+    assert [(x0, x1) for ax, x0, x1 in hatched if ax in bar_axes] == [(2.0, 5.0)]
+
+
 def test_dst_day_has_25_hours_of_buckets():
     day = dt.date(2026, 11, 1)  # CDT -> CST: 25 hours in America/Chicago
     start = dt.datetime(2026, 11, 1, 5, tzinfo=dt.UTC)
@@ -679,3 +711,31 @@ def test_dcr_heatmap_color_bar_label_fits_a_short_figure(monkeypatch):
     check(M.imbalance_heatmap(t, DAY, TZ))
     ((box, height),) = boxes
     assert 0 <= box.y0 and box.y1 <= height
+
+
+def test_the_duration_plots_draw_whole_periods_as_the_summary_counts_them(tmp_path):
+    """A GPU idle from 23:05 and claimed by a backfill job at 00:30 waited 85 minutes: the plot drew
+    the day's piece, 30 minutes from midnight, while availability_summary said 85. The plots now
+    stitch the day's pieces to the week before's, as the summary does."""
+    from gpu_pipeline.lib import plot_tasks
+    from gpu_pipeline.lib.store import Store
+
+    store = Store(tmp_path)
+    d1, d2 = dt.datetime(2025, 8, 5, tzinfo=dt.UTC), dt.datetime(2025, 8, 6, tzinfo=dt.UTC)
+    piece = {"gpu_id": "GPU-00000001", "host": "h1", "device_name": H100, "tier": "priority", "resolution_s": 300.0}
+    store.write_partition(AVAILABILITY_PERIODS, "2025-08-05", table(AVAILABILITY_PERIODS, [
+        {**piece, "start_utc": d1 + dt.timedelta(hours=23, minutes=5), "end_utc": d2, "duration_s": 55 * 60.0,
+         "end_reason": "open", "starts_before_day": False, "continues_after_day": True}]))
+    store.write_partition(AVAILABILITY_PERIODS, "2025-08-06", table(AVAILABILITY_PERIODS, [
+        {**piece, "start_utc": d2, "end_utc": d2 + dt.timedelta(minutes=30), "duration_s": 30 * 60.0,
+         "end_reason": "backfill_claimed", "starts_before_day": True, "continues_after_day": False},
+        {**piece, "gpu_id": "GPU-00000002", "start_utc": d2 + dt.timedelta(hours=3),
+         "end_utc": d2 + dt.timedelta(hours=3, minutes=10), "duration_s": 600.0, "end_reason": "backfill_claimed",
+         "starts_before_day": False, "continues_after_day": False}]))
+    plot_tasks._tables = None
+    claim = plot_tasks.render_plot(str(store.root), "time_to_claim", "2025-08-06", "UTC").numbers
+    assert (claim["count"], claim["mean_min"]) == (2, pytest.approx((85 + 10) / 2))
+    durations = plot_tasks.render_plot(str(store.root), "availability_durations", "2025-08-06", "UTC").numbers
+    assert (durations["count"], durations["mean_min"]) == (2, pytest.approx((85 + 10) / 2))
+    # the day before: its piece is still open at its end, so nothing ended there
+    assert "count" not in plot_tasks.render_plot(str(store.root), "time_to_claim", "2025-08-05", "UTC").numbers

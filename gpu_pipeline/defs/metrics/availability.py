@@ -23,6 +23,7 @@ from gpu_pipeline.defs.resources import DataStoreResource
 from gpu_pipeline.lib.availability import (
     AVAILABILITY_PERIODS,
     AVAILABILITY_SUMMARY,
+    WHOLE_PERIOD_LOOKBACK_DAYS,
     compute_availability_periods,
     compute_availability_summary,
 )
@@ -30,7 +31,7 @@ from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_STATES
 from gpu_pipeline.lib.store import connect
 
 PERIODS_KEY, SUMMARY_KEY = table_key(AVAILABILITY_PERIODS), table_key(AVAILABILITY_SUMMARY)
-LOOKBACK_DAYS = 7  # whole periods are summarized on the day they end, with up to a week of history
+LOOKBACK_DAYS = WHOLE_PERIOD_LOOKBACK_DAYS  # whole periods are summarized on the day they end, with up to a week of history
 VALID = dg.AssetCheckSpec("periods_valid", asset=PERIODS_KEY,
                           description="Every period has end > start (end = start only for the closing piece "
                                       "of a period that ended at the day's start) and lies inside its day.")
