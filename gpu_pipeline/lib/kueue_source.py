@@ -96,7 +96,11 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
     parser, scrapes, read, unreadable = SeriesParser(), [], [], []
     for r in rows:
         try:
-            scrapes.append(parse_kueue_scrape(r["text"] or "", r["scrape_utc"], cluster=cluster,
+            text = r["text"] or ""
+            if text and not text.endswith(("\n", "\r")):  # the format ends every line with a line feed
+                raise ScrapeError("the scrape ends mid-line (cut while it was written: a value 37 cut to 3 "
+                                  "would read as 3)", len(text.splitlines()))
+            scrapes.append(parse_kueue_scrape(text, r["scrape_utc"], cluster=cluster,
                                               source_file=r["source_file"], parser=parser))
         except ScrapeError as exc:
             key = "scrapes_unreadable" if r["in_window"] else "baseline_scrapes_unreadable"

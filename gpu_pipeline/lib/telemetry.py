@@ -273,16 +273,27 @@ def _resolve_source(path_or_text: str | Path) -> Path | str:
     return path_or_text
 
 
+class _Unterminated(str):
+    """A file's last line without its line end: the file was cut while it was written (a logger
+    killed mid-line, a copy taken while the line was being written). Its value is not read: a
+    temperature of ``65`` cut after its ``6`` reads as a valid 6."""
+
+
+UNTERMINATED_REASON = "the file ends mid-line (cut while it was written): the line is not read"
+
+
 def _source_lines(path_or_text: str | Path) -> tuple[Callable[[], Iterator[str]], str | None]:
     """A factory of fresh line iterators over the input, and the path when the input is a file
-    (see :func:`_resolve_source`)."""
+    (see :func:`_resolve_source`). A file's last line without a line end comes as
+    :class:`_Unterminated` (text given in memory is taken as whole)."""
     source = _resolve_source(path_or_text)
     if isinstance(source, Path):
 
         def from_file() -> Iterator[str]:
             # utf-8-sig: a byte-order mark (a log written by a Windows tool) is not part of the header
             with io.TextIOWrapper(_open_binary(source), encoding="utf-8-sig", errors="replace", newline="") as fh:
-                yield from fh
+                for line in fh:
+                    yield line if line.endswith(("\n", "\r")) else _Unterminated(line)
 
         return from_file, str(source)
     text = source.removeprefix("\ufeff")
@@ -742,6 +753,9 @@ def _parse_nvidia_smi_lines(
 
     for ln, raw in enumerate(lines(), 1):
         line = raw.rstrip("\r\n")
+        if isinstance(raw, _Unterminated):
+            quarantine.append(QuarantinedLine(ln, UNTERMINATED_REASON, line, src))
+            continue
         if not line.strip():
             counters["blank_lines"] += 1
             continue
@@ -956,8 +970,10 @@ class _NvsmiFast:
         data, path = _source_bytes(path_or_text)
         src = source_file if source_file is not None else path
         # Blank lines (counted), lone CRs (a line end to the line parser), a byte-order mark (skipped
-        # by pyarrow.csv, part of the first cell to the line parser), NULs (older csv modules reject them).
-        if not data or data.startswith((b"\n", codecs.BOM_UTF8)) or _blank_line_cr_or_nul(data):
+        # by pyarrow.csv, part of the first cell to the line parser), NULs (older csv modules reject
+        # them), a file cut mid-line (its last line set aside).
+        if (not data or data.startswith((b"\n", codecs.BOM_UTF8)) or _blank_line_cr_or_nul(data)
+                or (path is not None and not data.endswith((b"\n", b"\r")))):
             raise _NotFast
         end = data.find(b"\n")
         first = (data if end < 0 else data[:end]).decode("utf-8", errors="replace")
@@ -1250,6 +1266,9 @@ class _DcgmPivot:
         series_cache: dict[str, tuple[str, dict, int] | str | None] = {}
         for ln, raw in enumerate(lines, 1):
             line = raw.strip()
+            if isinstance(raw, _Unterminated) and line:
+                self.quarantine.append(QuarantinedLine(ln, UNTERMINATED_REASON, raw, self.src))
+                continue
             if not line:
                 continue
             if line.startswith("#"):
@@ -1444,6 +1463,14 @@ def _parse_dcgm_lines(path_or_text: str | Path, host: str | None, default_us: in
 def _parse_dcgm_families(lines: Callable[[], Iterator[str]], pivot: _DcgmPivot, host: str | None,
                          default_us: int | None, src: str | None) -> ParseResult:
     quarantine: list[QuarantinedLine] = []
+    whole = lines
+    cut = [QuarantinedLine(ln, UNTERMINATED_REASON, str(raw), src)
+           for ln, raw in enumerate(whole(), 1) if isinstance(raw, _Unterminated) and raw.strip()]
+
+    def lines() -> Iterator[str]:  # noqa: F811 - the text without its cut last line
+        return (raw for raw in whole() if not isinstance(raw, _Unterminated))
+
+    quarantine += cut
     try:
         pivot.add_families(lines())
     except _ExpositionError as first:
@@ -1592,6 +1619,8 @@ class _DcgmFast:
         entries: list[tuple[str, dict[str, str]]] = []
         codes, values, sample_us = [], [], []
         for data in pieces:
+            if path is not None and len(data) and bytes(data[-1:]) not in (b"\n", b"\r"):
+                raise _NotFast  # a file cut mid-line (only its last piece can be): the line parser sets it aside
             piece = _read_dcgm_piece(data)
             if piece is None:
                 continue

@@ -82,17 +82,20 @@ def _scrape(role: str, pending: int) -> str:
 
 def test_an_empty_or_one_line_scrape_is_text_not_a_path(tmp_path):
     """A 0-byte scrape (a failed ``curl -s ... > file``) reads as a scrape without series, and a
-    one-line scrape without its last newline as that line (a text without a newline was taken for a
-    file path: IsADirectoryError / FileNotFoundError naming the metric line)."""
+    one-line scrape without its last newline is text, set aside as a scrape cut mid-line (a text
+    without a newline was taken for a file path: IsADirectoryError / FileNotFoundError naming the
+    metric line)."""
     day = dt.datetime(2025, 8, 6, tzinfo=dt.UTC)
     (tmp_path / "kueue-20250806T095900Z.prom").write_text(_scrape("leader", 1))
     (tmp_path / "kueue-20250806T100000Z.prom").write_text("")
     (tmp_path / "kueue-20250806T100100Z.prom").write_text(
         'kueue_pending_workloads{cluster_queue="cq",status="active"} 3')
-    table, counters, _ = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
-    assert counters["scrapes"] == 3
+    table, counters, quarantine = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
+    assert (counters["scrapes"], counters["scrapes_unreadable"]) == (2, 1)
     assert [(r["sample_utc"].minute, r["pending_workloads"], r["source_file"].rsplit("/", 1)[1])
-            for r in table.to_pylist()] == [(59, 1, "kueue-20250806T095900Z.prom"), (1, 3, "kueue-20250806T100100Z.prom")]
+            for r in table.to_pylist()] == [(59, 1, "kueue-20250806T095900Z.prom")]
+    assert [(q["source_file"].rsplit("/", 1)[1], q["source_row"]) for q in quarantine.to_pylist()] == [
+        ("kueue-20250806T100100Z.prom", 1)]
 
 
 def test_the_leader_and_a_follower_scraped_in_the_same_second(tmp_path):
@@ -152,3 +155,18 @@ def test_an_unreadable_scrape_of_the_day_is_set_aside_and_the_others_kept(tmp_pa
     assert q["source_file"].endswith("kueue-20250804T100300Z.prom") and q["reason"].startswith("unreadable scrape: ")
     assert q["source_row"] == cut[:cut.rindex("{")].count("\n") + 1
     assert q["record_utc"] == dt.datetime(2025, 8, 4, 10, 3, tzinfo=UTC)
+
+
+def test_a_scrape_cut_in_its_last_value_is_set_aside_whole(tmp_path):
+    """A curl killed after the "3" of "37": the cut line is well formed, so the scrape read as 3
+    pending workloads. The format ends every line with a line feed: a scrape without its last one
+    is set aside whole, as a cut that leaves an unreadable line is."""
+    day = dt.datetime(2025, 8, 4, tzinfo=UTC)
+    (tmp_path / "kueue-20250804T100000Z.prom").write_text(_scrape("leader", 2))
+    (tmp_path / "kueue-20250804T100100Z.prom").write_text(_scrape("leader", 37)[:-2])  # "... 3"
+    table, counters, quarantine = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
+    assert counters["scrapes_unreadable"] == 1
+    assert {(r["sample_utc"].minute, r["pending_workloads"]) for r in table.to_pylist()} == {(0, 2)}
+    (q,) = quarantine.to_pylist()
+    assert q["source_file"].endswith("kueue-20250804T100100Z.prom") and "ends mid-line" in q["reason"]
+    assert q["source_row"] == 2

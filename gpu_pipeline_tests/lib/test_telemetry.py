@@ -20,6 +20,7 @@ from gpu_pipeline.lib.telemetry import (
     _EARLIER_SCRAPE,
     DEFAULT_QUERY_FIELDS,
     GPU_SAMPLES,
+    UNTERMINATED_REASON,
     parse_dcgm_text,
     parse_nvidia_smi_csv,
     read_telemetry_dir,
@@ -215,7 +216,11 @@ def test_real_dcgm_datadog_t4_two_exporter_builds(whole_file):
         parse_dcgm_text(path, whole_file=whole_file)
     result = parse_dcgm_text(path, default_time_utc=T0, whole_file=whole_file)
     assert result.table.schema == GPU_SAMPLES.schema
-    assert result.quarantine == []  # empty HELP lines and the '# NOTE' comment are fine
+    # empty HELP lines and the '# NOTE' comment are fine; the file, as saved where it came from,
+    # ends without the line feed the exposition format requires after the last line: that line
+    # is set aside as one cut while it was written (a value "37" cut to "3" would read as 3)
+    assert [(q.line_number, q.reason) for q in result.quarantine] == [(70, UNTERMINATED_REASON)]
+    assert result.quarantine[0].raw_line.startswith("DCGM_FI_DEV_")
     got = {r["gpu_id"]: r for r in rows(result)}
     assert set(got) == {"GPU-20c56d28", "GPU-9ef1b6d0"}
     a, b = got["GPU-20c56d28"], got["GPU-9ef1b6d0"]
@@ -229,7 +234,7 @@ def test_real_dcgm_datadog_t4_two_exporter_builds(whole_file):
     assert b["power_limit_w"] == 70.0
     assert b["mem_total_mib"] == 15109.0  # DCGM_FI_DEV_FB_TOTAL
     assert b["util_pct"] is None
-    assert result.counters["unmapped_samples"] == 12
+    assert result.counters["unmapped_samples"] == 11  # 12 with the last line
 
 
 @needs_real
@@ -892,3 +897,29 @@ def test_the_raw_step_reads_the_repeated_hour_of_a_fall_back_day_in_log_order(tm
     assert [u for _, u in gpu0] == list(range(10, 19))  # the log's order is the time order
     assert dict((u, t) for t, u in gpu0)[14] == utc(2026, 11, 1, 7, 0)  # second 01:00 = CST
     assert len({t for t, _ in gpu0}) == 9
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_log_cut_mid_line_sets_its_last_line_aside(tmp_path, fast):
+    """A logger killed while it wrote a line leaves it cut: nvidia-smi's temperature 65 cut after
+    its 6, a DCGM power 312.5 cut to 312. Both read as valid samples (and a DCGM line cut in its
+    timestamp took the file's time, hours after the exporter stopped). The last line of a file that
+    ends without a line end is now set aside, on every path; the same text given in memory is whole."""
+    uuid = "GPU-0667ce7c-1111-2222-3333-444455556666"
+    smi = tmp_path / "nvidia-smi.csv"
+    smi.write_text("timestamp, uuid, temperature.gpu\n"
+                   f"2025/07/14 10:00:00.000, {uuid}, 65\n2025/07/14 10:00:30.000, {uuid}, 6")
+    r = parse_nvidia_smi_csv(smi, "UTC", fast=fast)
+    assert [row["temp_c"] for row in rows(r)] == [65.0]
+    assert [(q.line_number, q.reason, q.raw_line) for q in r.quarantine] == [
+        (3, UNTERMINATED_REASON, f"2025/07/14 10:00:30.000, {uuid}, 6")]
+    assert [row["temp_c"] for row in rows(parse_nvidia_smi_csv(smi.read_text(), "UTC", fast=fast))] == [65.0, 6.0]
+
+    labels = f'gpu="0",UUID="{uuid}",Hostname="n1"'
+    dcgm = tmp_path / "dcgm.prom"
+    for cut in (f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} 312", f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} 312.5 17525"):
+        dcgm.write_text(f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} 300.5 1752487200000\n" + cut)
+        for whole_file in (False, True):
+            r = parse_dcgm_text(dcgm, default_time_utc=utc(2025, 7, 14, 13), fast=fast, whole_file=whole_file)
+            assert [(row["sample_utc"], row["power_w"]) for row in rows(r)] == [(utc(2025, 7, 14, 10), 300.5)]
+            assert [(q.line_number, q.reason) for q in r.quarantine] == [(2, UNTERMINATED_REASON)]
