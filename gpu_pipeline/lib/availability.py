@@ -441,14 +441,18 @@ WHOLE_PERIOD_LOOKBACK_DAYS = 7
 
 def whole_periods_ending(con: duckdb.DuckDBPyConnection, pieces_from_sql: str, params: list,
                          start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
-    """The whole (stitched) periods whose last piece ends in ``(start_utc, end_utc]``: those that
-    ended in the day, and those still open at its end (``open``); ``pieces_from_sql`` should hold
+    """The whole (stitched) periods whose last piece lies in the day, as the summary takes them
+    (ending in ``(start_utc, end_utc]``, or at ``start_utc`` without going on: the day's empty
+    closing piece): those that ended in the day, and those still open at its end (``open``);
+    ``pieces_from_sql`` should hold
     the day's pieces and :data:`WHOLE_PERIOD_LOOKBACK_DAYS` before. Columns of
     :data:`AVAILABILITY_PERIODS`; ``starts_before_day`` true where a period is still cut off by the
     first day read."""
     sql = (f"SELECT * EXCLUDE (n_pieces) FROM ({stitched_periods_sql(pieces_from_sql)}) "
-           "WHERE end_utc > ? AND end_utc <= ? ORDER BY host, gpu_id, start_utc")
-    return conform(con.sql(sql, params=[*params, start_utc, end_utc]).to_arrow_table(), AVAILABILITY_PERIODS)
+           "WHERE (end_utc > ? OR (end_utc = ? AND NOT continues_after_day)) AND end_utc <= ? "
+           "ORDER BY host, gpu_id, start_utc")
+    return conform(con.sql(sql, params=[*params, start_utc, start_utc, end_utc]).to_arrow_table(),
+                   AVAILABILITY_PERIODS)
 
 
 def stitch_periods(con: duckdb.DuckDBPyConnection, pieces_from_sql: str, params: list) -> pa.Table:

@@ -59,6 +59,7 @@ __all__ = [
 
 BUCKET = dt.timedelta(minutes=5)
 STALE_FACTOR = 1.5
+RUN_AGREE = 1.5  # gaps within this factor of their median agree on a cadence (as the states SQL)
 # Snapshot times at most this far apart, and at most this share of the 90th-percentile gap, are the
 # parts of one snapshot (the pipeline's rule, states.SNAPSHOT_PARTS_*).
 PARTS_MAX_US, PARTS_SHARE = 60_000_000, 0.1
@@ -203,7 +204,8 @@ def _round_half_away(x: float) -> int:
 class _Buckets:
     """Which rows feed each bucket: its own snapshots, else the latest earlier snapshot if younger
     than the larger of ``STALE_FACTOR`` x the cadence in force after it (the median of the five
-    gaps between snapshots around the one that follows it; the day's median where it has none) and
+    gaps between snapshots around the one that follows it, where most of them are within
+    ``RUN_AGREE`` of it; else, or where it has none, the day's median) and
     2 x cadence - half a bucket, as the pipeline's states take them (a snapshot written in parts
     by its first part's time, carried with every part)."""
 
@@ -219,7 +221,9 @@ class _Buckets:
         self.stale = []
         for i in range(len(self.snaps)):
             near = gaps[max(0, i - 2):i + 3]
-            cadence_us = float(np.median(near)) if len(near) else day_cadence
+            local = float(np.median(near)) if len(near) else math.nan
+            agree = int(np.sum((near <= RUN_AGREE * local) & (near * RUN_AGREE >= local))) if len(near) else 0
+            cadence_us = local if agree * 2 > len(near) else day_cadence
             self.stale.append(pd.Timedelta(microseconds=max(_round_half_away(cadence_us * STALE_FACTOR),
                                                             _round_half_away(2 * cadence_us) - bucket_us // 2)))
         self.buckets = pd.date_range(start_utc, end_utc, freq=BUCKET, inclusive="left")

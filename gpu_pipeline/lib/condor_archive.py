@@ -691,7 +691,12 @@ def _strays(path: Path, month: str) -> list[tuple[int, str, str | None, str | No
             text = kind.get("timestamp") == "VARCHAR"
             odd = '"timestamp" IS NULL OR "timestamp" < $lo OR "timestamp" >= $hi' if text else '"timestamp" IS NULL'
             ok = '"timestamp" >= $lo AND "timestamp" < $hi' if text else '"timestamp" IS NOT NULL'
-            shown = '"timestamp"' if text else """strftime("timestamp", '%Y-%m-%d %H:%M:%S.%f')"""
+            ts_kind = kind.get("timestamp", "")
+            aware = "WITH TIME ZONE" in ts_kind or ts_kind.startswith("TIMESTAMPTZ")
+            # the row before as the window reads it (_read_parquet): an aware time as UTC text with its offset
+            shown = ('"timestamp"' if text else
+                     """strftime(timezone('UTC', "timestamp"), '%Y-%m-%d %H:%M:%S.%f') || '+00:00'""" if aware else
+                     """strftime("timestamp", '%Y-%m-%d %H:%M:%S.%f')""")
             q = {"f": str(path), "lo": lo, "hi": hi} if text else {"f": str(path)}
             if con.execute(f"SELECT count(*) FROM read_parquet($f) WHERE {odd}", q).fetchone()[0]:
                 found = con.execute(

@@ -742,12 +742,14 @@ def _classify(path: Path, exc: sqlite3.Error) -> ArchiveWriteError:
 
 
 def _no_room(folder: Path) -> bool:
-    """The folder's file system has no inode or no block left for this user (``statvfs``)."""
+    """The folder's file system has no inode or no block left for this user (``statvfs``). One that
+    keeps no count (btrfs, vfat, FUSE, a tmpfs without an inode limit report 0 of 0) has room as far
+    as can be told: a refusal there is not a full disk."""
     try:
         st = os.statvfs(folder)
     except OSError:
         return False
-    return st.f_favail == 0 or st.f_bavail == 0
+    return (st.f_files > 0 and st.f_favail == 0) or (st.f_blocks > 0 and st.f_bavail == 0)
 
 
 def _fsync(path: Path) -> None:

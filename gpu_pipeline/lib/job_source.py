@@ -69,9 +69,6 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
     for p in sorted(files_dir.rglob("*")):
         if not p.name.lower().removesuffix(".gz").endswith(_JOB_SUFFIXES) or p.is_dir():
             continue
-        if not p.is_file():  # a dangling link, a link loop, a pipe: not skipped unseen
-            raise FileNotFoundError(f"{p}: a job-record file name, but not a readable file "
-                                    "(a dangling link, a link loop or a pipe)")
         m = _DATE_RE.search(p.name)
         if m:
             try:
@@ -80,6 +77,9 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
                 day = None
             if day is not None and not lo <= day <= hi:
                 continue
+        if not p.is_file():  # a dangling link, a link loop, a pipe the day would read: not skipped unseen
+            raise FileNotFoundError(f"{p}: a job-record file name, but not a readable file "
+                                    "(a dangling link, a link loop or a pipe)")
         picked.append(p)
     return picked
 

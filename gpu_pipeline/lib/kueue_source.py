@@ -71,10 +71,17 @@ def raw_scrapes(scrape_dir: str | Path, start_utc: dt.datetime, end_utc: dt.date
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: Kueue scrape directory does not exist")
     named = [p for p in root.rglob("*") if p.suffix.lower() in _SUFFIXES and not p.is_dir()]
-    odd = [p for p in named if not p.is_file()]
-    if odd:  # a dangling link, a link loop, a pipe: not skipped unseen
-        raise FileNotFoundError(f"{odd[0]}: a Kueue scrape file name, but not a readable file "
-                                "(a dangling link, a link loop or a pipe)")
+    for p in named:
+        if not p.is_file():  # a dangling link, a link loop, a pipe the day would read: not skipped unseen
+            try:
+                at = scrape_time(p)  # from its name (a dangling link has no modification time)
+            except OSError:
+                at = None
+            # the day's, or the day before's (the baseline scrapes before the window)
+            if at is None or start_utc - dt.timedelta(days=1) <= at < end_utc:
+                raise FileNotFoundError(f"{p}: a Kueue scrape file name, but not a readable file "
+                                        "(a dangling link, a link loop or a pipe)")
+    named = [p for p in named if p.is_file()]
     timed = sorted((scrape_time(p), p) for p in named)
     inside = [(t, p) for t, p in timed if start_utc <= t < end_utc]
     before = [(t, p) for t, p in timed if t < start_utc][-BASELINE_SCRAPES:]

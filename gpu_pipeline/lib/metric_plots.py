@@ -48,6 +48,7 @@ from gpu_pipeline.lib.efficiency import (
     MODERATE_PIF,
 )
 from gpu_pipeline.lib.plot_style import Rendered
+from gpu_pipeline.lib.timeutil import day_window
 
 __all__ = [
     "allocation_counts",
@@ -91,6 +92,12 @@ def _require(table: pa.Table, columns: Sequence[str], what: str) -> None:
     missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise ValueError(f"{what}: the table lacks the columns {missing} (has {table.column_names})")
+
+
+def _times_s(table: pa.Table, name: str) -> np.ndarray:
+    """A timestamp column as epoch seconds (float64; null -> NaN)."""
+    col = table.column(name).cast(pa.int64())
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=float) / 1e6
 
 
 def _num(table: pa.Table, name: str) -> np.ndarray:
@@ -824,7 +831,12 @@ def availability_durations(
     fig, numbers = _duration_figure(dur[ended] / 60.0, _strs(periods, "device_name")[ended], name, day, tz,
                                     "period duration", note, day_devices=day_devices)
     numbers["open_at_day_end"] = float((reason == "open").sum())
-    numbers["available_gpu_hours"] = float(np.nansum(dur) / HOUR_S)
+    # the day's own hours: each period clipped to the day (a whole period may reach back a week)
+    s, e = day_window(day.isoformat(), tz)
+    start = _times_s(periods, "start_utc")
+    end = _times_s(periods, "end_utc")
+    numbers["available_gpu_hours"] = float(np.nansum(np.clip(np.minimum(end, e.timestamp())
+                                                             - np.maximum(start, s.timestamp()), 0, None)) / HOUR_S)
     return S.finish(fig, _with_coverage(numbers, coverage_pct))
 
 

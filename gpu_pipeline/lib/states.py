@@ -6,9 +6,10 @@ For each bucket of the day:
    the latest earlier snapshot, every part of it, if the bucket starts less than the larger of
    ``stale_factor`` x the cadence in force and 2 x cadence - half a bucket after it -- the cadence
    in force after a snapshot being the median of the five gaps between snapshots around the one
-   that follows it, so that a day of 15-minute snapshots, then 5-minute ones, is read at each
-   part's own (the day's median, 5 minutes, blanked a third of the 15-minute part's buckets), while
-   an outage is one long gap among short ones (so 15-minute archives fill 5-minute buckets,
+   that follows it where most of them agree with it (within ``RUN_AGREE``), else the day's median,
+   so that a day of 15-minute snapshots, then 5-minute ones, is read at each part's own (the day's
+   median, 5 minutes, blanked a third of the 15-minute part's buckets), while an outage -- one long
+   gap among short ones, or a few snapshots taken by hand in it -- stays an outage (so 15-minute archives fill 5-minute buckets,
    and a single missed snapshot does not blank the pool: at 5-minute cadence both give 7.5 minutes,
    at 15-minute cadence the second gives 27.5, where 1.5 x cadence, 22.5, left the last bucket
    before the next snapshot blank); otherwise every GPU is ``na`` with reason ``no_snapshot``.
@@ -40,6 +41,8 @@ from gpu_pipeline.lib.timeutil import epoch_us
 
 BUCKET = dt.timedelta(minutes=5)
 STALE_FACTOR = 1.5
+#: Gaps around a snapshot within this factor of their median agree on a cadence (see BUCKET_SNAPS_SQL).
+RUN_AGREE = 1.5
 LOOKBACK = dt.timedelta(hours=1)
 
 # The bucket -> snapshot assignment, shared with allocation.py. It needs a CTE ``rows`` with the
@@ -113,10 +116,18 @@ in_bucket AS (
 ),
 local_cadence AS (
     -- the cadence in force after each snapshot: the median of the five gaps around the one that
-    -- follows it (a day of 15-minute snapshots, then 5-minute ones, is read at each part's own)
-    SELECT f_us, coalesce(median(g) OVER (ORDER BY f_us ROWS BETWEEN 1 PRECEDING AND 3 FOLLOWING),
-                          (SELECT c_us FROM cadence)) AS c_us
-    FROM (SELECT f_us, f_us - lag(f_us) OVER (ORDER BY f_us) AS g FROM (SELECT DISTINCT f_us FROM snaps))
+    -- follows it, where most of them are within 1.5x of it (a day of 15-minute snapshots, then
+    -- 5-minute ones, is read at each part's own), else the day's (an outage with a snapshot or two
+    -- taken by hand in it is gaps that do not agree: still an outage)
+    SELECT f_us,
+           CASE WHEN len(list_filter(gl, lambda x: x <= {RUN_AGREE} * m AND x * {RUN_AGREE} >= m)) * 2 > len(gl)
+                THEN m ELSE (SELECT c_us FROM cadence) END AS c_us
+    FROM (
+        SELECT f_us, gl, list_median(gl) AS m
+        FROM (SELECT f_us, list(g) FILTER (WHERE g IS NOT NULL)
+                               OVER (ORDER BY f_us ROWS BETWEEN 1 PRECEDING AND 3 FOLLOWING) AS gl
+              FROM (SELECT f_us, f_us - lag(f_us) OVER (ORDER BY f_us) AS g FROM (SELECT DISTINCT f_us FROM snaps)))
+    )
 ),
 carried_last AS (  -- the latest earlier snapshot, if it is recent enough at its cadence
     SELECT l.b_start_us, l.last_f

@@ -635,3 +635,21 @@ def test_an_archive_folder_named_with_uri_characters_is_read(tmp_path, folder):
     got = read_window(where, start, end, "UTC")
     assert got.table.num_rows == 24 and got.read_paths == {str(where / "gpu_state_2025-08.db"): "columnar"}
     assert sorted(p.name for p in tmp_path.iterdir()) == [folder]  # nothing created beside it
+
+
+def test_a_stray_in_a_parquet_archive_of_aware_times_goes_to_the_day_of_the_row_before(tmp_path):
+    """An aware ``timestamp`` column (what pandas writes for aware times): the row before a NULL
+    was shown as UTC text without its offset and read as local time, so the stray went to the next
+    day; it now goes to the day that read that row."""
+    import pyarrow.parquet as pq
+
+    base = slot_row("2025-03-14 22:00:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed")
+    ts = [dt.datetime(2025, 3, 15, 3, 0, tzinfo=UTC), None, dt.datetime(2025, 3, 15, 3, 5, tzinfo=UTC)]
+    cols = {k: [base[k]] * 3 for k in base}
+    cols["timestamp"] = pa.array(ts, pa.timestamp("us", tz="UTC"))
+    pq.write_table(pa.table(cols), tmp_path / "gpu_state_2025-03.parquet")
+    got = {}
+    for day in ("2025-03-14", "2025-03-15"):
+        r = read_window(tmp_path, *day_window(day, "America/Chicago"), "America/Chicago")
+        got[day] = (r.table.num_rows, [x[1] for x in r.rejected])
+    assert got == {"2025-03-14": (2, [1]), "2025-03-15": (0, [])}  # 21:00 and 21:05 CDT on the 14th

@@ -767,13 +767,15 @@ def test_sqlite_unable_to_open_its_journal_on_a_full_file_system_is_retried(tmp_
 
         return Refusing()
 
-    class NoInodes:
-        def __init__(self, st):
-            self.f_bavail, self.f_favail = st.f_bavail, 0
+    class NoInodes:  # f_files inodes, none free
+        def __init__(self, st, files):
+            self.f_blocks, self.f_bavail, self.f_files, self.f_favail = st.f_blocks, st.f_bavail, files, 0
 
     monkeypatch.setattr(cc.sqlite3, "connect", connect)
     if not room:
-        monkeypatch.setattr(os, "statvfs", lambda p: NoInodes(real_statvfs(p)))
+        monkeypatch.setattr(os, "statvfs", lambda p: NoInodes(real_statvfs(p), 1000))
+    else:  # a file system that keeps no inode count (btrfs, vfat, FUSE: 0 of 0) has room
+        monkeypatch.setattr(os, "statvfs", lambda p: NoInodes(real_statvfs(p), 0))
     result = cc.collect_loop("cm", tmp_path, iterations=3, sleep=lambda s: None,
                              query=lambda h, timeout_s, constraint: fixture_ads_old(),
                              now=lambda: T0 + dt.timedelta(minutes=5))

@@ -713,6 +713,8 @@ def test_a_job_file_name_that_is_no_readable_file_is_an_error_naming_it(tmp_path
     s = dt.datetime(2025, 8, 5, tzinfo=dt.UTC)
     assert [p.name for p in select_files(tmp_path, s, s + dt.timedelta(days=1), 3)] == [
         "epochs-2025-08-05.ndjson", "jobs-2025-08-05.ndjson"]
+    (tmp_path / "jobs-2023-01-01.ndjson").symlink_to(tmp_path / "gone-long-ago.ndjson")  # no day's: skipped
+    assert len(select_files(tmp_path, s, s + dt.timedelta(days=1), 3)) == 2
     (tmp_path / "jobs-2025-08-06.ndjson").symlink_to(tmp_path / "gone.ndjson")
     with pytest.raises(FileNotFoundError, match=r"jobs-2025-08-06\.ndjson: a job-record file name, but not"):
         select_files(tmp_path, s, s + dt.timedelta(days=1), 3)

@@ -70,6 +70,8 @@ def test_missing_directory_is_a_clear_error(tmp_path):
 def test_a_scrape_name_that_is_no_readable_file_is_an_error_naming_it(tmp_path):
     """A dangling link named like a scrape was skipped unseen (an hour's demand gone without a word)."""
     (tmp_path / "kueue-20250805T100000Z.prom").write_text(_scrape("leader", 3))
+    (tmp_path / "kueue-20230101T000000Z.prom").symlink_to(tmp_path / "gone-long-ago.prom")  # no day's: skipped
+    assert raw_scrapes(tmp_path, dt.datetime(2025, 8, 5, tzinfo=UTC), dt.datetime(2025, 8, 6, tzinfo=UTC)).num_rows == 1
     (tmp_path / "kueue-20250805T101500Z.prom").symlink_to(tmp_path / "gone.prom")
     with pytest.raises(FileNotFoundError, match=r"kueue-20250805T101500Z\.prom: a Kueue scrape file name, but not"):
         raw_scrapes(tmp_path, dt.datetime(2025, 8, 5, tzinfo=UTC), dt.datetime(2025, 8, 6, tzinfo=UTC))

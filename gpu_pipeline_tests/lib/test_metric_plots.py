@@ -737,5 +737,31 @@ def test_the_duration_plots_draw_whole_periods_as_the_summary_counts_them(tmp_pa
     assert (claim["count"], claim["mean_min"]) == (2, pytest.approx((85 + 10) / 2))
     durations = plot_tasks.render_plot(str(store.root), "availability_durations", "2025-08-06", "UTC").numbers
     assert (durations["count"], durations["mean_min"]) == (2, pytest.approx((85 + 10) / 2))
+    assert durations["available_gpu_hours"] == pytest.approx((30 + 10) / 60)  # the day's own hours
     # the day before: its piece is still open at its end, so nothing ended there
     assert "count" not in plot_tasks.render_plot(str(store.root), "time_to_claim", "2025-08-05", "UTC").numbers
+
+
+def test_a_whole_period_that_ends_at_the_days_first_instant_is_the_days_as_in_the_summary():
+    """The day's empty closing piece (a period that ended exactly at midnight) is counted by the
+    summary on that day; the whole periods the plots draw left it out of every day."""
+    from gpu_pipeline.lib.availability import whole_periods_ending
+    from gpu_pipeline.lib.store import connect
+
+    d1, d2 = dt.datetime(2025, 8, 5, tzinfo=dt.UTC), dt.datetime(2025, 8, 6, tzinfo=dt.UTC)
+    piece = {"gpu_id": "GPU-00000001", "host": "h1", "device_name": H100, "tier": "priority", "resolution_s": 300.0}
+    pieces = table(AVAILABILITY_PERIODS, [
+        {**piece, "start_utc": d1 + dt.timedelta(hours=22), "end_utc": d2, "duration_s": 7200.0, "end_reason": "open",
+         "starts_before_day": False, "continues_after_day": True},
+        {**piece, "start_utc": d2, "end_utc": d2, "duration_s": 0.0, "end_reason": "backfill_claimed",
+         "starts_before_day": True, "continues_after_day": False}])
+    con = connect()
+    try:
+        con.register("p", pieces)
+        got = whole_periods_ending(con, "p", [], d2, d2 + dt.timedelta(days=1)).to_pylist()
+        con.register("p1", pieces.slice(0, 1))  # the day before reads its own pieces and the week before
+        before = whole_periods_ending(con, "p1", [], d1, d2).to_pylist()
+    finally:
+        con.close()
+    assert [(r["end_reason"], r["duration_s"]) for r in got] == [("backfill_claimed", 7200.0)]
+    assert [r["end_reason"] for r in before] == ["open"]  # still open at that day's end

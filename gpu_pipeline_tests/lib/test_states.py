@@ -158,6 +158,21 @@ def test_a_day_whose_cadence_changes_is_read_at_each_parts_own():
     assert out[("GPU-aaaaaaaa", 10)]["snapshot_utc"] == snap(0)
 
 
+def test_an_outage_with_snapshots_taken_by_hand_in_it_stays_an_outage():
+    """A 5-minute collector down from 10:00 to 14:00, with `collect --once` run at 11:00 and 12:00:
+    the gaps around those snapshots (60, 60, 120 minutes) do not agree on a cadence, so the day's
+    5 minutes rules there, and each hand-taken snapshot stands for its own bucket and the next only
+    (the median of the five gaps, 60 minutes, let the 12:00 snapshot's claim stand for two hours)."""
+    times = [m for m in range(0, 600, 5)] + [660, 720] + [m for m in range(840, 1440, 5)]
+    rows = [row(snap(m), "slot1", "GPU-aaaaaaaa", "Claimed" if m == 720 else "Unclaimed", "shared",
+                job="j#1.0#1" if m == 720 else None) for m in times]
+    out = states(rows, minutes=1440)
+    busy = [m for m in range(0, 1440, 5) if out[("GPU-aaaaaaaa", m)]["state"] == "busy_shared"]
+    covered = [m for m in range(600, 840, 5) if out[("GPU-aaaaaaaa", m)]["na_reason"] != "no_snapshot"]
+    assert busy == [720, 725]
+    assert covered == [600, 660, 665, 720, 725]  # 10:00 carries 09:55; each by-hand snapshot 5 minutes on
+
+
 def test_a_snapshot_written_in_two_parts_seconds_apart_is_one_snapshot():
     """A 15-minute archive whose every snapshot is written in two parts 2 s apart (two collectors,
     h1's rows at :07, h2's at :09): the cadence is 15 minutes, not the 2-s gap between the parts,
