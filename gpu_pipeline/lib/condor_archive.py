@@ -630,79 +630,87 @@ def _read_parquet(path: Path, lo: str, hi: str, source_tz: str) -> tuple[pa.Tabl
 
 
 #: What a snapshot time's text starts with (``YYYY-MM-DD `` and a time): other text
-#: (``2025-03-10T12:10:00``, ``garbage``) is not read as a time, and is set aside by the day whose own
-#: local text range holds it. A *stray* -- a NULL or numeric timestamp, or text far outside the
-#: file's month (``garbage`` sorts after every date, ``10/03/2025`` before), which no day's text range
-#: reaches -- is set aside by the day that read the row appended before it (rows are appended in
-#: time order), or by the day of the month's first instant when there is none (:func:`_strays`). So
-#: each row is read, or set aside, by one day.
+#: (``2025-03-10T12:10:00``) is not read as a time, and is set aside by the day whose own local text
+#: range holds it. The days that open a month file read its rows in their text range; what none of
+#: them reads is set aside once (:func:`_owned_strays`): a row whose time lies after the last day
+#: that opens the file (text after its range, ``garbage`` among them, or a time after its window),
+#: by that day; before the first, by the first; a row whose timestamp is NULL, a number or bytes, by
+#: the day that read the row appended before it (the collector appends in time order), the first day
+#: where there is none. So each row is read, or set aside, by one day.
 _SHAPED = re.compile(r"\d{4}-\d\d-\d\d ")
-_STRAY_REASON = ("{what} (no day reads it: set aside by the day of the row appended before it, or the "
-                 "month's first day when none was)")
-_NO_TEXT_REASON = _STRAY_REASON.format(what="no timestamp text (NULL, a number or bytes)")
-_OUTSIDE_REASON = _STRAY_REASON.format(what="timestamp text far outside the file's month")
-#: How far outside its month a file's text may lie and still be in a day's text range: a day's range
-#: (25 h at most) with the read margin either side, widened by the widest UTC offset for offset text.
-_STRAY_SLACK = dt.timedelta(days=2)
+_NO_TEXT_REASON = ("no timestamp text (NULL, a number or bytes: no day reads it; set aside by the day of the "
+                   "row appended before it)")
+_OUTSIDE_REASON = ("timestamp outside the days that read the file (after the last, or before the first, day "
+                   "whose window opens this month's file; set aside by that day)")
 
 
-def _month_bounds_text(month: str) -> tuple[str, str]:
-    """The text range of a month file's times that a day reading the file may reach: the month and
-    :data:`_STRAY_SLACK` either side."""
-    y, m = int(month[:4]), int(month[5:7])
-    first = dt.datetime(y, m, 1)
-    after = dt.datetime(y + 1, 1, 1) if m == 12 else dt.datetime(y, m + 1, 1)
-    return (first - _STRAY_SLACK).isoformat(sep=" "), (after + _STRAY_SLACK).isoformat(sep=" ")
-
-
-def _stray_ranges(path: Path, lo: str, hi: str) -> list[tuple[int, int]] | None:
-    """The rowid ranges that can hold a stray (:func:`_strays`), by the file's time index (the rowids
-    outside its blocks of text times within ``[lo, hi)``); None without an index."""
+def _stray_ranges(path: Path, after: str | None, before: str | None) -> list[tuple[int, int]] | None:
+    """The rowid ranges that can hold a stray (:func:`_strays`), by the file's time index: the rowids
+    outside its blocks that hold only text in ``[before, after)`` (a bound None: open); None
+    without an index."""
     blocks = _cached_index(path)
     if blocks is None:
         return None
-    lo_b, hi_b = lo.encode(), hi.encode()
-    ranges, after = [], -(2**63)
+    lo_b = before.encode() if before is not None else b""
+    hi_b = after.encode() if after is not None else None
+    ranges, end = [], -(2**63)
     for b in blocks:
-        if b.nontext or b.ts_min < lo_b or b.ts_max is None or b.ts_max >= hi_b:
+        if b.nontext or b.ts_min < lo_b or (hi_b is not None and (b.ts_max is None or b.ts_max >= hi_b)):
             continue  # the block may hold one
-        if b.first > after:
-            ranges.append((after, b.first - 1))
-        after = b.last + 1
-    ranges.append((after, 2**63 - 1))
+        if b.first > end:
+            ranges.append((end, b.first - 1))
+        end = b.last + 1
+    ranges.append((end, 2**63 - 1))
     return ranges
 
 
 _SQLITE_PREV = (f'SELECT "timestamp" FROM {TABLE} WHERE rowid < ? AND typeof("timestamp") = \'text\' '
-                'AND "timestamp" >= ? AND "timestamp" < ? ORDER BY rowid DESC LIMIT 1')
+                'ORDER BY rowid DESC LIMIT 1')
 
 
-def _strays(path: Path, month: str) -> list[tuple[int, str, str | None, str | None]]:
-    """The strays of a month file (see :data:`_SHAPED`): (row, reason, the value as text, the text
-    of the nearest row before it whose time lies in the month's range, or None). Where the file has
-    a time index only the rowids outside its blocks of the month's text are looked at (none, for a
-    clean file); else one scan of the timestamps."""
-    lo, hi = _month_bounds_text(month)
+def _strays(path: Path, lo: str, hi: str, first: bool, last: bool,
+            source_tz: str = "UTC") -> list[tuple[int, str, str | None, str | None]]:
+    """The rows of a month file no day reads that a day reading ``[lo, hi)`` of it may own: a NULL,
+    numeric or bytes timestamp, and, where it is the ``last`` (``first``) day that opens the file,
+    text at or after ``hi`` (before ``lo``); as (row, reason, the value as text, the text of the
+    nearest row before it with text, or None). ``lo``/``hi`` are widened as the read widens them
+    (offset text). Where the file has a time index only the rowids outside its blocks that cannot
+    hold one are looked at (none, for a clean file in the middle of its month); else one scan."""
     found: list[tuple[int, object, object]] = []
+    after, before = (hi if last else None), (lo if first else None)
     if path.suffix == ".parquet":
         con = db_connect()
         try:
             kind = dict((n, k) for n, k, *_ in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [str(path)]).fetchall())
-            text = kind.get("timestamp") == "VARCHAR"
-            odd = '"timestamp" IS NULL OR "timestamp" < $lo OR "timestamp" >= $hi' if text else '"timestamp" IS NULL'
-            ok = '"timestamp" >= $lo AND "timestamp" < $hi' if text else '"timestamp" IS NOT NULL'
             ts_kind = kind.get("timestamp", "")
+            text = ts_kind == "VARCHAR"
             aware = "WITH TIME ZONE" in ts_kind or ts_kind.startswith("TIMESTAMPTZ")
+            odd = ['"timestamp" IS NULL']
+            # the time compared as the window's read compares it (_read_parquet)
+            local = ('"timestamp"' if text else 'timezone($tz, "timestamp")' if aware
+                     else 'CAST("timestamp" AS TIMESTAMP)')
+            bound = "{}" if text else "CAST({} AS TIMESTAMP)"
+            if after is not None:
+                odd.append(f"{local} >= {bound.format('$after')}")
+            if before is not None:
+                odd.append(f"{local} < {bound.format('$before')}")
+            odd_sql = " OR ".join(odd)
             # the row before as the window reads it (_read_parquet): an aware time as UTC text with its offset
             shown = ('"timestamp"' if text else
                      """strftime(timezone('UTC', "timestamp"), '%Y-%m-%d %H:%M:%S.%f') || '+00:00'""" if aware else
                      """strftime("timestamp", '%Y-%m-%d %H:%M:%S.%f')""")
-            q = {"f": str(path), "lo": lo, "hi": hi} if text else {"f": str(path)}
-            if con.execute(f"SELECT count(*) FROM read_parquet($f) WHERE {odd}", q).fetchone()[0]:
+            q = {"f": str(path)}
+            if "$tz" in odd_sql:
+                q["tz"] = source_tz
+            if "$after" in odd_sql:
+                q["after"] = after
+            if "$before" in odd_sql:
+                q["before"] = before
+            if con.execute(f"SELECT count(*) FROM read_parquet($f) WHERE {odd_sql}", q).fetchone()[0]:
                 found = con.execute(
                     f"""SELECT file_row_number, "timestamp", prev FROM (
-                            SELECT file_row_number, "timestamp", ({odd}) AS odd,
-                                   last_value(CASE WHEN {ok} THEN {shown} END IGNORE NULLS) OVER (
+                            SELECT file_row_number, "timestamp", ({odd_sql}) AS odd,
+                                   last_value({shown} IGNORE NULLS) OVER (
                                        ORDER BY file_row_number ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
                             FROM read_parquet($f, file_row_number=true))
                         WHERE odd ORDER BY 1""", q).fetchall()
@@ -717,20 +725,36 @@ def _strays(path: Path, month: str) -> list[tuple[int, str, str | None, str | No
             raise ArchiveError(f"{path}: cannot open SQLite archive: {exc}") from exc
         try:
             con.text_factory = _decode
-            odd = '''typeof("timestamp") != 'text' OR "timestamp" < ? OR "timestamp" >= ?'''
-            ranges = _stray_ranges(path, lo, hi)
-            rows = (con.execute(f'SELECT rowid, "timestamp" FROM {TABLE} WHERE {odd} ORDER BY rowid', (lo, hi)).fetchall()
+            lo_w, hi_w = _text_bounds(con, lo, hi)
+            after, before = (hi_w if last else None), (lo_w if first else None)
+            odd = ['typeof("timestamp") != \'text\'']
+            args: list[str] = []
+            if after is not None:
+                odd.append('"timestamp" >= ?')
+                args.append(after)
+            if before is not None:
+                odd.append('"timestamp" < ?')
+                args.append(before)
+            odd_sql = " OR ".join(odd)
+            ranges = _stray_ranges(path, after, before)
+            rows = (con.execute(f'SELECT rowid, "timestamp" FROM {TABLE} WHERE {odd_sql} ORDER BY rowid', args).fetchall()
                     if ranges is None else
                     [row for a, b in ranges for row in con.execute(
-                        f'SELECT rowid, "timestamp" FROM {TABLE} WHERE rowid >= ? AND rowid <= ? AND ({odd}) '
-                        'ORDER BY rowid', (a, b, lo, hi)).fetchall()])
-            last, prev = None, None
+                        f'SELECT rowid, "timestamp" FROM {TABLE} WHERE rowid >= ? AND rowid <= ? AND ({odd_sql}) '
+                        'ORDER BY rowid', (a, b, *args)).fetchall()])
+            last_row, prev = None, None
             for rowid, value in rows:
-                if last is None or rowid != last + 1:  # a run of strays shares the row before it
-                    got = con.execute(_SQLITE_PREV, (rowid, lo, hi)).fetchone()
+                if isinstance(value, str):  # text outside: owned by the first / last day, no row before needed
+                    found.append((rowid, value, None))
+                elif last_row is not None and rowid == last_row + 1:  # a run shares the row before it
+                    before_value = found[-1][1]
+                    prev = before_value if isinstance(before_value, str) else prev
+                    found.append((rowid, value, prev))
+                else:
+                    got = con.execute(_SQLITE_PREV, (rowid,)).fetchone()
                     prev = got[0] if got else None
-                found.append((rowid, value, prev))
-                last = rowid
+                    found.append((rowid, value, prev))
+                last_row = rowid
         except sqlite3.Error as exc:
             raise ArchiveError(f"{path}: unreadable SQLite archive: {exc}") from exc
         finally:
@@ -740,29 +764,42 @@ def _strays(path: Path, month: str) -> list[tuple[int, str, str | None, str | No
         prev_text = None if prev is None else _decode(prev) if isinstance(prev, bytes) else str(prev)
         if isinstance(value, str):
             out.append((int(rowid), _OUTSIDE_REASON, value, prev_text))
+        elif isinstance(value, dt.datetime):  # a typed Parquet time outside what the days read
+            out.append((int(rowid), _OUTSIDE_REASON, value.isoformat(sep=" "), prev_text))
         else:  # NULL, a number or a blob
             shown = None if value is None else _decode(value) if isinstance(value, bytes) else str(value)
             out.append((int(rowid), _NO_TEXT_REASON, shown, prev_text))
     return out
 
 
+def _opens(lo_local: dt.datetime, hi_local: dt.datetime, month: str) -> bool:
+    """Whether a day reading the local range ``[lo_local, hi_local]`` opens the file of ``month``."""
+    return month in months_between(lo_local, hi_local)
+
+
 def _owned_strays(path: Path, month: str, start_utc: dt.datetime, end_utc: dt.datetime, source_tz: str,
-                  own_lo: str, own_hi: str) -> list[tuple[str, int, str, str | None]]:
-    """The strays of a month file that the window ``[start_utc, end_utc)`` sets aside, as quarantine
-    entries: those whose row before lies in the window (its time read as the window reads times;
-    text that cannot be read, by the window's own text range), and those with none before when the
-    window holds the month's first instant."""
+                  lo: str, hi: str, first: bool, last: bool) -> list[tuple[str, int, str, str | None]]:
+    """The rows of a month file that no day reads and the window ``[start_utc, end_utc)`` sets aside,
+    as quarantine entries (see :data:`_SHAPED`): text after (before) what it reads when it is the
+    ``last`` (``first``) day that opens the file; a NULL, numeric or bytes timestamp when the row
+    before lies in the window, or after (before) it and the window is the last (first) day, or when
+    there is none and it is the first."""
     zone = ZoneInfo(source_tz)
-    y, m = int(month[:4]), int(month[5:7])
-    first_is_ours = start_utc <= dt.datetime(y, m, 1, tzinfo=zone).astimezone(UTC) < end_utc
+    own_lo = start_utc.astimezone(zone).replace(tzinfo=None).isoformat(sep=" ")
+    own_hi = end_utc.astimezone(zone).replace(tzinfo=None).isoformat(sep=" ")
     localize = _Localizer(source_tz)
     out = []
-    for rowid, reason, text, prev in _strays(path, month):
-        if prev is None:
-            ours = first_is_ours
+    for rowid, reason, text, prev in _strays(path, lo, hi, first, last, source_tz):
+        if reason == _OUTSIDE_REASON:
+            ours = True  # asked for by first / last only
+        elif prev is None:
+            ours = first
         else:
             at = localize._one(prev)
-            ours = start_utc <= at < end_utc if at is not None else own_lo <= prev < own_hi
+            if at is not None:
+                ours = start_utc <= at < end_utc or (last and at >= end_utc) or (first and at < start_utc)
+            else:
+                ours = own_lo <= prev < own_hi or (last and prev >= own_hi) or (first and prev < own_lo)
         if ours:
             out.append((str(path), rowid, reason, text))
     return out
@@ -893,14 +930,17 @@ def read_window(
     lo, hi = lo_local.isoformat(sep=" "), hi_local.isoformat(sep=" ")
     # a row whose time cannot be read is this window's when its text lies in the window's own local
     # range (the margin's rows are a neighbouring day's: each is rejected by one day, not two)
-    own_lo = start_utc.astimezone(zone).replace(tzinfo=None).isoformat(sep=" ")
-    own_hi = end_utc.astimezone(zone).replace(tzinfo=None).isoformat(sep=" ")
+    own_lo_local = start_utc.astimezone(zone).replace(tzinfo=None)
+    own_hi_local = end_utc.astimezone(zone).replace(tzinfo=None)
+    own_lo, own_hi = own_lo_local.isoformat(sep=" "), own_hi_local.isoformat(sep=" ")
     month_files = find_month_files(archive_dir)
     result = ArchiveRead(table=RAW_CONDOR_SLOT_SNAPSHOTS.empty())
     schema = RAW_CONDOR_SLOT_SNAPSHOTS.schema
     lo_s, hi_s = pa.scalar(start_utc, type=TS_UTC), pa.scalar(end_utc, type=TS_UTC)
 
-    def consumer(path: Path) -> _Consume:
+    def consumer(path: Path, first: bool = False, last: bool = False) -> _Consume:
+        """``first`` / ``last``: no day before (after) this window opens the file, so its rows read
+        here with a time before (after) the window are set aside here (no day reads them)."""
         def consume(batches: Iterator[pa.RecordBatch | pa.Table]) -> _FilePart:
             part, localize = _FilePart(), _Localizer(source_tz)
             made: dict[str, pa.Array] = {}
@@ -922,9 +962,18 @@ def read_window(
                 if pc.any(bad).as_py():
                     for rowid, text in zip(data.column("source_rowid").filter(bad).to_pylist(),
                                            data.column("timestamp_local").filter(bad).to_pylist(), strict=True):
-                        if text is not None and own_lo <= str(text) < own_hi:
+                        if text is not None and (own_lo <= str(text) < own_hi or (last and str(text) >= own_hi)
+                                                 or (first and str(text) < own_lo)):
                             part.rejected.append((str(path), rowid, "unparseable timestamp "
                                                   "(expected YYYY-MM-DD HH:MM:SS.ffffff)", str(text)))
+                if first or last:  # a time no day that opens the file holds
+                    outside = pc.or_(pc.and_(pa.scalar(last), pc.greater_equal(utc, hi_s)),
+                                     pc.and_(pa.scalar(first), pc.less(utc, lo_s)))
+                    if pc.any(outside).as_py():
+                        for rowid, text in zip(data.column("source_rowid").filter(outside).to_pylist(),
+                                               data.column("timestamp_local").filter(outside).to_pylist(),
+                                               strict=True):
+                            part.rejected.append((str(path), rowid, _OUTSIDE_REASON, str(text)))
                 kept = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
                 kept = kept.append_column("snapshot_utc", utc)
                 inside = pc.and_(pc.greater_equal(utc, lo_s), pc.less(utc, hi_s))
@@ -965,12 +1014,16 @@ def read_window(
         if path is None:
             result.missing_months.append(month)
             continue
+        # the days either side (adjacent windows) read from ``own_lo + margin`` back and from
+        # ``own_hi - margin`` on: whether they open this month's file
+        first = not _opens(lo_local - (hi_local - lo_local), own_lo_local + _MARGIN, month)
+        last = not _opens(own_hi_local - _MARGIN, hi_local + (hi_local - lo_local), month)
         if path.suffix == ".parquet":
             table, cols = _read_parquet(path, lo, hi, source_tz)
-            part = consumer(path)(iter([table]))
+            part = consumer(path, first, last)(iter([table]))
             part.read_path = "parquet"
         else:
-            part, cols = _read_sqlite(path, lo, hi, consumer(path), lock_timeout_s)
+            part, cols = _read_sqlite(path, lo, hi, consumer(path, first, last), lock_timeout_s)
         result.files.append(str(path))
         result.read_paths[str(path)] = part.read_path
         known = {"timestamp", *SOURCE_COLUMNS}
@@ -982,7 +1035,7 @@ def read_window(
             result.missing_columns[str(path)] = absent
         parts.extend(part.tables)
         result.rejected.extend(part.rejected)
-        result.rejected.extend(_owned_strays(path, month, start_utc, end_utc, source_tz, own_lo, own_hi))
+        result.rejected.extend(_owned_strays(path, month, start_utc, end_utc, source_tz, lo, hi, first, last))
         for name, n in part.lost.items():
             lost[name] = lost.get(name, 0) + n
     result.unparseable_timestamps = len(result.rejected)

@@ -184,9 +184,9 @@ def test_a_parquet_archive_of_text_timestamps_reads_as_the_sqlite_text(tmp_path)
     write(["2025-08-05 06:00:01.000000", "garbage", "2025-08-05 2x:00", "2025-08-05 07:00:01.000000"])
     read = read_window(tmp_path, start, end, "UTC")
     assert read.table.column("snapshot_utc").to_pylist() == [dt.datetime(2025, 8, 5, h, 0, 1, tzinfo=UTC) for h in (6, 7)]
-    # the unreadable time within the day's text range, by its row; "garbage" (after every date, in no
-    # day's range) by the day of the row appended before it
-    assert [r[1] for r in read.rejected] == [2, 1]
+    # the unreadable time within the day's text range, by its row ("garbage", after every date, is
+    # the last day's that opens the file: 1 September's)
+    assert [r[1] for r in read.rejected] == [2]
     write(["2025-08-05 01:00:01.000000-05:00", "2025-08-05 12:00:01.000000-05:00"])
     read = read_window(tmp_path, start, end, "America/Chicago")
     assert read.table.column("snapshot_utc").to_pylist() == [dt.datetime(2025, 8, 5, h, 0, 1, tzinfo=UTC) for h in (6, 17)]
@@ -543,15 +543,17 @@ def test_timestamp_text_with_an_offset_is_read_by_its_instant(tmp_path, zone):
 
 @pytest.mark.parametrize("kind", ["sqlite", "sqlite with a time index", "parquet"])
 def test_a_row_whose_time_no_day_reads_is_set_aside_once(tmp_path, kind, monkeypatch):
-    """A timestamp that is NULL or a number, or text far outside the file's month (``garbage`` sorts
-    after every date, ``10/03/2025 ...`` before), lies in no day's text range: no day read it, and
-    none set it aside (rows lost without a count). Such a row is now set aside by the day of the row
-    appended before it (the collector appends in time order; a nightly run of that day meets it),
-    or by the day of the month's first instant (00:00 CST on the 1st = 06:00 UTC: the UTC day
-    2025-03-01) when no row is before it. Text in a day's own local range that is not a time of the
-    archive's form is that day's, also when Python could read it (``2025-03-10T12:10:00``, 17:10 UTC
-    on the 10th, lies in the text range of the UTC day 2025-03-11: read by no day before). Every row
-    is read or set aside exactly once over the month's days."""
+    """A timestamp that is NULL or a number, or text outside what the days that open the file read
+    (``garbage`` sorts after every date, ``10/03/2025 ...`` before, ``2025-05-20`` in the March
+    file), lies in no day's text range: no day read it, and none set it aside (rows lost without a
+    count). Text after (before) the range of the last (first) day that opens the file -- here the
+    UTC days 1 April (its local range to 19:00 on 1 April CDT) and 1 March -- is set aside by that
+    day; a row without text by the day that read the row appended before it (the collector appends
+    in time order; a nightly run of that day meets it), the first day when none is before it. Text
+    in a day's own local range that is not a time of the archive's form is that day's, also when
+    Python could read it (``2025-03-10T12:10:00``, 17:10 UTC on the 10th, lies in the text range of
+    the UTC day 2025-03-11: read by no day before). Every row is read or set aside exactly once
+    over the days that open the file."""
     import pandas as pd
 
     from gpu_pipeline.lib.condor_archive import rejected_rows
@@ -581,8 +583,8 @@ def test_a_row_whose_time_no_day_reads_is_set_aside_once(tmp_path, kind, monkeyp
     first = 0 if kind == "parquet" else 1  # Parquet rows are numbered from 0, SQLite's rowids from 1
     read_rows: list[int] = []
     set_aside: dict[str, list] = {}
-    for day in range(1, 32):
-        s = dt.datetime(2025, 3, day, tzinfo=UTC)
+    for day in range(0, 33):
+        s = dt.datetime(2025, 3, 1, tzinfo=UTC) + dt.timedelta(days=day - 1)
         got = read_window(tmp_path, s, s + dt.timedelta(days=1), "America/Chicago")
         read_rows += [r - first for r in got.table["source_rowid"].to_pylist()]
         q = rejected_rows(got)
@@ -593,16 +595,17 @@ def test_a_row_whose_time_no_day_reads_is_set_aside_once(tmp_path, kind, monkeyp
                 for r in q.to_pylist()]
             assert {r["source_table"] for r in q.to_pylist()} == {"raw/condor_slot_snapshots"}
             assert {r["source_file"] for r in q.to_pylist()} == {str(next(tmp_path.iterdir()))}
-    no_text, far = "no timestamp text", "timestamp text far outside the file's month"
+    no_text, far = "no timestamp text", "timestamp outside the days that read the file"
     assert read_rows == [1]
     assert set_aside == {
-        "2025-03-01": [(0, no_text, None)],  # no row before it
-        "2025-03-10": [(2, "unparseable timestamp", texts[2]), (3, no_text, None), (4, far, "garbage")],
-        "2025-03-11": [(5, "unparseable timestamp", texts[5]), (6, far, texts[6]), (7, far, texts[7])]
-        + ([] if kind == "parquet" else [(8, no_text, "20250310")]),
+        "2025-03-01": [(0, no_text, None), (6, far, texts[6])],  # no row before it; before every day's range
+        "2025-03-10": [(2, "unparseable timestamp", texts[2]), (3, no_text, None)],
+        "2025-03-11": [(5, "unparseable timestamp", texts[5])],
+        "2025-04-01": [(4, far, "garbage"), (7, far, texts[7])]
+        + ([] if kind == "parquet" else [(8, no_text, "20250310")]),  # the row before it: 20 May
     }
-    if kind.endswith("index"):  # every block holds a stray here: the index was asked, and looks at all
-        assert looked and all(r == [(-(2**63), 2**63 - 1)] for r in looked)
+    if kind.endswith("index"):  # the strays were looked for through the index, on every day
+        assert len(looked) == 32 and None not in looked  # 1 March to 1 April (UTC) open the March file
 
 
 def test_strays_are_looked_for_outside_the_clean_blocks_of_the_time_index(monkeypatch):
@@ -610,17 +613,22 @@ def test_strays_are_looked_for_outside_the_clean_blocks_of_the_time_index(monkey
     stray: only the rowids outside such blocks are looked at."""
     from gpu_pipeline.lib import condor_archive as ca
 
-    def clean(first: int, last: int) -> object:
-        return ca._Block(first, last, b"2025-03-02 00:00:00", b"2025-03-30 00:00:00")
+    def clean(first: int, last: int, since: bytes = b"2025-03-02 00:00:00") -> object:
+        return ca._Block(first, last, since, b"2025-03-30 00:00:00")
 
     blocks = [clean(1, 2), ca._Block(3, 4, b"", None, nontext=True), clean(5, 6),
-              ca._Block(7, 8, b"2025-03-02 00:00:00", b"garbage"), clean(9, 10), clean(13, 14)]
+              ca._Block(7, 8, b"2025-03-02 00:00:00", b"garbage"), clean(9, 10),
+              clean(13, 14, b"2025-03-10 00:00:00")]
     monkeypatch.setattr(ca, "_cached_index", lambda path: blocks)
-    lo, hi = ca._month_bounds_text("2025-03")
-    assert (lo, hi) == ("2025-02-27 00:00:00", "2025-04-03 00:00:00")
-    assert ca._stray_ranges(Path("x"), lo, hi) == [(-(2**63), 0), (3, 4), (7, 8), (11, 12), (15, 2**63 - 1)]
+    # a day in the middle of the month: only the blocks with a timestamp that is not text
+    assert ca._stray_ranges(Path("x"), None, None) == [(-(2**63), 0), (3, 4), (11, 12), (15, 2**63 - 1)]
+    # the last day that opens the file: also the blocks with text at or after its range's end
+    assert ca._stray_ranges(Path("x"), "2025-04-01 21:00:00", None) == [(-(2**63), 0), (3, 4), (7, 8), (11, 12),
+                                                                         (15, 2**63 - 1)]
+    # the first: also the blocks with text before its range's start
+    assert ca._stray_ranges(Path("x"), None, "2025-03-05 00:00:00") == [(-(2**63), 12), (15, 2**63 - 1)]
     monkeypatch.setattr(ca, "_cached_index", lambda path: None)
-    assert ca._stray_ranges(Path("x"), lo, hi) is None
+    assert ca._stray_ranges(Path("x"), None, None) is None
 
 
 @pytest.mark.parametrize("folder", ["with #hash", "what?", "with %41pct", "plain"])
