@@ -339,6 +339,23 @@ def test_a_hosts_evictions_and_backfill_hours_are_in_one_tier():
     assert ("ALL", "shared", None) not in rates
 
 
+def _with_snapshots(states_t: pa.Table, jobs_t: pa.Table, clean: pa.Table) -> tuple[pa.Table, dict]:
+    """Evictions of the day from the states, job rows and clean slot snapshots, and the day's rates
+    rows (hour_local null) by (device, tier)."""
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        for name, table in (("st", states_t), ("jb", jobs_t), ("cl", clean)):
+            con.register(name, table)
+        ev = compute_evictions(con, DAY0, DAY1, "st", [], "jb", [], snapshots_from_sql="cl", snapshots_params=[])
+        con.register("ev", ev)
+        rates = compute_eviction_rates(con, "ev", [], "st", [], DAY0, DAY1, snapshots_from_sql="cl",
+                                       snapshots_params=[])
+        return ev, {(r["device_name"], r["tier"]): r for r in rates.to_pylist() if r["hour_local"] is None}
+    finally:
+        con.close()
+
+
 def test_a_prioritized_host_backfilled_all_day_is_priority_by_its_primary_slots():
     """Host h1's primary slot is prioritized and Unclaimed all day while its backfill slot runs J
     (evicted at 12:00, run again at once): every state's winning row is the backfill slot, so the
@@ -352,24 +369,13 @@ def test_a_prioritized_host_backfilled_all_day_is_priority_by_its_primary_slots(
         for k in range(288)
         for name, tier, state, jid in (("slot1", "priority", "Unclaimed", None), ("backfill2_1", "backfill", "Claimed", "J"))
     ]), CLEAN_SLOT_SNAPSHOTS)
-    con = duckdb.connect()
-    try:
-        con.execute("SET TimeZone = 'UTC'")
-        for name, table in (("st", t), ("jb", j), ("cl", clean)):
-            con.register(name, table)
-        ev = compute_evictions(con, DAY0, DAY1, "st", [], "jb", [], snapshots_from_sql="cl", snapshots_params=[])
-        assert [(r["global_job_id"], r["tier_of_host"]) for r in ev.to_pylist()] == [("J", "priority")]
-        con.register("ev", ev)
-        rates = {(r["device_name"], r["tier"], r["hour_local"]): r
-                 for r in compute_eviction_rates(con, "ev", [], "st", [], DAY0, DAY1, snapshots_from_sql="cl",
-                                                 snapshots_params=[]).to_pylist()}
-        row = rates[("ALL", "priority", None)]
-        assert (row["evictions"], row["backfill_gpu_hours"]) == (1, 24.0)
-        # without the snapshots, the states' winning rows: no tier (the rule cannot see the primary slot)
-        without = compute_evictions(con, DAY0, DAY1, "st", [], "jb", [])
-        assert without.column("tier_of_host").to_pylist() == [None]
-    finally:
-        con.close()
+    ev, rates = _with_snapshots(t, j, clean)
+    assert [(r["global_job_id"], r["tier_of_host"]) for r in ev.to_pylist()] == [("J", "priority")]
+    row = rates[("ALL", "priority")]
+    assert (row["evictions"], row["backfill_gpu_hours"]) == (1, 24.0)
+    # without the snapshots, the states' winning rows: no tier (the rule cannot see the primary slot)
+    without = evictions_from_tables(DAY0, DAY1, t, j)
+    assert without.column("tier_of_host").to_pylist() == [None]
 
 
 def test_an_eviction_on_a_host_renamed_later_in_the_day_keeps_the_hosts_tier():
@@ -399,23 +405,12 @@ def test_an_eviction_on_a_host_renamed_later_in_the_day_keeps_the_hosts_tier():
     st = states_from_table(clean, DAY0, DAY1)
     j = jobs(job("sub#1.0#1", 0, DAY0 + dt.timedelta(hours=8), DAY0 + dt.timedelta(minutes=601), host="gpu01.old",
                  slot="backfill1_1"))
-    con = duckdb.connect()
-    try:
-        con.execute("SET TimeZone = 'UTC'")
-        for name, table in (("st", st), ("jb", j), ("cl", clean)):
-            con.register(name, table)
-        ev = compute_evictions(con, DAY0, DAY1, "st", [], "jb", [], snapshots_from_sql="cl", snapshots_params=[])
-        assert [(r["host"], r["tier_of_host"], r["detected_by"]) for r in ev.to_pylist()] == [
-            ("gpu01.old", "priority", "job_records,snapshots")]
-        con.register("ev", ev)
-        rates = {(r["device_name"], r["tier"]): r for r in compute_eviction_rates(
-            con, "ev", [], "st", [], DAY0, DAY1, snapshots_from_sql="cl", snapshots_params=[]).to_pylist()
-            if r["hour_local"] is None}
-        assert sorted(rates) == [("ALL", "ALL"), ("ALL", "priority"), ("NVIDIA A100", "ALL"), ("NVIDIA A100", "priority")]
-        row_ = rates[("ALL", "priority")]
-        assert (row_["evictions"], row_["backfill_gpu_hours"], row_["evictions_per_backfill_gpu_hour"]) == (1, 2.0, 0.5)
-    finally:
-        con.close()
+    ev, rates = _with_snapshots(st, j, clean)
+    assert [(r["host"], r["tier_of_host"], r["detected_by"]) for r in ev.to_pylist()] == [
+        ("gpu01.old", "priority", "job_records,snapshots")]
+    assert sorted(rates) == [("ALL", "ALL"), ("ALL", "priority"), ("NVIDIA A100", "ALL"), ("NVIDIA A100", "priority")]
+    row = rates[("ALL", "priority")]
+    assert (row["evictions"], row["backfill_gpu_hours"], row["evictions_per_backfill_gpu_hour"]) == (1, 2.0, 0.5)
 
 
 def test_a_run_seen_first_after_a_hole_in_the_gpus_rows_has_a_lower_bound_runtime():
