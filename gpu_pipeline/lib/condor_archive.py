@@ -777,29 +777,44 @@ def _opens(lo_local: dt.datetime, hi_local: dt.datetime, month: str) -> bool:
     return month in months_between(lo_local, hi_local)
 
 
-def _owned_strays(path: Path, month: str, start_utc: dt.datetime, end_utc: dt.datetime, source_tz: str,
-                  lo: str, hi: str, first: bool, last: bool) -> list[tuple[str, int, str, str | None]]:
-    """The rows of a month file that no day reads and the window ``[start_utc, end_utc)`` sets aside,
-    as quarantine entries (see :data:`_SHAPED`): text after (before) what it reads when it is the
-    ``last`` (``first``) day that opens the file; a NULL, numeric or bytes timestamp when the row
-    before lies in the window, or after (before) it and the window is the last (first) day, or when
-    there is none and it is the first."""
-    zone = ZoneInfo(source_tz)
-    own_lo = start_utc.astimezone(zone).replace(tzinfo=None).isoformat(sep=" ")
-    own_hi = end_utc.astimezone(zone).replace(tzinfo=None).isoformat(sep=" ")
+@dataclass(frozen=True)
+class _Ownership:
+    """Which rows of a month file a window ``[start, end)`` answers for: those in it, and, where it
+    is the ``first`` (``last``) day that opens the file, those before (after) it, which no day reads.
+    A time by its instant; text that cannot be read by the window's own local text range
+    ``[own_lo, own_hi)``."""
+
+    start: dt.datetime
+    end: dt.datetime
+    own_lo: str
+    own_hi: str
+    first: bool
+    last: bool
+
+    def time(self, at: dt.datetime) -> bool:
+        return self.start <= at < self.end or (self.last and at >= self.end) or (self.first and at < self.start)
+
+    def text(self, text: str) -> bool:
+        return self.own_lo <= text < self.own_hi or (self.last and text >= self.own_hi) or (
+            self.first and text < self.own_lo)
+
+
+def _owned_strays(path: Path, lo: str, hi: str, source_tz: str,
+                  owns: _Ownership) -> list[tuple[str, int, str, str | None]]:
+    """The rows of a month file that no day reads and the window of ``owns`` sets aside, as
+    quarantine entries (see :data:`_SHAPED`): text after (before) what it reads when it is the last
+    (first) day that opens the file; a NULL, numeric or bytes timestamp when it answers for the row
+    before, or when there is none and it is the first."""
     localize = _Localizer(source_tz)
     out = []
-    for rowid, reason, text, prev in _strays(path, lo, hi, first, last, source_tz):
+    for rowid, reason, text, prev in _strays(path, lo, hi, owns.first, owns.last, source_tz):
         if reason == _OUTSIDE_REASON:
             ours = True  # asked for by first / last only
         elif prev is None:
-            ours = first
+            ours = owns.first
         else:
             at = localize._one(prev)
-            if at is not None:
-                ours = start_utc <= at < end_utc or (last and at >= end_utc) or (first and at < start_utc)
-            else:
-                ours = own_lo <= prev < own_hi or (last and prev >= own_hi) or (first and prev < own_lo)
+            ours = owns.time(at) if at is not None else owns.text(prev)
         if ours:
             out.append((str(path), rowid, reason, text))
     return out
@@ -938,9 +953,10 @@ def read_window(
     schema = RAW_CONDOR_SLOT_SNAPSHOTS.schema
     lo_s, hi_s = pa.scalar(start_utc, type=TS_UTC), pa.scalar(end_utc, type=TS_UTC)
 
-    def consumer(path: Path, first: bool = False, last: bool = False) -> _Consume:
-        """``first`` / ``last``: no day before (after) this window opens the file, so its rows read
-        here with a time before (after) the window are set aside here (no day reads them)."""
+    def consumer(path: Path, owns: _Ownership) -> _Consume:
+        """``owns``: the rows the window answers for; where no day before (after) it opens the file,
+        its rows read here with a time before (after) the window are set aside here (no day reads them)."""
+        first, last = owns.first, owns.last
         def consume(batches: Iterator[pa.RecordBatch | pa.Table]) -> _FilePart:
             part, localize = _FilePart(), _Localizer(source_tz)
             made: dict[str, pa.Array] = {}
@@ -962,8 +978,7 @@ def read_window(
                 if pc.any(bad).as_py():
                     for rowid, text in zip(data.column("source_rowid").filter(bad).to_pylist(),
                                            data.column("timestamp_local").filter(bad).to_pylist(), strict=True):
-                        if text is not None and (own_lo <= str(text) < own_hi or (last and str(text) >= own_hi)
-                                                 or (first and str(text) < own_lo)):
+                        if text is not None and owns.text(str(text)):
                             part.rejected.append((str(path), rowid, "unparseable timestamp "
                                                   "(expected YYYY-MM-DD HH:MM:SS.ffffff)", str(text)))
                 if first or last:  # a time no day that opens the file holds
@@ -1016,14 +1031,15 @@ def read_window(
             continue
         # the days either side (adjacent windows) read from ``own_lo + margin`` back and from
         # ``own_hi - margin`` on: whether they open this month's file
-        first = not _opens(lo_local - (hi_local - lo_local), own_lo_local + _MARGIN, month)
-        last = not _opens(own_hi_local - _MARGIN, hi_local + (hi_local - lo_local), month)
+        owns = _Ownership(start_utc, end_utc, own_lo, own_hi,
+                          first=not _opens(lo_local - (hi_local - lo_local), own_lo_local + _MARGIN, month),
+                          last=not _opens(own_hi_local - _MARGIN, hi_local + (hi_local - lo_local), month))
         if path.suffix == ".parquet":
             table, cols = _read_parquet(path, lo, hi, source_tz)
-            part = consumer(path, first, last)(iter([table]))
+            part = consumer(path, owns)(iter([table]))
             part.read_path = "parquet"
         else:
-            part, cols = _read_sqlite(path, lo, hi, consumer(path, first, last), lock_timeout_s)
+            part, cols = _read_sqlite(path, lo, hi, consumer(path, owns), lock_timeout_s)
         result.files.append(str(path))
         result.read_paths[str(path)] = part.read_path
         known = {"timestamp", *SOURCE_COLUMNS}
@@ -1035,7 +1051,7 @@ def read_window(
             result.missing_columns[str(path)] = absent
         parts.extend(part.tables)
         result.rejected.extend(part.rejected)
-        result.rejected.extend(_owned_strays(path, month, start_utc, end_utc, source_tz, lo, hi, first, last))
+        result.rejected.extend(_owned_strays(path, lo, hi, source_tz, owns))
         for name, n in part.lost.items():
             lost[name] = lost.get(name, 0) + n
     result.unparseable_timestamps = len(result.rejected)

@@ -973,24 +973,27 @@ def _stage_next_values(con, group_sql: str, params: list, window: tuple[int, int
     same_gpu = gid[1:] == gid[:-1]
     if bool(np.any(same_gpu & (t[1:] == t[:-1]))):
         return None
-    repeated = _repeated_readings(same_gpu, scanned["sc"].to_numpy()[order],
-                                  *(_in_order(scanned, c, order) for c in ("util", "power", "energy_mj")))
+    # the values in (GPU, time) order, each taken once (null as NaN: _NUM, _PLIMIT)
+    sc = scanned["sc"].to_numpy()[order]
+    ordered = {name: _in_order(scanned, name, order) for name, _ in _NEXT if name != "t"}
+    del scanned, order
+    repeated = _repeated_readings(same_gpu, sc, ordered["util"], ordered["power"], ordered["energy_mj"])
     repeats = int(np.count_nonzero(repeated & (t >= window[0]) & (t < window[1])))
     if repeated.any():
-        order = order[~repeated]
-        gid, t = gid[~repeated], t[~repeated]
+        keep = ~repeated
+        gid, t, sc = gid[keep], t[keep], sc[keep]
+        ordered = {name: values[keep] for name, values in ordered.items()}
         same_gpu = gid[1:] == gid[:-1]
     n = len(gid)
     last = np.ones(n, dtype=bool)  # a GPU's last sample: no next one
     last[:-1] = ~same_gpu
-    sc = scanned["sc"].to_numpy()[order]
     other_source = np.zeros(n, dtype=bool)  # the next sample is another source's: no counter delta
     other_source[:-1] = sc[1:] != sc[:-1]
     del sc
     columns: dict[str, pa.Array] = {"gid": pa.array(gid)}
     nexts: dict[str, pa.Array] = {"lc": _neighbour_cadence(t, last)}
     for name, next_name in _NEXT:
-        values = t if name == "t" else _in_order(scanned, name, order)
+        values = t if name == "t" else ordered.pop(name)
         following = np.empty_like(values)
         following[:-1] = values[1:]
         if name == "t":
@@ -1005,7 +1008,6 @@ def _stage_next_values(con, group_sql: str, params: list, window: tuple[int, int
             running = np.cumsum(have)
             starts = np.flatnonzero(np.r_[True, ~same_gpu])
             power_count = running - np.repeat(running[starts] - have[starts], np.diff(np.r_[starts, n]))
-    del scanned
     con.register("_eff_samples", pa.table({**columns, **nexts, "pn": pa.array(power_count)}))
     return repeats
 

@@ -1460,17 +1460,20 @@ def _parse_dcgm_lines(path_or_text: str | Path, host: str | None, default_us: in
         return _parse_dcgm_lines(path_or_text, host, default_us, source_file, whole_file=False)
 
 
-def _parse_dcgm_families(lines: Callable[[], Iterator[str]], pivot: _DcgmPivot, host: str | None,
+def _parse_dcgm_families(text_lines: Callable[[], Iterator[str]], pivot: _DcgmPivot, host: str | None,
                          default_us: int | None, src: str | None) -> ParseResult:
     quarantine: list[QuarantinedLine] = []
-    whole = lines
-    cut = [QuarantinedLine(ln, UNTERMINATED_REASON, str(raw), src)
-           for ln, raw in enumerate(whole(), 1) if isinstance(raw, _Unterminated) and raw.strip()]
+    cut: dict[int, QuarantinedLine] = {}  # the cut last line, noted while the text is read
 
-    def lines() -> Iterator[str]:  # noqa: F811 - the text without its cut last line
-        return (raw for raw in whole() if not isinstance(raw, _Unterminated))
+    def lines() -> Iterator[str]:
+        """The text without its cut last line (the only line that can be cut: no later line)."""
+        for ln, raw in enumerate(text_lines(), 1):
+            if isinstance(raw, _Unterminated):
+                if raw.strip():
+                    cut[ln] = QuarantinedLine(ln, UNTERMINATED_REASON, str(raw), src)
+                return
+            yield raw
 
-    quarantine += cut
     try:
         pivot.add_families(lines())
     except _ExpositionError as first:
@@ -1495,7 +1498,7 @@ def _parse_dcgm_families(lines: Callable[[], Iterator[str]], pivot: _DcgmPivot, 
             raise ValueError(
                 f"{src or 'DCGM text'}: still unparseable after setting aside line(s) {numbers}: {second}"
             ) from second.original
-    return _finish(pivot.columns(), quarantine, pivot.counters, [src] if src else [])
+    return _finish(pivot.columns(), [*cut.values(), *quarantine], pivot.counters, [src] if src else [])
 
 
 # The fast path's sample tokens: a value the exposition parser's number rule reads as Python's

@@ -40,6 +40,7 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
         parsed = parse_task_runs(d / "application-checkpoints.csv", xy if xy.is_file() else None)
 
     first_run_day = None
+    set_aside = parsed.quarantine_table() if parsed is not None else None  # the file's lines set aside
     if parsed is not None:
         from gpu_pipeline.defs.partitions import TIMEZONE
         from gpu_pipeline.lib.timeutil import to_local_naive
@@ -47,7 +48,7 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
         # the file's first day: of its first run, or its first event set aside with a time, else of
         # the file's last change (a file of lines without any readable time)
         times = [t for t in (pc.min(parsed.table["start_utc"]).as_py() if parsed.table.num_rows else None,
-                             pc.min(parsed.quarantine_table()["record_utc"]).as_py()) if t is not None]
+                             pc.min(set_aside["record_utc"]).as_py()) if t is not None]
         first = min(times) if times else dt.datetime.fromtimestamp(
             Path(parsed.files[0]).stat().st_mtime, dt.UTC) if parsed.files else None
         first_run_day = to_local_naive(first, TIMEZONE).date().isoformat() if first is not None else None
@@ -63,7 +64,7 @@ def task_runs(context: dg.AssetExecutionContext, data_store: DataStoreResource, 
             runs = t.filter(pc.and_(pc.greater_equal(t["start_utc"], s), pc.less(t["start_utc"], e)))
             # lines set aside are reported on the day their time falls in; lines without a readable
             # time on the file's first day
-            q = parsed.quarantine_table()
+            q = set_aside
             when = q["record_utc"]
             first_day = day == first_run_day
             keep = pc.or_(
