@@ -17,8 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from gpu_pipeline.bench import (
+    _bare_queries,
     _best_interleaved,
+    _fits,
     _RssSampler,
+    _targets,
     compare_with_pipeline,
     main_bench,
     write_as_sampler_files,
@@ -296,6 +299,10 @@ def test_bench_smoke_writes_json(tmp_path, capsys, monkeypatch):
     assert steps["metrics__gpu_states"]["rows_in"] == size["simulation"]["slot_rows"]
     r = size["ratios"]
     assert r["pipeline"]["seconds"] > 0 and r["bare_scan"]["seconds"] > 0 and r["pipeline_vs_bare_scan"]["states"] > 0
+    # timed under the run's DuckDB settings, not this process's defaults; the rows they read: the
+    # day and the hour before it, of the two days' files
+    assert (r["duckdb_threads"], r["duckdb_memory_limit"]) == (1, "953.6 MiB")
+    assert 0 < r["input_rows"] <= r["file_rows"]  # (one day: no file of the day before)
     assert "skipped" in r["baseline"]  # --baseline-max-gpus 0: the equality tests above cover the baseline
     assert all(s.get("peak_rss_mib") for s in steps.values())
     # CPU seconds: per step (sampled with the RSS), and the run's, which hold the steps'
@@ -498,3 +505,107 @@ def test_the_default_budget_keeps_one_10000_gpu_day_at_30_seconds():
     step, why = choose_telemetry_interval(10_000, 2, 30, MAX_TELEMETRY_SAMPLES)
     assert step == 60 and "57,600,000 samples" in why and "30,000,000" in why
     assert choose_telemetry_interval(10_000, 1, 30, MAX_TELEMETRY_SAMPLES, 20 * 1024**3)[0] == 60  # disk short
+
+
+# -- what the bench compares and judges --------------------------------------------------------------
+
+
+def test_the_equality_check_compares_each_states_snapshot_time_and_usage(pool):
+    args = (pool["states"], pool["buckets"], pool["daily"])
+    assert compare_with_pipeline(*args, pool["b_states"], pool["b_buckets"], pool["b_daily"])["equal"]
+    b_states = pool["b_states"].copy()
+    b_states.loc[b_states.index[5], "snapshot_utc"] = b_states["snapshot_utc"].iloc[5] - pd.Timedelta(minutes=5)
+    b_states.loc[b_states.index[7], "gpu_usage_pct"] = 12.5 if pd.isna(b_states["gpu_usage_pct"].iloc[7]) else np.nan
+    res = compare_with_pipeline(*args, b_states, pool["b_buckets"], pool["b_daily"])
+    assert (res["state_snapshot_utc_mismatches"], res["state_gpu_usage_pct_mismatches"], res["equal"]) == (1, 1, False)
+
+
+def test_the_bare_scan_reads_the_states_columns_and_rows_and_ranks_as_design(tmp_path):
+    """DESIGN 5.1: another primary state (Drained) outranks an unclaimed backfill slot; the scan reads
+    the hour before the window, as the states do for the first bucket's carried snapshot, and gives
+    each winner the columns the state SQL reads."""
+    from gpu_pipeline.lib.states import STATE_COLUMNS
+
+    start = dt.datetime(2025, 8, 5, 5, tzinfo=dt.UTC)
+    end = start + dt.timedelta(days=1)
+
+    def row(minutes, slot, state, backfill):
+        return {"snapshot_utc": start + dt.timedelta(minutes=minutes), "gpu_id": "GPU-aaaa0001",
+                "slot_name": slot, "host": "h1", "device_name": "NVIDIA A100", "tier": "priority",
+                "is_backfill_slot": backfill, "slot_state": state, "global_job_id": None, "remote_owner": None,
+                "gpu_usage_pct": None}
+
+    rows = [row(1, "slot1@h1", "Drained", False), row(1, "backfill1@h1", "Unclaimed", True),
+            row(-30, "slot1@h1", "Claimed", False), row(-90, "slot1@h1", "Claimed", False)]
+    table = conform(pa.Table.from_pylist(rows), CLEAN_SLOT_SNAPSHOTS)
+    pq.write_table(table, tmp_path / "p.parquet")
+    con = connect()
+    try:
+        out = con.sql(_bare_queries([str(tmp_path / "p.parquet")], start, end)["states"],
+                      params={"files": [str(tmp_path / "p.parquet")], "start": start, "end": end}).to_arrow_table()
+    finally:
+        con.close()
+    got = {r["b"]: r for r in out.to_pylist()}
+    assert sorted(got) == [-6, 0]  # 30 minutes before the window read, 90 minutes before not
+    assert got[0]["winner"]["slot_state"] == "Drained" and got[0]["winner"]["slot_name"] == "slot1@h1"
+    assert set(got[0]["winner"]) == set(STATE_COLUMNS) - {"gpu_id", "is_backfill_slot"}
+
+
+def _size(gpus, interval, run_wall, no_tele_wall, days=7, estimate=None):
+    tele = run_wall - no_tele_wall
+    p = {"success": True, "run_wall_s": run_wall, "per_day_s": run_wall / days,
+         "per_day_excl_plots_s": run_wall / days, "peak_rss_mib": {"self": 900.0},
+         "steps": [{"wall_s": no_tele_wall, "assets": {"metrics/gpu_states": 1}},
+                   {"wall_s": tele, "assets": {"raw/gpu_telemetry": 1}}],
+         "runs_in_instance": 1, "step_starts_total": 2, "steps_count": 2, "orchestration_overhead_s": 0.0,
+         "launch_overhead_s": 0.0}
+    if estimate is not None:
+        p["at_requested_telemetry_estimate"] = {"per_day_s": estimate, "per_day_excl_plots_s": estimate - 1,
+                                                "method": "measured on a slice"}
+    return {"gpus": gpus, "days": days, "gpu_days": gpus * days, "telemetry_interval_s": interval, "pipeline": p}
+
+
+def _judged(sizes):
+    result = {"config": {"telemetry_interval_s": 30}, "sizes": sizes}
+    result["linear_fit"] = _fits(sizes)
+    return {t["target"]: t for t in _targets(result)}
+
+
+def test_a_size_run_at_coarser_telemetry_is_judged_on_its_estimate_and_its_memory_not_at_all():
+    # 1,000 GPUs at 60 s: 28 s over 7 days (4 s a day, under the 5 s) but 8 s a day at 30 s (estimate)
+    t = _judged([_size(100, 30, 14.0, 10.0), _size(1000, 60, 28.0, 20.0, estimate=9.0)])
+    excl = t["1,000 GPUs: every daily asset except plots, wall per day at 30 s telemetry (estimate)"]
+    assert (excl["measured"], excl["passed"]) == (8.0, False)
+    assert t["1,000 GPUs: with plots, wall per day at 30 s telemetry (estimate)"]["passed"] is False
+    rss = t["1,000 GPUs: peak RSS (NOT JUDGED: fewer samples than the target's)"]
+    assert (rss["measured"], rss["passed"]) == (900.0, None)
+    assert not any(name.startswith("1,000 GPUs: every daily asset except plots, wall per day") and "estimate" not in name
+                   for name in t)
+    # at the requested cadence the run itself is judged
+    t = _judged([_size(1000, 30, 28.0, 20.0)])
+    assert t["1,000 GPUs: every daily asset except plots, wall per day"]["passed"] is True
+    assert t["1,000 GPUs: peak RSS"]["passed"] is True
+
+
+def test_the_10000_gpu_extrapolation_is_per_day_of_the_range_and_not_judged_on_a_falling_line():
+    sizes = [_size(100, 30, 20.0, 14.0), _size(1000, 30, 60.0, 35.0)]
+    fit = _fits(sizes)
+    line = fit["steps_excluding_telemetry_s"]
+    expected = line["intercept_s"] / 7 + line["slope_s_per_gpu_day"] * 10_000
+    assert fit["extrapolated_10000_gpus_per_day_excl_telemetry_s"] == pytest.approx(expected)
+    name = "10,000 GPUs: wall per day without the telemetry steps (EXTRAPOLATED, not measured)"
+    assert _judged(sizes)[name]["passed"] is True  # 3.0 s / 7 + 0.003 s x 10,000 = 30.4 s
+    # the larger size faster than the smaller (noise): a falling line says nothing
+    t = _judged([_size(100, 30, 20.0, 14.0), _size(1000, 30, 19.0, 13.0)])[name]
+    assert t["passed"] is None and "slope" in t["detail"]
+
+
+def test_linearity_is_judged_on_the_steps_other_than_telemetry_when_cadences_differ():
+    # the run walls bend (telemetry at 300 s for the largest), the other steps lie on a line
+    sizes = [_size(100, 30, 30.0, 10.0), _size(1000, 30, 210.0, 100.0), _size(10_000, 300, 1100.0, 1000.0)]
+    t = _judged(sizes)
+    (name,) = [n for n in t if n.startswith("cost linear")]
+    assert "steps other than telemetry" in name and t[name]["measured"] == pytest.approx(1.0)
+    assert _fits(sizes)["same_telemetry_cadence"] is False
+    # the 10,000-GPU size ran coarser: judged on its estimate, which it lacks here
+    assert t["10,000 GPUs: wall per day at 30 s telemetry (estimate)"]["passed"] is None
