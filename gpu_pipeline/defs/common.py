@@ -233,6 +233,23 @@ class SelectedStore:
         return getattr(self._store, name)
 
 
+def write_unless_empty(context: dg.AssetExecutionContext, store: Any, spec: TableSpec, day: str, empty: bool,
+                       write: Callable[[], WriteResult], what: str) -> WriteResult:
+    """``write()`` the day's raw partition, unless the configured source gave nothing for the day
+    (``empty``) and an earlier run wrote rows there: those are kept (:meth:`Store.kept_partition`), and
+    the day's blocking check still fails, naming the day."""
+    if empty and (kept := store.kept_partition(spec, day)) is not None:
+        context.log.warning(f"{day}: {what}; {spec.layer}/{spec.name} keeps the partition an earlier run wrote "
+                            f"({kept.rows:,} rows) instead of replacing it with an empty one")
+        return kept
+    return write()
+
+
+def kept_days(outcomes: list[DayOutcome]) -> list[str]:
+    """The days whose partition was kept as an earlier run wrote it (:func:`write_unless_empty`)."""
+    return [o.day for o in outcomes if o.result is not None and o.result.kept]
+
+
 def gate_check(spec: dg.AssetCheckSpec, outcomes: list[DayOutcome], label: str,
                bad_days: list[str] | dict[str, Any], *, applies: bool = True, **metadata: Any
                ) -> dg.AssetCheckResult:

@@ -51,6 +51,9 @@ class WriteResult:
     rows: int
     bytes: int
     sha256: str | None = None  #: the file's SHA-256 (hex), where the writer was asked for it
+    #: the partition written before, kept as it was: the source gave nothing for the day
+    #: (:meth:`Store.kept_partition`)
+    kept: bool = False
 
     @property
     def uri(self) -> str:
@@ -378,6 +381,22 @@ class Store:
     # -- reading -------------------------------------------------------------------------------
     def has_partition(self, spec: TableSpec, day: dt.date | str) -> bool:
         return self.partition_file(spec, day).is_file()
+
+    def kept_partition(self, spec: TableSpec, day: dt.date | str) -> WriteResult | None:
+        """The day's partition as it is (``kept``), where it holds rows; else None. A raw day whose
+        configured source now gives nothing (a month archive rotated away, telemetry files pruned on
+        the nodes, job records expired from the index, a mount missing) keeps what an earlier run
+        wrote instead of replacing it with an empty file: the data is not lost, and the tables
+        downstream, which the day's failed check stops or which read the kept rows again, stay
+        consistent with it. A file that cannot be read as Parquet is not kept."""
+        path = self.partition_file(spec, day)
+        try:
+            with pq.ParquetFile(path) as f:
+                rows = f.metadata.num_rows
+            size = path.stat().st_size
+        except (OSError, pa.ArrowException):
+            return None
+        return WriteResult(path=str(path), rows=rows, bytes=size, kept=True) if rows else None
 
     def partition_days(self, spec: TableSpec) -> list[str]:
         base = self.table_dir(spec)

@@ -222,3 +222,90 @@ def test_an_empty_optional_source_stops_only_what_reads_it(tmp_path, store_res, 
             "plots/evictions_by_hour", "clean/task_runs", "metrics/allocation_daily"} <= mats
     assert not mats & {"plots/demand_capacity_panels", "plots/efficiency_scatter", "metrics/task_gpu_means",
                        "clean/kueue_demand", "clean/gpu_samples"}
+
+
+def _kept_day(result, key: str) -> tuple[list, dict]:
+    """The failed blocking check's kept days, and the day's materialization metadata."""
+    (ev,) = [e for e in result.get_asset_check_evaluations()
+             if e.asset_key.to_user_string() == key and e.check_name.startswith("has_")]
+    (mat,) = [m.event_specific_data.materialization for m in result.get_asset_materialization_events()
+              if m.event_specific_data.materialization.asset_key.to_user_string() == key]
+    assert ev.passed is False
+    return ev.metadata["days_kept_as_written_before"].value, mat.metadata
+
+
+@pytest.mark.parametrize("source", ["slots", "telemetry", "jobs", "kueue"])
+def test_a_re_run_whose_source_gives_nothing_keeps_the_day_written_before(tmp_path, store_res, source):
+    """A month archive rotated away, telemetry pruned on the nodes, job records expired, a scrape
+    folder emptied: re-running the day fails its blocking check, and the raw partition an earlier run
+    wrote (and its quarantine) stays as it was instead of being emptied under the tables downstream,
+    which the check stops. Without an earlier partition, the empty day is written as before."""
+    from gpu_pipeline.defs.clean.kueue_demand import kueue_demand
+    from gpu_pipeline.defs.raw.kueue_scrapes import kueue_scrapes
+    from gpu_pipeline.defs.resources import KueueResource
+    from gpu_pipeline.lib.kueue_source import RAW_KUEUE_SCRAPES
+    from gpu_pipeline.lib.schemas import (
+        QUARANTINE_CONDOR_RAW,
+        QUARANTINE_GPU_TELEMETRY,
+        RAW_CONDOR_SLOT_SNAPSHOTS,
+        RAW_GPU_TELEMETRY,
+        RAW_JOB_DOCUMENTS,
+    )
+
+    src = tmp_path / "src"
+    src.mkdir()
+    if source == "slots":
+        write_gpu_state_db(src / "gpu_state_2025-08.db",
+                           [slot_row("2025-08-05 10:00:01.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed"),
+                            slot_row("2025-08-05 10:05:01.000000", "slot1", "GPU-aaaaaaaa", "Claimed")])
+        assets, spec, quarantine, key = [condor_slot_snapshots, slot_snapshots], RAW_CONDOR_SLOT_SNAPSHOTS, \
+            QUARANTINE_CONDOR_RAW, "raw/condor_slot_snapshots"
+        res = {"condor_archive": CondorArchiveResource(archive_dir=str(src))}
+    elif source == "telemetry":
+        nvsmi_log(src / "nvidia-smi" / "gpu01" / "nvidia-smi-2025-08-05.csv", dt.datetime(2025, 8, 5), 24 * 60)
+        with (src / "nvidia-smi" / "gpu01" / "nvidia-smi-2025-08-05.csv").open("a") as fh:
+            fh.write("2025/08/05 07:30:00.000, 0, broken\n")  # a quarantined line
+        assets, spec, quarantine, key = [gpu_telemetry, gpu_samples], RAW_GPU_TELEMETRY, QUARANTINE_GPU_TELEMETRY, \
+            "raw/gpu_telemetry"
+        res = {"telemetry": TelemetryResource(telemetry_dir=str(src))}
+    elif source == "jobs":
+        (src / "jobs-2025-08-05.ndjson").write_text(
+            json.dumps(job_doc("s#1.0#1", epoch("2025-08-05T10:00:00"), epoch("2025-08-05T12:00:00"))) + "\n")
+        assets, spec, quarantine, key = [job_documents, jobs], RAW_JOB_DOCUMENTS, None, "raw/job_documents"
+        res = {"job_records": JobRecordsResource(files_dir=str(src))}
+    else:
+        for hhmm in ("1000", "1015"):
+            (src / f"kueue-20250805T{hhmm}00Z.prom").write_text(
+                'kueue_pending_workloads{cluster_queue="cq-a",status="active"} 2\n')
+        assets, spec, quarantine, key = [kueue_scrapes, kueue_demand], RAW_KUEUE_SCRAPES, None, "raw/kueue_scrapes"
+        res = {"kueue": KueueResource(scrape_dir=str(src))}
+    res["data_store"] = store_res
+    store = Store(tmp_path / "data")
+    result, checks, _ = run(assets, res)
+    assert result.success
+    written = store.partition_file(spec, DAY).read_bytes()
+    rows = store.read_table(spec, DAY).num_rows
+    assert rows > 0
+    if quarantine is not None:
+        quarantined = store.read_table(quarantine, DAY).num_rows
+        assert quarantined == (1 if source == "telemetry" else 0)
+
+    for f in src.rglob("*"):  # the source gives nothing for the day now
+        if f.is_file():
+            f.unlink()
+    result, checks, mats = run(assets, res)
+    kept, md = _kept_day(result, key)
+    assert kept == [DAY] and md["kept_previous_partition"].value == {"rows": rows} | (
+        {"rows_rejected_now": 0} if source == "slots" else {})
+    assert md["dagster/row_count"].value == rows
+    assert store.partition_file(spec, DAY).read_bytes() == written  # untouched
+    if quarantine is not None:
+        assert store.read_table(quarantine, DAY).num_rows == quarantined
+    assert len(mats) == 1  # the blocking check stopped the table downstream
+
+    store.partition_file(spec, DAY).unlink()  # no earlier partition: the empty day is written
+    result, checks, _ = run(assets, res)
+    assert store.read_table(spec, DAY).num_rows == 0
+    (ev,) = [e for e in result.get_asset_check_evaluations()
+             if e.asset_key.to_user_string() == key and e.check_name.startswith("has_")]
+    assert ev.passed is False and ev.metadata["days_kept_as_written_before"].value == []

@@ -6,10 +6,12 @@ from gpu_pipeline.defs.common import (
     DayOutcome,
     daily_table_asset,
     gate_check,
+    kept_days,
     materialize_result,
     run_days,
     table_key,
     window,
+    write_unless_empty,
 )
 from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
 from gpu_pipeline.lib.condor_archive import LATER_COLUMNS, read_window, rejected_rows
@@ -61,10 +63,20 @@ def condor_slot_snapshots(
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
         read = read_window(condor_archive.path, start, end, condor_archive.source_timezone)
-        # streamed into the file (no second copy of a 5 M-row day as Parquet bytes in memory)
-        result = store.write_partition_batches(SPEC, day, conform(read.table, SPEC).to_batches())
-        store.write_partition(QUARANTINE_RAW, day, rejected_rows(read))
+
+        def write():
+            # streamed into the file (no second copy of a 5 M-row day as Parquet bytes in memory)
+            written = store.write_partition_batches(SPEC, day, conform(read.table, SPEC).to_batches())
+            store.write_partition(QUARANTINE_RAW, day, rejected_rows(read))
+            return written
+
+        # an archive that gives no snapshot for the day keeps what an earlier run wrote (and its
+        # quarantine), rather than emptying the day
+        result = write_unless_empty(context, store, SPEC, day, not read.snapshots, write,
+                                    "the archive gives no snapshot for the day")
         details = {"source_files": read.files, "read_paths": read.read_paths}
+        if result.kept:
+            details["kept_previous_partition"] = {"rows": result.rows, "rows_rejected_now": len(read.rejected)}
         if read.missing_months:
             details["missing_months"] = read.missing_months
             context.log.warning(f"{day}: no archive for month(s) {read.missing_months}")
@@ -83,5 +95,6 @@ def condor_slot_snapshots(
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("snapshots")]
-    check = gate_check(HAS_SNAPSHOTS, outcomes, "days_without_snapshots", empty)
+    check = gate_check(HAS_SNAPSHOTS, outcomes, "days_without_snapshots", empty,
+                       days_kept_as_written_before=kept_days(outcomes))
     return materialize_result(SPEC, outcomes, check_results=[check, drift_check(outcomes)])

@@ -7,6 +7,7 @@ from gpu_pipeline.defs.common import (
     DayOutcome,
     daily_table_asset,
     gate_check,
+    kept_days,
     materialize_result,
     run_days,
     table_key,
@@ -55,11 +56,17 @@ def gpu_telemetry(
             terapixel_dir=telemetry.terapixel_dir or None,
             nvidia_smi_fields=telemetry.nvidia_smi_fields_value(),
         )
-        # the day's rows written a few files at a time, spilled and sorted by time slab when large
-        result = write_raw_samples(store, day, stream)
-        # Lines the parsers could not read are kept with the reason (always written, so a re-run replaces).
+        # the day's rows written a few files at a time, spilled and sorted by time slab when large; a
+        # source that gives no sample for the day keeps what an earlier run wrote (and its quarantine)
+        result = write_raw_samples(store, day, stream, keep_if_empty=telemetry.enabled)
         quarantine = stream.quarantine if stream.quarantine is not None else QUARANTINE_GPU_TELEMETRY.empty()
-        store.write_partition(QUARANTINE_GPU_TELEMETRY, day, quarantine)
+        if result.kept:
+            context.log.warning(f"{day}: the telemetry sources give no sample for the day; raw/gpu_telemetry keeps "
+                                f"the partition an earlier run wrote ({result.rows:,} rows) instead of replacing it "
+                                "with an empty one")
+        else:
+            # Lines the parsers could not read are kept with the reason (always written, so a re-run replaces).
+            store.write_partition(QUARANTINE_GPU_TELEMETRY, day, quarantine)
         # kept with the file's digest: the coverage metric reads it back for the clean copy of these bytes
         cov = partition_coverage(store, SPEC, day, TELEMETRY_TIME, list(TELEMETRY_SERIES), start, end)
         covs[day] = cov.coverage
@@ -69,20 +76,25 @@ def gpu_telemetry(
         if unread:
             context.log.warning(f"{day}: {unread} file(s) in the telemetry host folders are not read "
                                 "(not *.csv / *.prom, optionally .N, .gz or .zst)")
-        metrics = {"samples": result.rows, "lines_quarantined": quarantine.num_rows, "files_not_recognized": unread}
+        metrics = {"samples": 0 if result.kept else result.rows, "lines_quarantined": quarantine.num_rows,
+                   "files_not_recognized": unread}
         # values read as null, not as numbers: NaN (nvidia-smi's "nan W", an exporter's NaN) and DCGM's
         # "blank" sentinels, summed over the readers (their counters are "<kind>:<name>")
         for name in VALUE_COUNTERS:
             metrics[name] = int(sum(v for k, v in stream.counters.items()
                                     if k == name or k.endswith((f":{name}", f"_{name}"))))
         metrics.update(cov.as_metadata("telemetry"))
-        return DayOutcome(day=day, result=result, metrics=metrics, details={"files": len(stream.files)})
+        details: dict = {"files": len(stream.files)}
+        if result.kept:
+            details["kept_previous_partition"] = {"rows": result.rows}
+        return DayOutcome(day=day, result=result, metrics=metrics, details=details)
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("samples")]
     low = {d: round(c, 4) for d, c in covs.items() if c < MIN_COVERAGE}
     checks = [
-        gate_check(HAS_SAMPLES, outcomes, "days_without_samples", empty, applies=telemetry.enabled),
+        gate_check(HAS_SAMPLES, outcomes, "days_without_samples", empty, applies=telemetry.enabled,
+                   days_kept_as_written_before=kept_days(outcomes)),
         gate_check(COVERAGE, outcomes, "below_threshold", low, applies=telemetry.enabled, coverage_by_day=covs),
     ]
     return materialize_result(SPEC, outcomes, check_results=checks)

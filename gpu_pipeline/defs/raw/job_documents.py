@@ -6,10 +6,12 @@ from gpu_pipeline.defs.common import (
     DayOutcome,
     daily_table_asset,
     gate_check,
+    kept_days,
     materialize_result,
     run_days,
     table_key,
     window,
+    write_unless_empty,
 )
 from gpu_pipeline.defs.resources import DataStoreResource, JobRecordsResource
 from gpu_pipeline.lib.job_source import FileDocsCache, RawDocs, raw_docs_from_es, raw_docs_from_files
@@ -45,13 +47,19 @@ def job_documents(
                                       cache=files_cache)
         else:
             raw = RawDocs(table=SPEC.empty())
-        result = store.write_partition(SPEC, day, raw.table)
+        result = write_unless_empty(context, store, SPEC, day, mode != "off" and not raw.table.num_rows,
+                                    lambda: store.write_partition(SPEC, day, raw.table),
+                                    "the job-record source gives no document for the day")
         metrics = {"documents": raw.table.num_rows}
         if raw.es_total is not None:
             metrics.update(es_hits_total=raw.es_total, es_pages=raw.es_pages or 0, es_retries=raw.es_retries or 0)
-        return DayOutcome(day=day, result=result, metrics=metrics, details={"files": raw.files, "mode": mode})
+        details = {"files": raw.files, "mode": mode}
+        if result.kept:
+            details["kept_previous_partition"] = {"rows": result.rows}
+        return DayOutcome(day=day, result=result, metrics=metrics, details=details)
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("documents")]
-    check = gate_check(HAS_DOCUMENTS, outcomes, "days_without_documents", empty, applies=mode != "off", mode=mode)
+    check = gate_check(HAS_DOCUMENTS, outcomes, "days_without_documents", empty, applies=mode != "off", mode=mode,
+                       days_kept_as_written_before=kept_days(outcomes))
     return materialize_result(SPEC, outcomes, check_results=[check])
