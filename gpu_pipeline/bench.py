@@ -666,10 +666,14 @@ def _run_pipeline_child(base: Path, start: dt.date, end: dt.date, profile_to: Pa
 
 
 def _bare_queries(files: list[str], start: dt.datetime, end: dt.datetime) -> dict[str, str]:
-    """The bound for the metric SQL: each table's columns the pipeline's query reads, over the rows it
-    reads (the window and the hour before it, as the states and allocation read them for the first
+    """The bound for the metric SQL: each table's columns that the pipeline's query reads, over the rows
+    it reads (the window and the hour before it, as the states and allocation read them for the first
     bucket's carried snapshot), in one scan and one GROUP BY, without the bucket assignment, the
-    carry, the dropout reasons or the output's order."""
+    carry, the dropout reasons or the output's order. The states' scan gives each (bucket, GPU) its
+    winner's key (DESIGN 5.1's rank, then the latest snapshot) and counts every other column the
+    state SQL reads, so that each is read and decoded as there; it does not carry the winner's
+    columns through the aggregation (``arg_max`` of them all takes longer than the pipeline's way:
+    winners by row, their columns read back)."""
     from gpu_pipeline.lib.allocation import ALLOCATION_COLUMNS
     from gpu_pipeline.lib.states import LOOKBACK, STATE_COLUMNS
 
@@ -678,18 +682,18 @@ def _bare_queries(files: list[str], start: dt.datetime, end: dt.datetime) -> dic
               "AND snapshot_utc < CAST($end AS TIMESTAMPTZ)")
     bucket = "(epoch_us(snapshot_utc) - epoch_us(CAST($start AS TIMESTAMPTZ))) // 300000000"
     # DESIGN 5.1's rank: claimed primary > claimed backfill > unclaimed primary > other primary state >
-    # unclaimed backfill; the latest snapshot within a rank
+    # unclaimed backfill; the latest snapshot within a rank (the rank above 2^51 us, 71 years)
     rank = """CASE WHEN NOT is_backfill_slot AND slot_state = 'Claimed' THEN 5
                    WHEN is_backfill_slot AND slot_state = 'Claimed' THEN 4
                    WHEN NOT is_backfill_slot AND slot_state = 'Unclaimed' THEN 3
                    WHEN NOT is_backfill_slot THEN 2
                    WHEN slot_state = 'Unclaimed' THEN 1 ELSE 0 END"""
-    winner = ", ".join(c for c in STATE_COLUMNS if c not in ("gpu_id", "is_backfill_slot"))
+    key = f"({rank})::BIGINT * {1 << 51} + epoch_us(snapshot_utc)"
+    counted = ", ".join(f"count({c}) AS n_{c}" for c in STATE_COLUMNS if c not in ("gpu_id", "snapshot_utc"))
     return {
-        # state: one winner per (bucket, GPU) by the rank of its rows, with its columns
+        # state: the winner's key per (bucket, GPU), every column the state reads read
         "states": f"""
-            SELECT {bucket} AS b, gpu_id, arg_max(struct_pack({winner}), ({rank}, snapshot_utc)) AS winner,
-                   count(*) AS n
+            SELECT {bucket} AS b, gpu_id, max({key}) AS winner_key, {counted}
             FROM (SELECT {", ".join(STATE_COLUMNS)} FROM read_parquet($files)) WHERE {window} GROUP BY ALL""",
         # allocation: unique claimed / capacity GPUs per (bucket, tier, device)
         "allocation": f"""

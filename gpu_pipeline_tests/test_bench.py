@@ -522,8 +522,8 @@ def test_the_equality_check_compares_each_states_snapshot_time_and_usage(pool):
 
 def test_the_bare_scan_reads_the_states_columns_and_rows_and_ranks_as_design(tmp_path):
     """DESIGN 5.1: another primary state (Drained) outranks an unclaimed backfill slot; the scan reads
-    the hour before the window, as the states do for the first bucket's carried snapshot, and gives
-    each winner the columns the state SQL reads."""
+    the hour before the window, as the states do for the first bucket's carried snapshot, and every
+    column the state SQL reads."""
     from gpu_pipeline.lib.states import STATE_COLUMNS
 
     start = dt.datetime(2025, 8, 5, 5, tzinfo=dt.UTC)
@@ -547,8 +547,10 @@ def test_the_bare_scan_reads_the_states_columns_and_rows_and_ranks_as_design(tmp
         con.close()
     got = {r["b"]: r for r in out.to_pylist()}
     assert sorted(got) == [-6, 0]  # 30 minutes before the window read, 90 minutes before not
-    assert got[0]["winner"]["slot_state"] == "Drained" and got[0]["winner"]["slot_name"] == "slot1@h1"
-    assert set(got[0]["winner"]) == set(STATE_COLUMNS) - {"gpu_id", "is_backfill_slot"}
+    rank, at = divmod(got[0]["winner_key"], 1 << 51)
+    assert (rank, at) == (2, int((start + dt.timedelta(minutes=1)).timestamp() * 1e6))  # Drained primary
+    assert got[0]["n_slot_state"] == 2 and got[0]["n_global_job_id"] == 0  # every column read, nulls not counted
+    assert {f"n_{c}" for c in STATE_COLUMNS} - {"n_gpu_id", "n_snapshot_utc"} <= set(got[0])
 
 
 def _size(gpus, interval, run_wall, no_tele_wall, days=7, estimate=None):
