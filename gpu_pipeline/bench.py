@@ -304,24 +304,14 @@ def _child_env(base: Path, start: dt.date, duckdb_memory_limit: str) -> dict[str
     return env
 
 
-@contextlib.contextmanager
-def run_settings(duckdb_memory_limit: str) -> Iterable[None]:
+def run_settings(duckdb_memory_limit: str) -> contextlib.AbstractContextManager[None]:
     """The measured run's DuckDB settings (its memory limit, and the threads that follow from it) for
     the library calls this process times beside the run: the ratios and the telemetry comparisons run
     under the limits the run had, not under DuckDB's defaults (all of the machine's memory and one
     thread a core)."""
-    before = os.environ.get(ENV_MEMORY_LIMIT)
-    if duckdb_memory_limit:
-        os.environ[ENV_MEMORY_LIMIT] = duckdb_memory_limit
-    else:
-        os.environ.pop(ENV_MEMORY_LIMIT, None)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(ENV_MEMORY_LIMIT, None)
-        else:
-            os.environ[ENV_MEMORY_LIMIT] = before
+    from gpu_pipeline.lib.envutil import scoped_env
+
+    return scoped_env(ENV_MEMORY_LIMIT, duckdb_memory_limit or None)
 
 
 def _duckdb_settings() -> dict[str, Any]:

@@ -11,10 +11,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 
 @contextlib.contextmanager
-def scoped_env(key: str, value: str) -> Iterator[None]:
-    """Run with ``os.environ[key] = value``; afterwards the variable is as it was (unset if it was)."""
+def scoped_env(key: str, value: str | None) -> Iterator[None]:
+    """Run with ``os.environ[key] = value`` (unset where ``value`` is None); afterwards the variable
+    is as it was (unset if it was)."""
     previous = os.environ.get(key)
-    os.environ[key] = value
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
     try:
         yield
     finally:
