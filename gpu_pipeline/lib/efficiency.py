@@ -237,7 +237,8 @@ JOB_EFFICIENCY = TableSpec(
             _f("global_job_id", pa.string(), "HTCondor GlobalJobId", nullable=False),
             _f("run_index", pa.int32(), "0-based run (epoch) index", nullable=False),
             _f("host", pa.string(), "Execute host"),
-            _f("device_name", pa.string(), "GPU model of the run's GPUs (from telemetry)"),
+            _f("device_name", pa.string(), "GPU model of the run's GPUs (from telemetry); the models joined "
+               "with ' + ' (in name order) when its GPUs are of several"),
             _f("gpus", pa.int32(), "Whole GPUs in assigned_gpus", nullable=False),
             _f("mig_devices", pa.int32(), "MIG devices in assigned_gpus (not measured)", nullable=False),
             _f("run_start_utc", TS, "Run start, clipped to the day", nullable=False),
@@ -1416,7 +1417,9 @@ def _jobs(con, have_states) -> pa.Table:
         WITH per_gpu2 AS (
             SELECT * FROM _eff_jobpart WHERE cov_us IS NOT NULL
         ), agg AS (
-            SELECT global_job_id, run_index, sum(cov_us) / {_US}.0 AS cov, min(device_name) AS device_name,
+            SELECT global_job_id, run_index, sum(cov_us) / {_US}.0 AS cov,
+                   -- a run on GPUs of several models names them all
+                   string_agg(DISTINCT device_name, ' + ' ORDER BY device_name) AS device_name,
                    {_mean_us("util", "cov_u_us")} AS util,
                    {_mean_us("power", "cov_p_us")} AS power,
                    {_mean_us("maxp", "cov_p_us")} AS maxp,

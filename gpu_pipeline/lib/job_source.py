@@ -160,6 +160,19 @@ def _readable(raw: pa.Table) -> pa.ChunkedArray:
     return pc.if_else(pc.is_null(raw.column("parse_error")), raw.column("doc_json"), None)
 
 
+def documents_in_window(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> int:
+    """The raw documents that may belong to [start_utc, end_utc): all but those whose run the cleaning
+    would count outside the window from their dates alone (``jobs_fast.outside_window_ids``; an
+    unreadable line counts, as a document of the day the cleaning quarantines). In files mode the
+    day reads the files of the day before and of the days after it (their records of runs that
+    started in the day): those alone are no document of the day."""
+    if not raw.num_rows:
+        return 0
+    window_s = (math.floor(start_utc.timestamp()), math.ceil(end_utc.timestamp()))
+    outside, _ = outside_window_ids(_readable(raw), window_s)
+    return raw.num_rows - int(outside.sum())
+
+
 def _close_open_runs(table: pa.Table, candidates: pa.Table) -> tuple[pa.Table, int]:
     """:func:`~gpu_pipeline.lib.jobs.close_superseded_runs` of the day's rows, with every document of
     the same jobs the day read (``candidates``: the raw documents with their job where read plainly)

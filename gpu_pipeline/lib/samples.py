@@ -17,7 +17,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,12 +226,16 @@ def write_raw_samples(store: Store, day: str, stream: RawStream, spill_dir: str 
     """The stream's rows sorted on :data:`RAW_ORDER` into the day's ``raw/gpu_telemetry`` partition
     (the file :func:`raw_samples` + ``Store.write_partition`` would write), as :func:`write_sorted_raw`
     writes them."""
+    # nothing read, nothing set aside (a stream whose lines are all unreadable writes its quarantine,
+    # which says why the day has no sample)
+    nothing = (lambda: stream.quarantine is None or not stream.quarantine.num_rows) if keep_if_empty else False
     return write_sorted_raw(store, day, stream.parts(), stream.start_utc, stream.end_utc,
-                            keep_if_empty=keep_if_empty, expected_bytes=stream.expected_bytes, spill_dir=spill_dir)
+                            keep_if_empty=nothing, expected_bytes=stream.expected_bytes, spill_dir=spill_dir)
 
 
 def write_sorted_raw(store: Store, day: str, parts: Iterable[pa.Table], start_utc: dt.datetime,
-                     end_utc: dt.datetime, keep_if_empty: bool = False, **sorter: Any) -> WriteResult:
+                     end_utc: dt.datetime, keep_if_empty: bool | Callable[[], bool] = False,
+                     **sorter: Any) -> WriteResult:
     """Rows of the raw schema within [start_utc, end_utc), part by part, sorted on :data:`RAW_ORDER`
     into the day's ``raw/gpu_telemetry`` partition through a
     :class:`~gpu_pipeline.lib.spill.TimeSlabSorter` (``sorter``: its keyword options): a day too
@@ -239,13 +243,15 @@ def write_sorted_raw(store: Store, day: str, parts: Iterable[pa.Table], start_ut
     checked for the clean step on their way to the file (:class:`_CheckAsWritten`), and the answer
     kept beside it as the partition's :data:`CLEAN_CHECK_NOTE`; their coverage is measured on the
     way too (:class:`~gpu_pipeline.lib.coverage.SeriesPoints`) and kept as its coverage note, which
-    the raw asset's coverage check finds instead of reading the file again. ``keep_if_empty``: no row
-    keeps the partition an earlier run wrote, with its notes (:meth:`Store.kept_partition`)."""
+    the raw asset's coverage check finds instead of reading the file again. ``keep_if_empty`` (or
+    what it answers once the parts are read): no row keeps the partition an earlier run wrote, with
+    its notes (:meth:`Store.kept_partition`)."""
     with TimeSlabSorter(RAW_GPU_TELEMETRY.schema, RAW_ORDER, epoch_us(start_utc), epoch_us(end_utc),
                         **sorter) as slabs:
         for part in parts:
             slabs.add(part)
-        if keep_if_empty and not slabs.rows and (kept := store.kept_partition(RAW_GPU_TELEMETRY, day)) is not None:
+        if (not slabs.rows and (keep_if_empty() if callable(keep_if_empty) else keep_if_empty)
+                and (kept := store.kept_partition(RAW_GPU_TELEMETRY, day)) is not None):
             return kept
         give_back()  # what the parsers freed, before the slabs are read back and sorted
         check = _CheckAsWritten()

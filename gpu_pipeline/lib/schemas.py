@@ -157,7 +157,8 @@ GPU_STATES = TableSpec(
             _f("global_job_id", pa.string(), "Job on the GPU when busy"),
             _f("remote_owner", pa.string(), "Owner of that job"),
             _f("gpu_usage_pct", pa.float64(), "GPUsAverageUsage of the winning slot (0-100)"),
-            _f("snapshot_utc", TS, "Snapshot the state was taken from (null when no snapshot)"),
+            _f("snapshot_utc", TS, "Snapshot the state was taken from: the winning slot row's (null when the "
+               "GPU has no row in the bucket: no snapshot, or a dropout from the bucket's snapshot)"),
             _f("n_slot_rows", pa.int32(), "Slot rows naming this GPU in the bucket's snapshots", nullable=False),
             _f("na_reason", pa.string(), "Why na: dropout (GPU absent from the snapshot), no_snapshot "
                "(no snapshot covers the bucket), or the slot state (Drained, Owner, ...)"),

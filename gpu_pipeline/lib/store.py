@@ -388,13 +388,17 @@ class Store:
         the nodes, job records expired from the index, a mount missing) keeps what an earlier run
         wrote instead of replacing it with an empty file: the data is not lost, and the tables
         downstream, which the day's failed check stops or which read the kept rows again, stay
-        consistent with it. A file that cannot be read as Parquet is not kept."""
+        consistent with it. A file that cannot be read whole is not kept (every page is decoded: a rare
+        path, a day whose source gives nothing)."""
         path = self.partition_file(spec, day)
         try:
             with pq.ParquetFile(path) as f:
                 rows = f.metadata.num_rows
+                read = sum(batch.num_rows for batch in f.iter_batches(batch_size=1 << 16))
             size = path.stat().st_size
         except (OSError, pa.ArrowException):
+            return None
+        if read != rows:
             return None
         return WriteResult(path=str(path), rows=rows, bytes=size, kept=True) if rows else None
 

@@ -87,3 +87,32 @@ def test_a_range_run_of_the_summary_alone_joins_periods_across_its_days(tmp_path
     (row,) = [r for r in store.read_table(AVAILABILITY_SUMMARY, second).to_pylist()
               if r["device_name"] == "ALL" and r["tier"] == "ALL"]
     assert (row["duration_median_s"], row["periods_start_truncated"]) == (6 * 3600.0, 0)
+
+
+def test_the_summarys_periods_figure_counts_whole_periods_not_the_days_pieces(tmp_path):
+    """One GPU available until 06:00, then claimed (a period that ended in the day), another available
+    from 18:00 to the day's end (open: no ended period of the day). The summary's ``periods`` is 1;
+    the day's figure in Dagster said 2, the rows of the periods table."""
+    store = Store(tmp_path / "data")
+    states, slots = [], []
+    for gpu, idle in (("GPU-bbbbbbbb", lambda h: h < 6), ("GPU-cccccccc", lambda h: h >= 18)):
+        t = dt.datetime.combine(DAY, dt.time(), UTC)
+        while t.date() == DAY:
+            free = idle(t.hour)
+            states.append({"bucket_start_utc": t, "gpu_id": gpu, "host": "h1", "device_name": "NVIDIA A100",
+                           "slot_name": f"backfill{gpu[-1]}@h1", "tier": "backfill",
+                           "state": "idle_backfill" if free else "busy_backfill", "n_slot_rows": 1})
+            slots.append({"snapshot_utc": t, "host": "h1", "slot_name": f"backfill{gpu[-1]}@h1", "gpu_id": gpu,
+                          "tier": "backfill", "is_backfill_slot": True, "slot_state": "Unclaimed" if free else "Claimed"})
+            t += dt.timedelta(minutes=5)
+    store.write_partition(GPU_STATES, DAY.isoformat(), conform(pa.Table.from_pylist(states), GPU_STATES))
+    store.write_partition(CLEAN_SLOT_SNAPSHOTS, DAY.isoformat(), conform(pa.Table.from_pylist(slots), CLEAN_SLOT_SNAPSHOTS))
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([availability], resources={"data_store": DataStoreResource(data_root=str(store.root))},
+                                partition_key=DAY.isoformat(), instance=instance)
+        (mat,) = [e.materialization for e in result.get_asset_materialization_events()
+                  if e.materialization.asset_key == SUMMARY_KEY]
+    summary = {(r["device_name"], r["tier"]): r for r in store.read_table(AVAILABILITY_SUMMARY, DAY.isoformat()).to_pylist()}
+    assert summary[("ALL", "ALL")]["periods"] == 1
+    assert store.read_table(AVAILABILITY_PERIODS, DAY.isoformat()).num_rows == 2
+    assert (mat.metadata["periods"].value, mat.metadata["period_pieces"].value) == (1, 2)

@@ -4,6 +4,7 @@ import datetime as dt
 import json
 
 import dagster as dg
+import pyarrow as pa
 import pytest
 
 from gpu_pipeline.defs.clean.gpu_samples import gpu_samples
@@ -295,8 +296,7 @@ def test_a_re_run_whose_source_gives_nothing_keeps_the_day_written_before(tmp_pa
             f.unlink()
     result, checks, mats = run(assets, res)
     kept, md = _kept_day(result, key)
-    assert kept == [DAY] and md["kept_previous_partition"].value == {"rows": rows} | (
-        {"rows_rejected_now": 0} if source == "slots" else {})
+    assert kept == [DAY] and md["kept_previous_partition"].value == {"rows": rows}
     assert md["dagster/row_count"].value == rows
     assert store.partition_file(spec, DAY).read_bytes() == written  # untouched
     if quarantine is not None:
@@ -309,3 +309,61 @@ def test_a_re_run_whose_source_gives_nothing_keeps_the_day_written_before(tmp_pa
     (ev,) = [e for e in result.get_asset_check_evaluations()
              if e.asset_key.to_user_string() == key and e.check_name.startswith("has_")]
     assert ev.passed is False and ev.metadata["days_kept_as_written_before"].value == []
+
+
+def test_a_day_whose_own_job_file_expired_keeps_its_documents(tmp_path, store_res):
+    """Files mode reads the day's file and the next days' (records of runs that started in the day):
+    the day's own file gone, the later one still there, the day has no document of its own. It is
+    not overwritten with the later day's records (its job was lost from clean/jobs), and its check
+    fails."""
+    d = tmp_path / "jobs"
+    d.mkdir()
+    (d / "jobs-2025-08-05.ndjson").write_text(
+        json.dumps(job_doc("s#1.0#1", epoch("2025-08-05T10:00:00"), epoch("2025-08-05T12:00:00"))) + "\n")
+    (d / "jobs-2025-08-06.ndjson").write_text(
+        json.dumps(job_doc("s#2.0#1", epoch("2025-08-06T10:00:00"), epoch("2025-08-06T12:00:00"))) + "\n")
+    res = {"data_store": store_res, "job_records": JobRecordsResource(files_dir=str(d))}
+    store = Store(tmp_path / "data")
+    result, checks, _ = run([job_documents, jobs], res)
+    assert checks["has_documents"] is True and store.read_table(JOBS, DAY)["global_job_id"].to_pylist() == ["s#1.0#1"]
+    (d / "jobs-2025-08-05.ndjson").unlink()
+    result, checks, mats = run([job_documents, jobs], res)
+    kept, md = _kept_day(result, "raw/job_documents")
+    assert kept == [DAY] and (md["documents"].value, md["documents_of_the_day"].value) == (1, 0)
+    assert store.read_table(JOBS, DAY)["global_job_id"].to_pylist() == ["s#1.0#1"]
+
+
+def test_a_telemetry_source_of_unreadable_lines_is_not_nothing(tmp_path, store_res):
+    """Lines that are all set aside (a wrong field list, a format change) are written to the
+    quarantine, which says why the day has no sample: only a source that gives nothing keeps the day."""
+    from gpu_pipeline.lib.schemas import QUARANTINE_GPU_TELEMETRY, RAW_GPU_TELEMETRY
+
+    log = tmp_path / "tel" / "nvidia-smi" / "gpu01" / "nvidia-smi-2025-08-05.csv"
+    nvsmi_log(log, dt.datetime(2025, 8, 5), 24 * 60)
+    res = {"data_store": store_res, "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"))}
+    store = Store(tmp_path / "data")
+    assert run([gpu_telemetry], res)[0].success
+    log.write_text("timestamp, index, uuid\n" + "".join(f"2025/08/05 10:00:{s:02d}.000, 0, broken\n"
+                                                          for s in range(5)))
+    result, checks, _ = run([gpu_telemetry], res)
+    assert checks["has_samples"] is False
+    assert store.read_table(RAW_GPU_TELEMETRY, DAY).num_rows == 0
+    assert store.read_table(QUARANTINE_GPU_TELEMETRY, DAY).num_rows == 5
+
+
+def test_a_partition_that_cannot_be_read_whole_is_not_kept(tmp_path):
+    from gpu_pipeline.lib.schemas import RAW_JOB_DOCUMENTS
+
+    store = Store(tmp_path / "data")
+    table = pa.table({"source": ["files"] * 3000, "origin": ["f"] * 3000, "position": list(range(3000)),
+                      "doc_json": [json.dumps({"GlobalJobId": f"s#{i}.0#1", "pad": "x" * 50}) for i in range(3000)],
+                      "parse_error": [None] * 3000})
+    store.write_partition(RAW_JOB_DOCUMENTS, DAY, table)
+    kept = store.kept_partition(RAW_JOB_DOCUMENTS, DAY)
+    assert kept is not None and kept.kept and kept.rows == 3000
+    path = store.partition_file(RAW_JOB_DOCUMENTS, DAY)
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(64)  # a data page damaged, the footer intact
+    path.write_bytes(bytes(data))
+    assert store.kept_partition(RAW_JOB_DOCUMENTS, DAY) is None

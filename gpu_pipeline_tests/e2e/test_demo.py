@@ -174,3 +174,20 @@ def test_every_daily_table_has_seven_partitions(demo):
             continue
         found = sorted(p.name for p in (demo / "data" / path).glob("date=*") if (p / "part-0.parquet").is_file())
         assert found == expected, path
+
+
+def test_the_coverage_tables_rows_in_are_the_raw_partitions_rows_for_every_source(demo):
+    """`rows_in`: "Rows read from the source for the day" -- the Kueue row's was null."""
+    data = demo / "data"
+    raw = {"slot_snapshots": "condor_slot_snapshots", "gpu_telemetry": "gpu_telemetry",
+           "job_records": "job_documents", "kueue": "kueue_scrapes"}
+    con = duckdb.connect()
+    cov = con.execute("SELECT source, strftime(day_start_utc AT TIME ZONE 'America/Chicago', '%Y-%m-%d'), rows_in "
+                      "FROM read_parquet(?)", [str(data / "metrics" / "coverage" / "*" / "*.parquet")]).fetchall()
+    by = {(s, d): n for s, d, n in cov}
+    assert {s for s, _ in by} >= set(raw)
+    for (source, day), n in by.items():
+        if source in raw:
+            [(rows,)] = con.execute("SELECT count(*) FROM read_parquet(?)",
+                                    [str(data / "raw" / raw[source] / f"date={day}" / "part-0.parquet")]).fetchall()
+            assert n == rows > 0, (source, day)

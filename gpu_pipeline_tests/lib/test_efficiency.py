@@ -1412,3 +1412,16 @@ def test_gpu_time_order_is_lexsort_s_order(gid_span):
         t = np.sort(rng.integers(0, 40, n))  # nearly in time order, with ties, as the clean files come
         t[rng.integers(0, max(n, 1), n // 10)] = rng.integers(0, 40, n // 10)
         assert np.array_equal(efficiency_module._gpu_time_order(gid, t), np.lexsort((t, gid)))
+
+
+def test_a_job_on_gpus_of_two_models_names_both():
+    """An A100-40GB at 200 W and an H100 at 700 W: the run's figures weigh both (RFU capability
+    weighted), and its device_name names both models, not the first in name order alone."""
+    a100, h100 = "GPU-0000000a", "GPU-0000000b"
+    rows = series(a100, at(0), 60, power_w=200.0, util_pct=80.0, power_limit_w=400.0)
+    rows += series(h100, at(0), 60, device="NVIDIA H100 80GB HBM3", power_w=700.0, util_pct=100.0, power_limit_w=700.0)
+    jobs = jobs_table([{"global_job_id": "s#1.0#1", "run_start_utc": at(0), "run_end_utc": at(0, 50),
+                        "assigned_gpus": f"{a100},{h100}", "request_gpus": 2}])
+    (job,) = run(samples_table(rows), jobs=jobs).jobs.to_pylist()
+    assert job["device_name"] == "NVIDIA A100-SXM4-40GB + NVIDIA H100 80GB HBM3"
+    assert job["gpus"] == 2 and job["rfu_pct"] == pytest.approx(100 * (102 * 0.5 + 646 * 1.0) / (102 + 646))

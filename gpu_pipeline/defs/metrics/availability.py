@@ -84,9 +84,12 @@ def availability(context: dg.AssetExecutionContext, data_store: DataStoreResourc
         bad[day] = int(pc.sum(pc.or_(pc.or_(pc.less(e, s), empty), pc.or_(
             pc.less(s, pa.scalar(start, s.type)), pc.greater(e, pa.scalar(end, e.type))))).as_py() or 0)
         all_row = [r for r in summary.to_pylist() if r["device_name"] == "ALL" and r["tier"] == "ALL"]
-        kpis = {"periods": float(periods.num_rows)}
+        # the summary's own count (whole periods that ended in the day); the day's rows are pieces:
+        # those open at its end and those carried from the day before are no ended period of it
+        kpis = {"periods": 0.0, "period_pieces": float(periods.num_rows)}
         if all_row:
-            kpis.update(median_period_s=all_row[0]["duration_median_s"] or 0.0,
+            kpis.update(periods=float(all_row[0]["periods"] or 0),
+                        median_period_s=all_row[0]["duration_median_s"] or 0.0,
                         median_time_to_claim_s=all_row[0]["time_to_claim_median_s"] or 0.0,
                         available_gpu_hours=all_row[0]["available_gpu_hours"] or 0.0)
         return {

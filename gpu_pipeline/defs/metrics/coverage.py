@@ -21,7 +21,7 @@ from gpu_pipeline.lib.coverage import partition_coverage
 from gpu_pipeline.lib.coverage_table import COVERAGE as SPEC
 from gpu_pipeline.lib.coverage_table import COVERAGE_COLUMNS, TELEMETRY_SERIES, TELEMETRY_TIME, coverage_rows
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND
-from gpu_pipeline.lib.kueue_source import QUARANTINE_KUEUE_DEMAND
+from gpu_pipeline.lib.kueue_source import QUARANTINE_KUEUE_DEMAND, RAW_KUEUE_SCRAPES
 
 KEY = table_key(SPEC)
 
@@ -65,7 +65,8 @@ def coverage(context: dg.AssetExecutionContext, data_store: DataStoreResource) -
             },
             rows_in={"slot_snapshots": store.row_count(S.RAW_CONDOR_SLOT_SNAPSHOTS, day),
                      "gpu_telemetry": store.row_count(S.RAW_GPU_TELEMETRY, day),
-                     "job_records": store.row_count(S.RAW_JOB_DOCUMENTS, day)},
+                     "job_records": store.row_count(S.RAW_JOB_DOCUMENTS, day),
+                     "kueue": store.row_count(RAW_KUEUE_SCRAPES, day)},
             telemetry_coverage=samples_coverage(day, start, end),
         )
         metrics = {f"{r['source']}_coverage_pct": r["coverage_pct"] for r in table.to_pylist()

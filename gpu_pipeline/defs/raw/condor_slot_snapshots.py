@@ -70,13 +70,14 @@ def condor_slot_snapshots(
             store.write_partition(QUARANTINE_RAW, day, rejected_rows(read))
             return written
 
-        # an archive that gives no snapshot for the day keeps what an earlier run wrote (and its
-        # quarantine), rather than emptying the day
-        result = write_unless_empty(context, store, SPEC, day, not read.snapshots, write,
-                                    "the archive gives no snapshot for the day")
+        # an archive that gives nothing for the day (no snapshot, no row set aside) keeps what an
+        # earlier run wrote (and its quarantine), rather than emptying the day; rows it cannot read are
+        # written to the quarantine as always, which says why the day has none
+        result = write_unless_empty(context, store, SPEC, day, not read.snapshots and not read.rejected, write,
+                                    "the archive gives nothing for the day")
         details = {"source_files": read.files, "read_paths": read.read_paths}
         if result.kept:
-            details["kept_previous_partition"] = {"rows": result.rows, "rows_rejected_now": len(read.rejected)}
+            details["kept_previous_partition"] = {"rows": result.rows}
         if read.missing_months:
             details["missing_months"] = read.missing_months
             context.log.warning(f"{day}: no archive for month(s) {read.missing_months}")

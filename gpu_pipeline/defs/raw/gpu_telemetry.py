@@ -57,11 +57,12 @@ def gpu_telemetry(
             nvidia_smi_fields=telemetry.nvidia_smi_fields_value(),
         )
         # the day's rows written a few files at a time, spilled and sorted by time slab when large; a
-        # source that gives no sample for the day keeps what an earlier run wrote (and its quarantine)
+        # source that gives nothing for the day (no sample, no line set aside) keeps what an earlier
+        # run wrote (and its quarantine)
         result = write_raw_samples(store, day, stream, keep_if_empty=telemetry.enabled)
         quarantine = stream.quarantine if stream.quarantine is not None else QUARANTINE_GPU_TELEMETRY.empty()
         if result.kept:
-            context.log.warning(f"{day}: the telemetry sources give no sample for the day; raw/gpu_telemetry keeps "
+            context.log.warning(f"{day}: the telemetry sources give nothing for the day; raw/gpu_telemetry keeps "
                                 f"the partition an earlier run wrote ({result.rows:,} rows) instead of replacing it "
                                 "with an empty one")
         else:

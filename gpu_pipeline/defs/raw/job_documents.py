@@ -14,7 +14,13 @@ from gpu_pipeline.defs.common import (
     write_unless_empty,
 )
 from gpu_pipeline.defs.resources import DataStoreResource, JobRecordsResource
-from gpu_pipeline.lib.job_source import FileDocsCache, RawDocs, raw_docs_from_es, raw_docs_from_files
+from gpu_pipeline.lib.job_source import (
+    FileDocsCache,
+    RawDocs,
+    documents_in_window,
+    raw_docs_from_es,
+    raw_docs_from_files,
+)
 from gpu_pipeline.lib.schemas import RAW_JOB_DOCUMENTS as SPEC
 
 KEY = table_key(SPEC)
@@ -22,7 +28,8 @@ HAS_DOCUMENTS = dg.AssetCheckSpec(
     "has_documents",
     asset=KEY,
     blocking=True,
-    description="When a job-record source is configured, every day of the run has documents.",
+    description="When a job-record source is configured, every day of the run has documents of its own (not only "
+                "records of the days around it that the day reads for runs crossing it).",
 )
 
 
@@ -47,10 +54,13 @@ def job_documents(
                                       cache=files_cache)
         else:
             raw = RawDocs(table=SPEC.empty())
-        result = write_unless_empty(context, store, SPEC, day, mode != "off" and not raw.table.num_rows,
+        # the day's own documents: the files of the days around it alone (the day's file expired,
+        # the later ones not yet) are none
+        of_day = documents_in_window(raw.table, start, end)
+        result = write_unless_empty(context, store, SPEC, day, mode != "off" and not of_day,
                                     lambda: store.write_partition(SPEC, day, raw.table),
                                     "the job-record source gives no document for the day")
-        metrics = {"documents": raw.table.num_rows}
+        metrics = {"documents": raw.table.num_rows, "documents_of_the_day": of_day}
         if raw.es_total is not None:
             metrics.update(es_hits_total=raw.es_total, es_pages=raw.es_pages or 0, es_retries=raw.es_retries or 0)
         details = {"files": raw.files, "mode": mode}
@@ -59,7 +69,7 @@ def job_documents(
         return DayOutcome(day=day, result=result, metrics=metrics, details=details)
 
     outcomes = run_days(context, one_day)
-    empty = [o.day for o in outcomes if not o.metrics.get("documents")]
+    empty = [o.day for o in outcomes if not o.metrics.get("documents_of_the_day")]
     check = gate_check(HAS_DOCUMENTS, outcomes, "days_without_documents", empty, applies=mode != "off", mode=mode,
                        days_kept_as_written_before=kept_days(outcomes))
     return materialize_result(SPEC, outcomes, check_results=[check])
