@@ -54,7 +54,12 @@ Energy
     power; else the
     trapezoid ``mean power x duration``. The counter is preferred because it integrates the board's
     own power between samples; ``energy_source`` says which was used (``counter`` / ``power`` /
-    ``mixed``).
+    ``mixed``). A counter that lags the power readings -- unmoved from one sample to the next while
+    the power read above 0, then moving on at a later sample of the same source (a counter updated
+    less often than the samples are taken) -- is read as moving evenly between the reading it
+    stayed at and the one it moved to (``counter_readings_interpolated``): the segments of the stall
+    took the trapezoid power while the segment where it moved took the counter's whole step, so the
+    stall's energy was counted twice (up to 1.5 times the energy when it moved every other sample).
 
 Held but idle
     A GPU whose 5-minute state (``metrics/gpu_states``; a sample takes the state of the bucket it falls
@@ -622,6 +627,7 @@ def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group
     counters["samples_dropped_other_source"] = float(row[2])  # less each group's kept samples
     counters["duplicate_samples_dropped"] = 0.0
     counters["repeated_readings_dropped"] = 0.0
+    counters["counter_readings_interpolated"] = 0.0
     # One source per GPU and UTC hour: one with utilization readings in that hour before one without
     # (nvidia-smi on a board in MIG mode, beside DCGM's instances), then the one whose samples span
     # most of the hour (in whole minutes: a 10-second exporter started at 10:45 does not win over a
@@ -745,19 +751,21 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
     first = ("SELECT gid, t, sc, util, power, plimit, energy_mj FROM read_parquet(?)",
              [[str(f) for f in sorted(staged.glob("*.parquet"))]]) if staged is not None else (group(), gparams)
     # (the rare group with a repeated (GPU, time) is read from the files again, with the hosts)
-    repeats = _stage_next_values(con, *first, window=(s_us, e_us))
-    if repeats is None:
+    staged_values = _stage_next_values(con, *first, window=(s_us, e_us))
+    if staged_values is not None:
+        repeats, interpolated = staged_values
+    else:
         # A GPU with two samples at one time (the same sample under two host names: one exporter
         # scraped by two jobs) keeps one, the first by host; the other is counted as a duplicate.
         one_per_time = (f"SELECT * FROM ({group('r.host')}) "
                         "QUALIFY row_number() OVER (PARTITION BY gid, t ORDER BY host) = 1")
         windowed = f"""
-            SELECT gid, t, util, power, plimit, energy_mj,
+            SELECT gid, t, util, power, plimit, energy_mj, stall_interpolated,
                    lead(t) OVER w AS nt, lead(util) OVER w AS util1, lead(power) OVER w AS power1,
                    lead(plimit) OVER w AS plimit1,
                    CASE WHEN lead(sc) OVER w = sc THEN lead(energy_mj) OVER w END AS energy1,
                    count(power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn, lead(t) OVER w - t AS d
-            FROM ({_KEEP_READINGS_SQL.format(src=one_per_time)})
+            FROM ({_STALLS_SQL.format(src=_KEEP_READINGS_SQL.format(src=one_per_time), catch_up=STALL_CATCH_UP)})
             WINDOW w AS (PARTITION BY gid ORDER BY t)"""
         con.execute(
             f"""
@@ -766,7 +774,9 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
             """,
             gparams,
         )
-        con.execute("CREATE OR REPLACE TEMP VIEW _eff_samples AS SELECT * FROM _eff_samples_w")
+        [(interpolated,)] = con.execute("SELECT count(*) FILTER (WHERE stall_interpolated) FROM _eff_samples_w "
+                                        "WHERE t >= ? AND t < ?", [s_us, e_us]).fetchall()
+        con.execute("CREATE OR REPLACE TEMP VIEW _eff_samples AS SELECT * EXCLUDE (stall_interpolated) FROM _eff_samples_w")
         [(dups,)] = con.execute(
             f"SELECT count(*) - count(DISTINCT (gid, t)) FROM ({group()}) WHERE t >= ? AND t < ?",
             [*gparams, s_us, e_us]).fetchall()
@@ -777,6 +787,7 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
         repeats -= dups + con.execute("SELECT count(*) FROM _eff_samples WHERE t >= ? AND t < ?",
                                       [s_us, e_us]).fetchall()[0][0]
     counters["repeated_readings_dropped"] += float(repeats)
+    counters["counter_readings_interpolated"] += float(interpolated)
     counters["samples_dropped_other_source"] -= float(repeats)
     kept = con.execute("SELECT count(*) FROM _eff_samples WHERE t >= ? AND t < ?", [s_us, e_us]).fetchall()[0][0]
     counters["samples_dropped_other_source"] -= float(kept)
@@ -948,12 +959,81 @@ def _repeated_readings(same_gpu: np.ndarray, sc: np.ndarray, util: np.ndarray, p
     return rep & moves
 
 
+def _stalled_counter(same_gpu: np.ndarray, sc: np.ndarray, t: np.ndarray, energy: np.ndarray,
+                     power: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The energy counter readings (rows in (GPU, time) order, NaN where null) with each stall that
+    the counter moves on from read as moving evenly (see the module docstring), and the rows whose
+    readings were so replaced. A stalled sample has the previous sample's reading, of the same
+    source, with power above 0 at both; its run of stalls is replaced when the sample after the run
+    is of the same GPU and source with a higher reading: ``e_k + (e_next - e_k) (t - t_k) / (t_next -
+    t_k)``, ``k`` the sample the run stalled at. :data:`_STALLS_SQL` in SQL."""
+    n = len(energy)
+    stalled = np.zeros(n, dtype=bool)
+    none = np.zeros(0, dtype=np.int64)
+    if n < 3:
+        return energy, none
+    with np.errstate(invalid="ignore"):
+        stalled[1:] = (same_gpu & (sc[1:] == sc[:-1]) & (energy[1:] == energy[:-1])
+                       & (power[1:] > 0) & (power[:-1] > 0))
+    if not stalled.any():
+        return energy, none
+    edge = np.diff(np.r_[0, stalled.astype(np.int8), 0])
+    first, last = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1) - 1  # each run of stalls
+    k, nxt = first - 1, last + 1
+    at = np.minimum(nxt, n - 1)
+    # the counter caught up: its step over the run gives at least STALL_CATCH_UP of the power read at
+    # the stall's ends (a counter that resumed without counting the stall steps by one interval's)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        step_w = (energy[at] - energy[k]) / 1000.0 / ((t[at] - t[k]) / 1e6)
+        moves = ((nxt < n) & np.r_[same_gpu, False][last] & (sc[at] == sc[k]) & (energy[at] > energy[k])
+                 & (step_w >= STALL_CATCH_UP * ((power[k] + power[last]) / 2)))
+    if not moves.any():
+        return energy, none
+    run_of = np.repeat(np.arange(len(first)), last - first + 1)  # per stalled sample (in order), its run
+    pick = moves[run_of]
+    rows, run = np.flatnonzero(stalled)[pick], run_of[pick]
+    kk, nn = k[run], nxt[run]
+    out = energy.copy()
+    out[rows] = energy[kk] + (energy[nn] - energy[kk]) * (t[rows] - t[kk]) / (t[nn] - t[kk])
+    return out, rows
+
+
+#: A stalled counter's step at the sample it moves on at, over the stall, as a share of the power read
+#: at the stall's ends, from which the step is read as the stall's energy (else the counter resumed
+#: without counting the stall, whose segments keep the trapezoid power).
+STALL_CATCH_UP = 0.75
+
+#: :func:`_stalled_counter` in SQL, over a subquery ``{src}`` (gid, t, sc, power, energy_mj, ...; one
+#: row per GPU and time), with the column ``stall_interpolated``.
+_STALLS_SQL = """
+    SELECT * EXCLUDE (stalled, prev_power, an, nx, energy_mj, catch_up),
+           CASE WHEN catch_up THEN an.e + (nx.e - an.e) * (t - an.t) / (nx.t - an.t) ELSE energy_mj END AS energy_mj,
+           catch_up AS stall_interpolated
+    FROM (
+        SELECT *, coalesce(stalled AND nx.s = sc AND nx.e > an.e
+                           AND (nx.e - an.e) / 1000.0 / ((nx.t - an.t) / 1e6)
+                               >= {catch_up} * ((an.p + nx.pp) / 2), false) AS catch_up
+        FROM (
+            SELECT *,
+                   last_value(CASE WHEN NOT stalled THEN struct_pack(t := t, e := energy_mj, p := power) END IGNORE NULLS)
+                       OVER (PARTITION BY gid ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS an,
+                   first_value(CASE WHEN NOT stalled THEN struct_pack(t := t, e := energy_mj, s := sc, pp := prev_power)
+                                END IGNORE NULLS)
+                       OVER (PARTITION BY gid ORDER BY t ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS nx
+            FROM (
+                SELECT *, coalesce(lag(sc) OVER w = sc AND lag(energy_mj) OVER w = energy_mj AND power > 0
+                                   AND lag(power) OVER w > 0, false) AS stalled,
+                       lag(power) OVER w AS prev_power
+                FROM ({src})
+                WINDOW w AS (PARTITION BY gid ORDER BY t))))"""
+
+
 def _in_order(table: pa.Table, name: str, order: np.ndarray) -> np.ndarray:
     """A column's values in (GPU, time) order, null as NaN (_NUM, _PLIMIT)."""
     return table[name].to_numpy(zero_copy_only=False)[order]
 
 
-def _stage_next_values(con, group_sql: str, params: list, window: tuple[int, int]) -> int | None:
+def _stage_next_values(con, group_sql: str, params: list, window: tuple[int, int]) -> tuple[int, int] | None:
     """``_eff_samples`` from the group's samples (``group_sql``: gid, t, sc, util, power, plimit,
     energy_mj) with each GPU's next sample's values (the next energy reading only where the next
     sample is of the same source ``sc``) and its running count of power readings, as the
@@ -985,6 +1065,8 @@ def _stage_next_values(con, group_sql: str, params: list, window: tuple[int, int
         gid, t, sc = gid[keep], t[keep], sc[keep]
         ordered = {name: values[keep] for name, values in ordered.items()}
         same_gpu = gid[1:] == gid[:-1]
+    ordered["energy_mj"], moved = _stalled_counter(same_gpu, sc, t, ordered["energy_mj"], ordered["power"])
+    interpolated = int(np.count_nonzero((t[moved] >= window[0]) & (t[moved] < window[1])))
     n = len(gid)
     last = np.ones(n, dtype=bool)  # a GPU's last sample: no next one
     last[:-1] = ~same_gpu
@@ -1010,7 +1092,7 @@ def _stage_next_values(con, group_sql: str, params: list, window: tuple[int, int
             starts = np.flatnonzero(np.r_[True, ~same_gpu])
             power_count = running - np.repeat(running[starts] - have[starts], np.diff(np.r_[starts, n]))
     con.register("_eff_samples", pa.table({**columns, **nexts, "pn": pa.array(power_count)}))
-    return repeats
+    return repeats, interpolated
 
 
 def _seg_sql() -> str:

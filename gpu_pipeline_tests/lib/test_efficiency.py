@@ -1425,3 +1425,49 @@ def test_a_job_on_gpus_of_two_models_names_both():
     (job,) = run(samples_table(rows), jobs=jobs).jobs.to_pylist()
     assert job["device_name"] == "NVIDIA A100-SXM4-40GB + NVIDIA H100 80GB HBM3"
     assert job["gpus"] == 2 and job["rfu_pct"] == pytest.approx(100 * (102 * 0.5 + 646 * 1.0) / (102 + 646))
+
+
+def _lagging_counter_hours(g: str) -> dict[str, list[dict]]:
+    """An hour at 250 W (readings 249-251 W, fresh every 15 s) whose counter lags in three ways."""
+    def power(i: int) -> float:
+        return 250.0 + (i % 3 - 1)
+
+    def steps(moved) -> object:  # the counter as it reads at sample i, from the true energy and a rule
+        return lambda i: 1e9 + moved(i) * 15 * 250_000.0
+
+    every_other = steps(lambda i: i // 2 * 2)  # moves at every second sample, by both intervals
+    stall_catch_up = steps(lambda i: 40 if 40 <= i < 80 else i)  # still 10:10-10:20, then catches up
+    stall_no_catch_up = steps(lambda i: i if i < 40 else (40 if i < 80 else i - 39))  # resumes, the stall lost
+    return {name: series(g, at(10), 4 * 60 + 1, step_s=15, power_w=power, util_pct=90.0, power_limit_w=400.0,
+                         energy_mj=rule)
+            for name, rule in (("every_other", every_other), ("stall_catch_up", stall_catch_up),
+                               ("stall_no_catch_up", stall_no_catch_up))}
+
+
+@pytest.mark.parametrize("window_query", [False, True])
+def test_a_counter_lagging_fresh_power_readings_is_not_counted_twice(window_query, monkeypatch):
+    """The counter unmoved from one sample to the next while the power reads 250 W, then moving on:
+    the stall's segments took the trapezoid power and the segment where it moved took the whole
+    step, so the stall was counted twice (0.375 kWh where 0.25 when it moved every other sample).
+    A counter that resumes without counting the stall keeps the power's energy for it."""
+    if window_query:
+        _window_query_only(monkeypatch)
+    g = "GPU-aaaaaaaa"
+    for name, rows in _lagging_counter_hours(g).items():
+        res = run(samples_table(rows))
+        r = hour_row(res, g, 10)
+        assert r["energy_kwh"] == pytest.approx(0.25, rel=1e-3), name
+        assert r["coverage_s"] == pytest.approx(3600.0), name
+        interpolated = res.counters["counter_readings_interpolated"]
+        assert interpolated == {"every_other": 120, "stall_catch_up": 39, "stall_no_catch_up": 0}[name], name
+        assert r["energy_source"] == ("mixed" if name == "stall_no_catch_up" else "counter"), name
+
+
+def test_the_window_query_reads_a_lagging_counter_as_the_numpy_staging_does(monkeypatch):
+    g, h = "GPU-aaaaaaaa", "GPU-bbbbbbbb"
+    hours = _lagging_counter_hours(g)
+    rows = hours["every_other"] + [{**r, "gpu_id": h} for r in hours["stall_catch_up"]]
+    rows += [{**r, "sample_utc": r["sample_utc"] + dt.timedelta(hours=1)} for r in hours["stall_no_catch_up"]]
+    fast = run(samples_table(rows))
+    _window_query_only(monkeypatch)
+    _same_results(fast, run(samples_table(rows)))
