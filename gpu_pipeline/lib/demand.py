@@ -1,7 +1,7 @@
 """Demand vs capacity per hour and device class (DESIGN.md 5.6), in DuckDB SQL.
 
 Demand (HTCondor job records, ``clean/jobs``)
-    A GPU job (``request_gpus > 0``) is *idle* -- queued demand -- during:
+    A GPU job (``request_gpus >= 1`` in any of its records, DESIGN 4.4) is *idle* -- queued demand -- during:
 
     * ``[queued_utc, run_start_utc of run 0)``: waiting for its first run (``queued_utc`` null: the
       QDate inside the GlobalJobId ``schedd#cluster.proc#qdate``);
@@ -304,9 +304,11 @@ params AS (
     SELECT epoch_us(CAST($start AS TIMESTAMPTZ)) AS s_us, epoch_us(CAST($end AS TIMESTAMPTZ)) AS e_us
 ),
 j AS (
+    -- every row of a job that asks for a GPU (DESIGN 4.4: RequestGPUs >= 1) in any of its records: a
+    -- later record without the attribute (an unevaluated expression) still says it left the queue
     SELECT *
     FROM job_rows
-    WHERE request_gpus > 0
+    WHERE global_job_id IN (SELECT global_job_id FROM job_rows WHERE request_gpus >= 1)
     QUALIFY row_number() OVER (
         PARTITION BY global_job_id, run_index, doc_kind
         ORDER BY record_utc DESC NULLS LAST, job_status DESC NULLS LAST, run_end_utc DESC NULLS LAST,
@@ -317,7 +319,8 @@ info AS (
     SELECT global_job_id,
         coalesce(epoch_us(min(queued_utc)),
                  TRY_CAST(split_part(any_value(global_job_id), '#', 3) AS BIGINT) * 1000000) AS q_us,
-        arg_max(request_gpus, (coalesce(epoch_us(record_utc), 0), doc_kind = 'epoch', run_index)) AS request_gpus,
+        arg_max(request_gpus, (coalesce(epoch_us(record_utc), 0), doc_kind = 'epoch', run_index))
+            FILTER (WHERE request_gpus >= 1) AS request_gpus,
         coalesce(arg_max(device_class_in, coalesce(epoch_us(record_utc), 0))
                  FILTER (WHERE device_class_in IS NOT NULL), '{any}') AS device_class,
         arg_max(coalesce("user", owner), coalesce(epoch_us(record_utc), 0))

@@ -978,3 +978,29 @@ def test_sim_day_is_identical_alone_or_with_other_days(sim):
     assert both.filter(pa.compute.invert(mask)).equals(out[first].capacity)
     # and a re-run gives the same bytes
     assert demand_for_day(ds.store, last, *ds.window(last)).capacity.equals(out[last].capacity)
+
+
+def test_a_removal_record_without_request_gpus_still_ends_the_wait():
+    """Evicted at 10:00 (the epoch record asks for a GPU), removed at 10:20 by a record whose
+    RequestGPUs is null (an expression the index left unevaluated): the job waited 20 minutes. The
+    removal was filtered out with the GPU-less rows, so the job stayed idle to the end of the day
+    and, through the look-back, all of the next."""
+    ev = job("bf#8.0#1", 0, "epoch", queued=at(9), start=at(9, 30), end=at(10), lv=at(10), status=1)
+    removed = job("bf#8.0#1", 0, "job", queued=at(9), start=at(9, 30), end=at(10), lv=at(10), status=3,
+                  record=at(10, 20), gpus=None)
+    r = demand_from_tables(jobs([ev, removed]), states(2), DAY, END)
+    assert [(x[1], x[2], x[3]) for x in reasons(r)] == [("after_last_run", at(10), at(10, 20)),
+                                                       ("first_run", at(9), at(9, 30))]
+    assert sum(h["demand_gpus"] for h in hourly(r).values()) == pytest.approx(0.5 + 20 / 60)
+    nxt = DAY + dt.timedelta(days=1)
+    r = demand_from_tables(jobs([ev, removed]), states(2, start=nxt, end=nxt + dt.timedelta(days=1)), nxt,
+                           nxt + dt.timedelta(days=1))
+    assert sum(x["demand_gpus"] for x in r.capacity.to_pylist() if x["device_class"] == "ALL") == 0
+
+
+def test_a_job_asking_for_less_than_one_gpu_is_no_gpu_demand():
+    """DESIGN 4.4: RequestGPUs >= 1. A job with RequestGPUs 0.5 counted as half a GPU of demand."""
+    r = demand_from_tables(jobs([job("s#1.0#1", 0, "job", queued=at(9), status=1, record=at(11), gpus=0.5),
+                                 job("s#2.0#1", 0, "job", queued=at(9), status=1, record=at(11), gpus=2.0)]),
+                           states(4), DAY, END)
+    assert hourly(r)[9]["demand_gpus"] == pytest.approx(2.0)
