@@ -55,11 +55,14 @@ Energy
     trapezoid ``mean power x duration``. The counter is preferred because it integrates the board's
     own power between samples; ``energy_source`` says which was used (``counter`` / ``power`` /
     ``mixed``). A counter that lags the power readings -- unmoved from one sample to the next while
-    the power read above 0, then moving on at a later sample of the same source (a counter updated
-    less often than the samples are taken) -- is read as moving evenly between the reading it
-    stayed at and the one it moved to (``counter_readings_interpolated``): the segments of the stall
-    took the trapezoid power while the segment where it moved took the counter's whole step, so the
-    stall's energy was counted twice (up to 1.5 times the energy when it moved every other sample).
+    the power read above 0 (or read none), then moving on at a later sample of the same source by at
+    least :data:`STALL_CATCH_UP` of what the power says the stall drew (a counter updated less often
+    than the samples are taken) -- is read as moving evenly between the reading it stayed at and the
+    one it moved to (``counter_readings_interpolated``): the segments of the stall took the
+    trapezoid power while the segment where it moved took the counter's whole step, so the stall's
+    energy was counted twice (up to 1.5 times the energy when it moved every other sample). Not
+    across a hole (an interval over 3x the shortest of the stall's), and not from the GPU's first
+    sample read (the stall may have begun before it).
 
 Held but idle
     A GPU whose 5-minute state (``metrics/gpu_states``; a sample takes the state of the bucket it falls
@@ -765,7 +768,8 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
                    lead(plimit) OVER w AS plimit1,
                    CASE WHEN lead(sc) OVER w = sc THEN lead(energy_mj) OVER w END AS energy1,
                    count(power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn, lead(t) OVER w - t AS d
-            FROM ({_STALLS_SQL.format(src=_KEEP_READINGS_SQL.format(src=one_per_time), catch_up=STALL_CATCH_UP)})
+            FROM ({_STALLS_SQL.format(src=_KEEP_READINGS_SQL.format(src=one_per_time), catch_up=STALL_CATCH_UP,
+                                      gap=GAP_FACTOR)})
             WINDOW w AS (PARTITION BY gid ORDER BY t)"""
         con.execute(
             f"""
@@ -963,30 +967,39 @@ def _stalled_counter(same_gpu: np.ndarray, sc: np.ndarray, t: np.ndarray, energy
                      power: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The energy counter readings (rows in (GPU, time) order, NaN where null) with each stall that
     the counter moves on from read as moving evenly (see the module docstring), and the rows whose
-    readings were so replaced. A stalled sample has the previous sample's reading, of the same
-    source, with power above 0 at both; its run of stalls is replaced when the sample after the run
-    is of the same GPU and source with a higher reading: ``e_k + (e_next - e_k) (t - t_k) / (t_next -
-    t_k)``, ``k`` the sample the run stalled at. :data:`_STALLS_SQL` in SQL."""
+    readings were so replaced. A stalled sample has the previous sample's reading, of the same GPU
+    and source, the power at both above 0 or unknown. A run of stalls is replaced when the sample
+    after it is of the same GPU and source with a higher reading (``e_k + (e_next - e_k) (t - t_k) /
+    (t_next - t_k)``, ``k`` the sample the run stalled at), the step gives at least
+    :data:`STALL_CATCH_UP` of the power known at the stall's ends, every interval from ``k`` to the
+    next is within :data:`GAP_FACTOR` of the shortest (no hole is read into), and ``k`` is not the
+    GPU's first sample read (the stall may have begun before it). :data:`_STALLS_SQL` in SQL."""
     n = len(energy)
     stalled = np.zeros(n, dtype=bool)
     none = np.zeros(0, dtype=np.int64)
     if n < 3:
         return energy, none
     with np.errstate(invalid="ignore"):
-        stalled[1:] = (same_gpu & (sc[1:] == sc[:-1]) & (energy[1:] == energy[:-1])
-                       & (power[1:] > 0) & (power[:-1] > 0))
+        drawing = ~(power <= 0)  # above 0, or unknown
+        stalled[1:] = (same_gpu & (sc[1:] == sc[:-1]) & (energy[1:] == energy[:-1]) & drawing[1:] & drawing[:-1])
     if not stalled.any():
         return energy, none
     edge = np.diff(np.r_[0, stalled.astype(np.int8), 0])
     first, last = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1) - 1  # each run of stalls
     k, nxt = first - 1, last + 1
     at = np.minimum(nxt, n - 1)
+    d = np.r_[0, np.diff(t), 0]  # d[i]: the interval to sample i from the one before
+    bounds = np.ravel(np.column_stack((first, at + 1)))  # each run's intervals: d[first .. next]
+    d_max, d_min = np.maximum.reduceat(d, bounds)[::2], np.minimum.reduceat(d, bounds)[::2]
+    p_k, p_last = power[k], power[last]
+    known = np.where(np.isnan(p_k), p_last, np.where(np.isnan(p_last), p_k, (p_k + p_last) / 2))
     # the counter caught up: its step over the run gives at least STALL_CATCH_UP of the power read at
     # the stall's ends (a counter that resumed without counting the stall steps by one interval's)
     with np.errstate(invalid="ignore", divide="ignore"):
         step_w = (energy[at] - energy[k]) / 1000.0 / ((t[at] - t[k]) / 1e6)
         moves = ((nxt < n) & np.r_[same_gpu, False][last] & (sc[at] == sc[k]) & (energy[at] > energy[k])
-                 & (step_w >= STALL_CATCH_UP * ((power[k] + power[last]) / 2)))
+                 & np.r_[False, same_gpu][k] & (d_max <= GAP_FACTOR * d_min)
+                 & (step_w >= STALL_CATCH_UP * known))
     if not moves.any():
         return energy, none
     run_of = np.repeat(np.arange(len(first)), last - first + 1)  # per stalled sample (in order), its run
@@ -1004,28 +1017,39 @@ def _stalled_counter(same_gpu: np.ndarray, sc: np.ndarray, t: np.ndarray, energy
 STALL_CATCH_UP = 0.75
 
 #: :func:`_stalled_counter` in SQL, over a subquery ``{src}`` (gid, t, sc, power, energy_mj, ...; one
-#: row per GPU and time), with the column ``stall_interpolated``.
+#: row per GPU and time), with the column ``stall_interpolated``; ``{catch_up}``: STALL_CATCH_UP,
+#: ``{gap}``: GAP_FACTOR. ``g`` numbers a GPU's runs: a sample that is no stall and the stalls after it.
 _STALLS_SQL = """
-    SELECT * EXCLUDE (stalled, prev_power, an, nx, energy_mj, catch_up),
+    SELECT * EXCLUDE (stalled, prev_t, prev_power, d, g, d_max, d_min, an, nx, energy_mj, catch_up),
            CASE WHEN catch_up THEN an.e + (nx.e - an.e) * (t - an.t) / (nx.t - an.t) ELSE energy_mj END AS energy_mj,
            catch_up AS stall_interpolated
     FROM (
-        SELECT *, coalesce(stalled AND nx.s = sc AND nx.e > an.e
+        SELECT *, coalesce(stalled AND NOT an.first AND nx.s = sc AND nx.e > an.e
+                           AND greatest(d_max, nx.d) <= {gap} * least(d_min, nx.d)
                            AND (nx.e - an.e) / 1000.0 / ((nx.t - an.t) / 1e6)
-                               >= {catch_up} * ((an.p + nx.pp) / 2), false) AS catch_up
+                               >= {catch_up} * coalesce((an.p + nx.pp) / 2, an.p, nx.pp), false) AS catch_up
         FROM (
             SELECT *,
-                   last_value(CASE WHEN NOT stalled THEN struct_pack(t := t, e := energy_mj, p := power) END IGNORE NULLS)
+                   last_value(CASE WHEN NOT stalled
+                                   THEN struct_pack(t := t, e := energy_mj, p := power, first := prev_t IS NULL) END
+                              IGNORE NULLS)
                        OVER (PARTITION BY gid ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS an,
-                   first_value(CASE WHEN NOT stalled THEN struct_pack(t := t, e := energy_mj, s := sc, pp := prev_power)
-                                END IGNORE NULLS)
-                       OVER (PARTITION BY gid ORDER BY t ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS nx
+                   first_value(CASE WHEN NOT stalled
+                                    THEN struct_pack(t := t, e := energy_mj, s := sc, pp := prev_power, d := d) END
+                               IGNORE NULLS)
+                       OVER (PARTITION BY gid ORDER BY t ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS nx,
+                   max(CASE WHEN stalled THEN d END) OVER (PARTITION BY gid, g) AS d_max,
+                   min(CASE WHEN stalled THEN d END) OVER (PARTITION BY gid, g) AS d_min
             FROM (
-                SELECT *, coalesce(lag(sc) OVER w = sc AND lag(energy_mj) OVER w = energy_mj AND power > 0
-                                   AND lag(power) OVER w > 0, false) AS stalled,
-                       lag(power) OVER w AS prev_power
-                FROM ({src})
-                WINDOW w AS (PARTITION BY gid ORDER BY t))))"""
+                SELECT *, sum(CASE WHEN stalled THEN 0 ELSE 1 END) OVER (PARTITION BY gid ORDER BY t
+                                                                         ROWS UNBOUNDED PRECEDING) AS g
+                FROM (
+                    SELECT *, coalesce(lag(sc) OVER w = sc AND lag(energy_mj) OVER w = energy_mj
+                                       AND coalesce(power > 0, true) AND coalesce(lag(power) OVER w > 0, true),
+                                       false) AS stalled,
+                           lag(t) OVER w AS prev_t, lag(power) OVER w AS prev_power, t - lag(t) OVER w AS d
+                    FROM ({src})
+                    WINDOW w AS (PARTITION BY gid ORDER BY t)))))"""
 
 
 def _in_order(table: pa.Table, name: str, order: np.ndarray) -> np.ndarray:

@@ -160,17 +160,35 @@ def _readable(raw: pa.Table) -> pa.ChunkedArray:
     return pc.if_else(pc.is_null(raw.column("parse_error")), raw.column("doc_json"), None)
 
 
-def documents_in_window(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> int:
-    """The raw documents that may belong to [start_utc, end_utc): all but those whose run the cleaning
-    would count outside the window from their dates alone (``jobs_fast.outside_window_ids``; an
-    unreadable line counts, as a document of the day the cleaning quarantines). In files mode the
-    day reads the files of the day before and of the days after it (their records of runs that
-    started in the day): those alone are no document of the day."""
+def documents_of_the_day(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> int:
+    """The raw documents that are the day's own: every one from Elasticsearch (its query asks for the
+    documents of runs overlapping the day) and, from files, those of the files named for a date the
+    day's window touches (UTC) or for no date. The files of the day before and of the week after
+    it, which a day reads for the later records of its runs, hold none of its own: with the day's
+    file gone (rotated away) they alone are no day."""
     if not raw.num_rows:
         return 0
-    window_s = (math.floor(start_utc.timestamp()), math.ceil(end_utc.timestamp()))
-    outside, _ = outside_window_ids(_readable(raw), window_s)
-    return raw.num_rows - int(outside.sum())
+    own_dates = {start_utc.date() + dt.timedelta(days=i)
+                 for i in range(((end_utc - dt.timedelta(microseconds=1)).date() - start_utc.date()).days + 1)}
+    n = 0
+    for origin, source, count in _origin_counts(raw):
+        if source == "elasticsearch":
+            n += count
+            continue
+        m = _DATE_RE.search(Path(origin).name)
+        try:
+            day = dt.date.fromisoformat(m.group(1)) if m else None
+        except ValueError:
+            day = None
+        if day is None or day in own_dates:
+            n += count
+    return n
+
+
+def _origin_counts(raw: pa.Table) -> list[tuple[str, str, int]]:
+    grouped = raw.group_by(["origin", "source"]).aggregate([("position", "count")])
+    return list(zip(grouped["origin"].to_pylist(), grouped["source"].to_pylist(),
+                    grouped["position_count"].to_pylist(), strict=True))
 
 
 def _close_open_runs(table: pa.Table, candidates: pa.Table) -> tuple[pa.Table, int]:

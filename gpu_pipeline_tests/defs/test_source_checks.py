@@ -320,17 +320,20 @@ def test_a_day_whose_own_job_file_expired_keeps_its_documents(tmp_path, store_re
     d.mkdir()
     (d / "jobs-2025-08-05.ndjson").write_text(
         json.dumps(job_doc("s#1.0#1", epoch("2025-08-05T10:00:00"), epoch("2025-08-05T12:00:00"))) + "\n")
+    # the next day's file: a run of that day, and one that crossed midnight into it (also the day's)
     (d / "jobs-2025-08-06.ndjson").write_text(
-        json.dumps(job_doc("s#2.0#1", epoch("2025-08-06T10:00:00"), epoch("2025-08-06T12:00:00"))) + "\n")
+        json.dumps(job_doc("s#2.0#1", epoch("2025-08-06T10:00:00"), epoch("2025-08-06T12:00:00"))) + "\n"
+        + json.dumps(job_doc("s#3.0#1", epoch("2025-08-05T22:00:00"), epoch("2025-08-06T02:00:00"))) + "\n")
     res = {"data_store": store_res, "job_records": JobRecordsResource(files_dir=str(d))}
     store = Store(tmp_path / "data")
     result, checks, _ = run([job_documents, jobs], res)
-    assert checks["has_documents"] is True and store.read_table(JOBS, DAY)["global_job_id"].to_pylist() == ["s#1.0#1"]
+    day_jobs = ["s#1.0#1", "s#3.0#1"]
+    assert checks["has_documents"] is True and sorted(store.read_table(JOBS, DAY)["global_job_id"].to_pylist()) == day_jobs
     (d / "jobs-2025-08-05.ndjson").unlink()
     result, checks, mats = run([job_documents, jobs], res)
     kept, md = _kept_day(result, "raw/job_documents")
-    assert kept == [DAY] and (md["documents"].value, md["documents_of_the_day"].value) == (1, 0)
-    assert store.read_table(JOBS, DAY)["global_job_id"].to_pylist() == ["s#1.0#1"]
+    assert kept == [DAY] and (md["documents"].value, md["documents_of_the_day"].value) == (2, 0)
+    assert sorted(store.read_table(JOBS, DAY)["global_job_id"].to_pylist()) == day_jobs
 
 
 def test_a_telemetry_source_of_unreadable_lines_is_not_nothing(tmp_path, store_res):

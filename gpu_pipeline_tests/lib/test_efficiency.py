@@ -1428,7 +1428,8 @@ def test_a_job_on_gpus_of_two_models_names_both():
 
 
 def _lagging_counter_hours(g: str) -> dict[str, list[dict]]:
-    """An hour at 250 W (readings 249-251 W, fresh every 15 s) whose counter lags in three ways."""
+    """Hour 10 at 250 W (readings 249-251 W, fresh every 15 s, from 09:55) whose counter lags in three
+    ways (a stall at the first sample read is left: it may have begun before)."""
     def power(i: int) -> float:
         return 250.0 + (i % 3 - 1)
 
@@ -1436,9 +1437,9 @@ def _lagging_counter_hours(g: str) -> dict[str, list[dict]]:
         return lambda i: 1e9 + moved(i) * 15 * 250_000.0
 
     every_other = steps(lambda i: i // 2 * 2)  # moves at every second sample, by both intervals
-    stall_catch_up = steps(lambda i: 40 if 40 <= i < 80 else i)  # still 10:10-10:20, then catches up
+    stall_catch_up = steps(lambda i: 40 if 40 <= i < 80 else i)  # still 10:05-10:15, then catches up
     stall_no_catch_up = steps(lambda i: i if i < 40 else (40 if i < 80 else i - 39))  # resumes, the stall lost
-    return {name: series(g, at(10), 4 * 60 + 1, step_s=15, power_w=power, util_pct=90.0, power_limit_w=400.0,
+    return {name: series(g, at(9, 55), 4 * 65 + 1, step_s=15, power_w=power, util_pct=90.0, power_limit_w=400.0,
                          energy_mj=rule)
             for name, rule in (("every_other", every_other), ("stall_catch_up", stall_catch_up),
                                ("stall_no_catch_up", stall_no_catch_up))}
@@ -1459,7 +1460,8 @@ def test_a_counter_lagging_fresh_power_readings_is_not_counted_twice(window_quer
         assert r["energy_kwh"] == pytest.approx(0.25, rel=1e-3), name
         assert r["coverage_s"] == pytest.approx(3600.0), name
         interpolated = res.counters["counter_readings_interpolated"]
-        assert interpolated == {"every_other": 120, "stall_catch_up": 39, "stall_no_catch_up": 0}[name], name
+        # every other sample from 09:55:45 (the stall at 09:55:15 begins at the first sample read)
+        assert interpolated == {"every_other": 129, "stall_catch_up": 39, "stall_no_catch_up": 0}[name], name
         assert r["energy_source"] == ("mixed" if name == "stall_no_catch_up" else "counter"), name
 
 
@@ -1471,3 +1473,50 @@ def test_the_window_query_reads_a_lagging_counter_as_the_numpy_staging_does(monk
     fast = run(samples_table(rows))
     _window_query_only(monkeypatch)
     _same_results(fast, run(samples_table(rows)))
+
+
+@pytest.mark.parametrize("window_query", [False, True])
+def test_a_lagging_counter_across_unknown_power_and_a_hole(window_query, monkeypatch):
+    """An unknown power reading inside a stall does not end it (the stall was counted twice again);
+    a stall before a hole is not read into the hole (the hole is not covered, and its energy would
+    have gone to the segment before it)."""
+    if window_query:
+        _window_query_only(monkeypatch)
+    g = "GPU-aaaaaaaa"
+    rows = _lagging_counter_hours(g)["every_other"]
+    for i, r in enumerate(rows):
+        if i % 2:  # the stalled samples read no power
+            r["power_w"] = None
+    r = hour_row(run(samples_table(rows)), g, 10)
+    assert r["energy_kwh"] == pytest.approx(0.25, rel=1e-3)
+    # 30 s at 100 W to 10:10:30 (that sample's counter still at 10:10:00's), a hole to 10:30 in which the
+    # board drew 400 W, then 400 W to 11:00: the covered segments' energy
+    start, e = at(10), 1e9
+    hole = [{"sample_utc": start + dt.timedelta(seconds=30 * k), "gpu_id": g, "device_name": "NVIDIA A100-SXM4-40GB",
+             "power_w": 100.0 + k % 2 * 0.2, "util_pct": 90.0, "power_limit_w": 400.0,  # (fresh: no cached repeat)
+             "energy_mj": e + 30 * min(k, 20) * 100_000.0}
+            for k in range(22)]
+    after = e + 630 * 100_000.0 + 1170 * 400_000.0
+    hole += [{"sample_utc": start + dt.timedelta(seconds=1800 + 30 * k), "gpu_id": g,
+              "device_name": "NVIDIA A100-SXM4-40GB", "power_w": 400.0, "util_pct": 90.0, "power_limit_w": 400.0,
+              "energy_mj": after + 30 * k * 400_000.0} for k in range(61)]
+    res = run(samples_table(hole))
+    r = hour_row(res, g, 10)
+    assert r["energy_kwh"] == pytest.approx((630 * 100.1 + 1800 * 400) / 3.6e6, rel=1e-4)
+    assert r["coverage_s"] == pytest.approx(630 + 1800)
+    assert res.counters["counter_readings_interpolated"] == 0
+
+
+@pytest.mark.parametrize("window_query", [False, True])
+def test_a_stall_that_began_before_the_samples_read_is_left_as_read(window_query, monkeypatch):
+    """The counter still from 22:50 to 00:10, 250 W all along: the next day reads from 23:00, whose
+    first sample the stall may not have begun at; spread from there, 00:00's hour took 0.256 kWh."""
+    if window_query:
+        _window_query_only(monkeypatch)
+    g, step = "GPU-aaaaaaaa", 250 * 30 * 1000.0
+    rows = series(g, at(22), 4 * 120 + 1, step_s=30, power_w=lambda i: 250.0 + (i % 3 - 1), util_pct=90.0,
+                  power_limit_w=400.0, energy_mj=lambda i: 1e9 + (100 if 100 <= i < 260 else i) * step)
+    for day in ("2025-08-05", "2025-08-06"):
+        res = run(samples_table(rows), day=day)
+        energy = [r["energy_kwh"] for r in res.hourly.to_pylist() if r["coverage_s"]]
+        assert energy and all(e == pytest.approx(0.25, rel=1e-3) for e in energy), (day, energy)

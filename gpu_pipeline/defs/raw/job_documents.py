@@ -17,7 +17,7 @@ from gpu_pipeline.defs.resources import DataStoreResource, JobRecordsResource
 from gpu_pipeline.lib.job_source import (
     FileDocsCache,
     RawDocs,
-    documents_in_window,
+    documents_of_the_day,
     raw_docs_from_es,
     raw_docs_from_files,
 )
@@ -56,7 +56,7 @@ def job_documents(
             raw = RawDocs(table=SPEC.empty())
         # the day's own documents: the files of the days around it alone (the day's file expired,
         # the later ones not yet) are none
-        of_day = documents_in_window(raw.table, start, end)
+        of_day = documents_of_the_day(raw.table, start, end)
         result = write_unless_empty(context, store, SPEC, day, mode != "off" and not of_day,
                                     lambda: store.write_partition(SPEC, day, raw.table),
                                     "the job-record source gives no document for the day")
