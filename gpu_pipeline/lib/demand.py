@@ -7,9 +7,9 @@ Demand (HTCondor job records, ``clean/jobs``)
       QDate inside the GlobalJobId ``schedd#cluster.proc#qdate``);
     * ``[end of run k, start of run k+1)``: an evicted / vacated run sends the job back to Idle;
     * after its last known run, when that run ended without completing: ``[end, left)``, where
-      ``left`` is the ``record_utc`` of the job's latest document if that says it left the queue or
-      stopped being idle (Removed 3, Completed 4, Held 5), else the window end (still idle as far
-      as the records tell);
+      ``left`` is when the job's latest document says it left the queue or stopped being idle
+      (Removed 3, Completed 4, Held 5): its ``status_entered_utc`` (EnteredCurrentStatus), else its
+      ``record_utc``; else the window end (still idle as far as the records tell);
     * a job that never started: ``[queued_utc, left)`` with the same ``left`` rule (so a job
       removed from the queue ends at its record time, a job still idle at the window end).
     * An interval of the last two kinds with no ``left`` ends earlier where the slot snapshots
@@ -296,6 +296,7 @@ IDLE_INTERVALS = pa.schema(
 _INTERVAL_JOB_COLUMNS = ", ".join((
     "global_job_id", "run_index", "doc_kind", "record_utc", "job_status", "run_end_utc", "source", "request_gpus",
     "queued_utc", '"user"', "owner", "project", "schedd", "run_start_utc", "last_vacate_utc", "completion_utc",
+    "status_entered_utc",
 ))
 
 _INTERVALS_SQL = """
@@ -327,13 +328,16 @@ info AS (
             FILTER (WHERE coalesce("user", owner) IS NOT NULL) AS who,
         arg_max(project, coalesce(epoch_us(record_utc), 0)) FILTER (WHERE project IS NOT NULL) AS project,
         arg_max(schedd, coalesce(epoch_us(record_utc), 0)) FILTER (WHERE schedd IS NOT NULL) AS schedd,
-        arg_max(struct_pack(st := job_status, rec := epoch_us(record_utc)),
+        arg_max(struct_pack(st := job_status, rec := epoch_us(record_utc), ent := epoch_us(status_entered_utc)),
                 (coalesce(epoch_us(record_utc), 0), run_index, doc_kind = 'job')) AS latest
     FROM j
     GROUP BY global_job_id
 ),
 info2 AS (
-    SELECT *, CASE WHEN latest.st IN (3, 4, 5) THEN latest.rec END AS left_us FROM info
+    -- it left the queue (or stopped being idle: held) when it entered that status, where the record
+    -- says (EnteredCurrentStatus), else by the record's time
+    SELECT *, CASE WHEN latest.st IN (3, 4, 5) THEN coalesce(least(latest.ent, latest.rec), latest.ent, latest.rec)
+                   END AS left_us FROM info
 ),
 runs AS (
     SELECT global_job_id, run_index,

@@ -355,7 +355,7 @@ COPIED_FIELDS: dict[str, str] = {
     "request_gpus": "request_gpus", "num_job_starts": "num_job_starts", "num_vacates": "num_vacates",
     "last_vacate_utc": "last_vacate", "vacate_reason_code": "vacate_reason_code",
     "vacate_reason": "vacate_reason", "remote_wall_clock_s": "remote_wall_clock",
-    "committed_time_s": "committed_time",
+    "committed_time_s": "committed_time", "status_entered_utc": "entered",
 }
 
 #: name -> (kind, coerce, ((attr, attr.lower()), ...)), precomputed for speed

@@ -224,6 +224,7 @@ JOBS = TableSpec(
         "quarantined with the reason, exact duplicates dropped and counted."
     ),
     key=("global_job_id", "run_index", "doc_kind"),
+    version=2,
     schema=pa.schema(
         [
             _f("global_job_id", pa.string(), "HTCondor GlobalJobId (schedd#cluster.proc#qdate)", nullable=False),
@@ -249,6 +250,8 @@ JOBS = TableSpec(
             _f("completion_utc", TS, "CompletionDate (null unless completed)"),
             _f("record_utc", TS, "RecordTime (adstash), else EpochWriteDate / ServerTime / CompletionDate / "
                "EnteredCurrentStatus"),
+            _f("status_entered_utc", TS, "EnteredCurrentStatus: when the job entered its JobStatus (a hold's, a "
+               "removal's start)"),
             _f("host", pa.string(), "Execute host: StartdName, else RemoteHost/LastRemoteHost after the last '@'"),
             _f("slot", pa.string(), "Slot: StartdSlot, else RemoteHost/LastRemoteHost before the last '@'"),
             _f("is_backfill_slot", pa.bool_(), "Slot name contains 'backfill' (null when no slot)"),
@@ -385,6 +388,8 @@ def all_tables() -> dict[str, TableSpec]:
 SCHEMA_CHANGES: list[tuple[str, int, str]] = [
     ("*", 1, "initial schemas"),
     ("clean/kueue_demand", 2, "root_cohort added (days written before read it as null)"),
+    ("clean/jobs", 2, "status_entered_utc added: the demand ends a held or removed job's wait at it (days "
+     "written before read it as null and end the wait at record_utc)"),
     ("metrics/gpu_hourly_efficiency", 2, "util_coverage_s and power_coverage_s added: the daily and fleet "
      "means weigh an hour by the time its reading was known (days written before read them as null and "
      "are weighed by coverage_s)"),

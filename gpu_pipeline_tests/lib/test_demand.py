@@ -37,11 +37,11 @@ def at(hh, mm=0):
 
 
 def job(gjid, run_index, kind, *, queued=DAY, start=None, end=None, status=4, gpus=1.0, completion=None,
-        record=None, lv=None, owner="alice@x.edu", project="P1", schedd="s1"):
+        record=None, lv=None, owner="alice@x.edu", project="P1", schedd="s1", entered=None):
     return dict(global_job_id=gjid, run_index=run_index, doc_kind=kind, owner=owner.split("@")[0], user=owner,
                 project=project, schedd=schedd, job_status=status, queued_utc=queued, run_start_utc=start,
                 run_end_utc=end, completion_utc=completion, record_utc=record or end or start or queued,
-                last_vacate_utc=lv, request_gpus=gpus, source="ndjson")
+                last_vacate_utc=lv, request_gpus=gpus, source="ndjson", status_entered_utc=entered)
 
 
 def jobs(rows):
@@ -1004,3 +1004,20 @@ def test_a_job_asking_for_less_than_one_gpu_is_no_gpu_demand():
                                  job("s#2.0#1", 0, "job", queued=at(9), status=1, record=at(11), gpus=2.0)]),
                            states(4), DAY, END)
     assert hourly(r)[9]["demand_gpus"] == pytest.approx(2.0)
+
+
+def test_a_held_job_is_no_demand_from_when_it_was_held():
+    """DESIGN 4.4: demand is JobStatus 1. A job held at the end of its run (10:00) and seen held at
+    14:00 by a condor_q snapshot waited 10:00-14:00 as far as the demand told; one held at 09:00
+    before it ever ran, seen at 12:00, waited 08:00-12:00. EnteredCurrentStatus says when the hold
+    began (without it, the record's time is all there is)."""
+    ran = job("s#1.0#1", 0, "job", queued=at(8), start=at(8, 30), end=at(10), status=5, record=at(14),
+              entered=at(10), gpus=2.0)
+    never = job("s#2.0#1", 0, "job", queued=at(8), status=5, record=at(12), entered=at(9))
+    r = demand_from_tables(jobs([ran, never]), states(4), DAY, END)
+    h = hourly(r)
+    assert h[8]["demand_gpus"] == pytest.approx(2 * 0.5 + 1.0)  # the first waited to 08:30, the other all hour
+    assert all(h[k]["demand_gpus"] == 0 for k in range(9, 15)), [h[k]["demand_gpus"] for k in range(9, 15)]
+    # without EnteredCurrentStatus (days written before the column): the record's time
+    r = demand_from_tables(jobs([{**never, "status_entered_utc": None}]), states(4), DAY, END)
+    assert [hourly(r)[k]["demand_gpus"] for k in range(8, 13)] == [1.0, 1.0, 1.0, 1.0, 0.0]
