@@ -336,8 +336,10 @@ info AS (
 info2 AS (
     -- it left the queue (or stopped being idle: held) when it entered that status, where the record
     -- says (EnteredCurrentStatus), else by the record's time
-    SELECT *, CASE WHEN latest.st IN (3, 4, 5) THEN coalesce(least(latest.ent, latest.rec), latest.ent, latest.rec)
-                   END AS left_us FROM info
+    SELECT *, latest.st IN (3, 4, 5) AS has_left,
+           CASE WHEN latest.st IN (3, 4, 5) THEN latest.ent END AS left_ent,
+           CASE WHEN latest.st IN (3, 4, 5) THEN latest.rec END AS left_rec
+    FROM info
 ),
 runs AS (
     SELECT global_job_id, run_index,
@@ -376,13 +378,21 @@ raw_iv AS (
     UNION ALL
     -- idle again after the last known run, which ended without completing
     SELECT s.global_job_id, 'after_last_run', s.re_us,
-        coalesce(CASE WHEN i.left_us >= s.re_us THEN i.left_us END, p.e_us),
-        CASE WHEN i.left_us >= s.re_us THEN false ELSE true END
+        -- it entered the status it left in before the run ended (held or removed while running: the
+        -- schedd sets the status before the shadow vacates), or a record that says it left before the
+        -- run ended: it left at the run's end, no wait
+        CASE WHEN NOT coalesce(i.has_left, false) THEN p.e_us
+             WHEN i.left_ent IS NOT NULL THEN greatest(i.left_ent, s.re_us)
+             WHEN i.left_rec >= s.re_us THEN i.left_rec
+             ELSE s.re_us END,
+        NOT coalesce(i.has_left, false)
     FROM seq s JOIN info2 i USING (global_job_id), params p
     WHERE s.is_last AND s.re_us IS NOT NULL AND NOT s.completed
     UNION ALL
     -- never started
-    SELECT i.global_job_id, 'never_started', i.q_us, coalesce(i.left_us, p.e_us), i.left_us IS NULL
+    SELECT i.global_job_id, 'never_started', i.q_us,
+        coalesce(CASE WHEN i.left_ent >= i.q_us THEN i.left_ent END, i.left_rec, p.e_us),
+        i.left_ent IS NULL AND i.left_rec IS NULL
     FROM info2 i, params p
     WHERE i.global_job_id NOT IN (SELECT global_job_id FROM runs)
 ),

@@ -160,16 +160,15 @@ def _readable(raw: pa.Table) -> pa.ChunkedArray:
     return pc.if_else(pc.is_null(raw.column("parse_error")), raw.column("doc_json"), None)
 
 
-def documents_of_the_day(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> int:
-    """The raw documents that are the day's own: every one from Elasticsearch (its query asks for the
-    documents of runs overlapping the day) and, from files, those of the files named for a date the
-    day's window touches (UTC) or for no date. The files of the day before and of the week after
-    it, which a day reads for the later records of its runs, hold none of its own: with the day's
-    file gone (rotated away) they alone are no day."""
+def documents_of_the_day(raw: pa.Table, day: dt.date) -> int:
+    """The raw documents that are the partition day's own: every one from Elasticsearch (its query asks
+    for the documents of runs overlapping the day) and, from files, those of the files named for the
+    day (its date as the partition names it) or for no date. The files of the days before and after
+    it, which a day reads for the later records of its runs (and, where the partition's zone is not
+    UTC, for the hours of its window on another date), hold none of its own: with the day's file gone
+    (rotated away) they alone are no day."""
     if not raw.num_rows:
         return 0
-    own_dates = {start_utc.date() + dt.timedelta(days=i)
-                 for i in range(((end_utc - dt.timedelta(microseconds=1)).date() - start_utc.date()).days + 1)}
     n = 0
     for origin, source, count in _origin_counts(raw):
         if source == "elasticsearch":
@@ -177,10 +176,10 @@ def documents_of_the_day(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.date
             continue
         m = _DATE_RE.search(Path(origin).name)
         try:
-            day = dt.date.fromisoformat(m.group(1)) if m else None
+            named = dt.date.fromisoformat(m.group(1)) if m else None
         except ValueError:
-            day = None
-        if day is None or day in own_dates:
+            named = None
+        if named is None or named == day:
             n += count
     return n
 

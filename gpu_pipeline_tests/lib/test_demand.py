@@ -1021,3 +1021,16 @@ def test_a_held_job_is_no_demand_from_when_it_was_held():
     # without EnteredCurrentStatus (days written before the column): the record's time
     r = demand_from_tables(jobs([{**never, "status_entered_utc": None}]), states(4), DAY, END)
     assert [hourly(r)[k]["demand_gpus"] for k in range(8, 13)] == [1.0, 1.0, 1.0, 1.0, 0.0]
+
+
+def test_a_job_held_or_removed_while_running_has_no_wait_after_its_run():
+    """condor_hold / condor_rm on a running job: the schedd sets the status (EnteredCurrentStatus
+    10:00) before the shadow vacates the run (10:00:30). The wait after the run began before the
+    status was entered: the job left at the run's end, no wait; it ran to the window's end (and
+    through the look-back, every next day) for the first fix of held jobs."""
+    held = job("s#1.0#1", 0, "job", queued=at(8), start=at(8, 30), end=at(10) + dt.timedelta(seconds=30), status=5,
+               record=at(14),
+               entered=at(10), gpus=2.0)
+    r = demand_from_tables(jobs([held]), states(4), DAY, END)
+    assert [x[1] for x in reasons(r)] == ["first_run"]
+    assert sum(h["demand_gpus"] for h in hourly(r).values()) == pytest.approx(2 * 0.5)

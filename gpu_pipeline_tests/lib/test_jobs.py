@@ -718,3 +718,21 @@ def test_a_job_file_name_that_is_no_readable_file_is_an_error_naming_it(tmp_path
     (tmp_path / "jobs-2025-08-06.ndjson").symlink_to(tmp_path / "gone.ndjson")
     with pytest.raises(FileNotFoundError, match=r"jobs-2025-08-06\.ndjson: a job-record file name, but not"):
         select_files(tmp_path, s, s + dt.timedelta(days=1), 3)
+
+
+def test_the_days_own_job_documents_are_those_of_its_file_undated_files_and_elasticsearch():
+    import pyarrow as pa
+
+    from gpu_pipeline.lib.job_source import documents_of_the_day
+
+    def raw(rows):
+        return pa.table({"source": [s for s, _ in rows], "origin": [o for _, o in rows],
+                         "position": list(range(len(rows)))})
+
+    day = dt.date(2025, 3, 10)
+    # a zone west of UTC: the window also touches 03-11, whose file alone is not the day's
+    assert documents_of_the_day(raw([("ndjson", "/j/jobs-2025-03-11.ndjson")] * 3), day) == 0
+    assert documents_of_the_day(raw([("ndjson", "/j/jobs-2025-03-09.ndjson.gz")]), day) == 0
+    rows = [("ndjson", "/j/jobs-2025-03-10.ndjson")] * 2 + [("ndjson", "/j/history.ndjson"),
+                                                             ("elasticsearch", "adstash-2025.03")]
+    assert documents_of_the_day(raw(rows), day) == 4

@@ -1,5 +1,7 @@
 """Raw layer: the HTCondor job documents (Elasticsearch or offline files) that overlap each day."""
 
+import datetime as dt
+
 import dagster as dg
 
 from gpu_pipeline.defs.common import (
@@ -56,7 +58,7 @@ def job_documents(
             raw = RawDocs(table=SPEC.empty())
         # the day's own documents: the files of the days around it alone (the day's file expired,
         # the later ones not yet) are none
-        of_day = documents_of_the_day(raw.table, start, end)
+        of_day = documents_of_the_day(raw.table, dt.date.fromisoformat(day))
         result = write_unless_empty(context, store, SPEC, day, mode != "off" and not of_day,
                                     lambda: store.write_partition(SPEC, day, raw.table),
                                     "the job-record source gives no document for the day")
