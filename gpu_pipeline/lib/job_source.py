@@ -69,19 +69,23 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
     for p in sorted(files_dir.rglob("*")):
         if not p.name.lower().removesuffix(".gz").endswith(_JOB_SUFFIXES) or p.is_dir():
             continue
-        m = _DATE_RE.search(p.name)
-        if m:
-            try:
-                day = dt.date.fromisoformat(m.group(1))
-            except ValueError:
-                day = None
-            if day is not None and not lo <= day <= hi:
-                continue
+        day = _named_date(p)
+        if day is not None and not lo <= day <= hi:
+            continue
         if not p.is_file():  # a dangling link, a link loop, a pipe the day would read: not skipped unseen
             raise FileNotFoundError(f"{p}: a job-record file name, but not a readable file "
                                     "(a dangling link, a link loop or a pipe)")
         picked.append(p)
     return picked
+
+
+def _named_date(path: Path) -> dt.date | None:
+    """The date a job-record file is named for (``...YYYY-MM-DD...``), or None."""
+    m = _DATE_RE.search(path.name)
+    try:
+        return dt.date.fromisoformat(m.group(1)) if m else None
+    except ValueError:
+        return None
 
 
 def _file_table(path: Path) -> pa.Table:
@@ -174,11 +178,7 @@ def documents_of_the_day(raw: pa.Table, day: dt.date) -> int:
         if source == "elasticsearch":
             n += count
             continue
-        m = _DATE_RE.search(Path(origin).name)
-        try:
-            named = dt.date.fromisoformat(m.group(1)) if m else None
-        except ValueError:
-            named = None
+        named = _named_date(Path(origin))
         if named is None or named == day:
             n += count
     return n
