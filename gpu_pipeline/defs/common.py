@@ -131,6 +131,8 @@ def _day_metadata(o: DayOutcome) -> dict[str, Any]:
             md["dagster/row_count"] = o.result.rows
         md["dagster/uri"] = o.result.uri
         md["bytes"] = o.result.bytes
+        if o.result.kept:  # the source gave nothing: the partition an earlier run wrote (write_unless_empty)
+            md["kept_previous_partition"] = dg.MetadataValue.json({"rows": o.result.rows})
     for k, v in o.metrics.items():
         md[k] = float(v)
     for k, v in o.details.items():
@@ -239,10 +241,16 @@ def write_unless_empty(context: dg.AssetExecutionContext, store: Any, spec: Tabl
     (``empty``) and an earlier run wrote rows there: those are kept (:meth:`Store.kept_partition`), and
     the day's blocking check still fails, naming the day."""
     if empty and (kept := store.kept_partition(spec, day)) is not None:
-        context.log.warning(f"{day}: {what}; {spec.layer}/{spec.name} keeps the partition an earlier run wrote "
-                            f"({kept.rows:,} rows) instead of replacing it with an empty one")
+        log_kept(context, spec, day, what, kept)
         return kept
     return write()
+
+
+def log_kept(context: dg.AssetExecutionContext, spec: TableSpec, day: str, what: str, kept: WriteResult) -> None:
+    """The warning of a day whose partition an earlier run wrote is kept (its materialization says so
+    too: ``kept_previous_partition``)."""
+    context.log.warning(f"{day}: {what}; {spec.layer}/{spec.name} keeps the partition an earlier run wrote "
+                        f"({kept.rows:,} rows) instead of replacing it with an empty one")
 
 
 def kept_days(outcomes: list[DayOutcome]) -> list[str]:

@@ -76,8 +76,6 @@ def condor_slot_snapshots(
         result = write_unless_empty(context, store, SPEC, day, not read.snapshots and not read.rejected, write,
                                     "the archive gives nothing for the day")
         details = {"source_files": read.files, "read_paths": read.read_paths}
-        if result.kept:
-            details["kept_previous_partition"] = {"rows": result.rows}
         if read.missing_months:
             details["missing_months"] = read.missing_months
             context.log.warning(f"{day}: no archive for month(s) {read.missing_months}")

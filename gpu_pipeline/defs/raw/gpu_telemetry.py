@@ -8,6 +8,7 @@ from gpu_pipeline.defs.common import (
     daily_table_asset,
     gate_check,
     kept_days,
+    log_kept,
     materialize_result,
     run_days,
     table_key,
@@ -62,9 +63,7 @@ def gpu_telemetry(
         result = write_raw_samples(store, day, stream, keep_if_empty=telemetry.enabled)
         quarantine = stream.quarantine if stream.quarantine is not None else QUARANTINE_GPU_TELEMETRY.empty()
         if result.kept:
-            context.log.warning(f"{day}: the telemetry sources give nothing for the day; raw/gpu_telemetry keeps "
-                                f"the partition an earlier run wrote ({result.rows:,} rows) instead of replacing it "
-                                "with an empty one")
+            log_kept(context, SPEC, day, "the telemetry sources give nothing for the day", result)
         else:
             # Lines the parsers could not read are kept with the reason (always written, so a re-run replaces).
             store.write_partition(QUARANTINE_GPU_TELEMETRY, day, quarantine)
@@ -85,10 +84,7 @@ def gpu_telemetry(
             metrics[name] = int(sum(v for k, v in stream.counters.items()
                                     if k == name or k.endswith((f":{name}", f"_{name}"))))
         metrics.update(cov.as_metadata("telemetry"))
-        details: dict = {"files": len(stream.files)}
-        if result.kept:
-            details["kept_previous_partition"] = {"rows": result.rows}
-        return DayOutcome(day=day, result=result, metrics=metrics, details=details)
+        return DayOutcome(day=day, result=result, metrics=metrics, details={"files": len(stream.files)})
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("samples")]

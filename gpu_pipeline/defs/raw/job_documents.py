@@ -65,10 +65,7 @@ def job_documents(
         metrics = {"documents": raw.table.num_rows, "documents_of_the_day": of_day}
         if raw.es_total is not None:
             metrics.update(es_hits_total=raw.es_total, es_pages=raw.es_pages or 0, es_retries=raw.es_retries or 0)
-        details = {"files": raw.files, "mode": mode}
-        if result.kept:
-            details["kept_previous_partition"] = {"rows": result.rows}
-        return DayOutcome(day=day, result=result, metrics=metrics, details=details)
+        return DayOutcome(day=day, result=result, metrics=metrics, details={"files": raw.files, "mode": mode})
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("documents_of_the_day")]

@@ -37,8 +37,7 @@ def kueue_scrapes(
         result = write_unless_empty(context, store, SPEC, day, kueue.enabled and not in_window,
                                     lambda: store.write_partition(SPEC, day, table),
                                     "the scrape directory gives no scrape within the day")
-        return DayOutcome(day=day, result=result, metrics={"scrapes": in_window},
-                          details={"kept_previous_partition": {"rows": result.rows}} if result.kept else {})
+        return DayOutcome(day=day, result=result, metrics={"scrapes": in_window})
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("scrapes")]
