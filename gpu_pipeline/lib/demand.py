@@ -44,12 +44,17 @@ Demand (HTCondor job records, ``clean/jobs``)
     jobs with a record match the truth to the second; the rest is exactly the jobs without one.
 
 Device class of a job
-    HTCondor job records do not say which device a job can use unless its requirements name one.
-    The clean ``jobs`` table has no such column, so every job is class ``ANY``. If the jobs
-    relation has a column ``device_class`` (e.g. a view that extracts ``GPUs_DeviceName`` from
-    the Requirements expression) its non-null values are used. Output rows are per device name
-    (demand of the jobs that named it, capacity of that device) and ``ALL`` (the whole pool: all
-    demand -- ``ANY`` jobs count only here -- against all capacity).
+    HTCondor job records say which device a job can use only where its requirements name one:
+    ``RequireGPUs`` (``require_gpus = DeviceName == "NVIDIA A100-SXM4-80GB"``) or a test on the
+    machine's ``GPUs_DeviceName`` / ``CUDADeviceName`` in ``Requirements``, kept as text in
+    ``clean/jobs`` (``require_gpus``, ``requirements``). They are read with the ClassAd library against
+    the device models of the window's states (:func:`gpu_requirements.device_class_of`): a job whose
+    requirements leave one model is that model's class; the others (no device test, a capability
+    test, several models left, a model the pool lacks that day) are class ``ANY``. The job's latest
+    ``require_gpus`` and latest ``requirements`` are read, each from the latest record that holds it.
+    A jobs relation with a column ``device_class`` is read as it is instead. Output rows are per device name (demand of the jobs of that class, capacity of that
+    device) and ``ALL`` (the whole pool: all demand -- ``ANY`` jobs count only here -- against all
+    capacity).
 
 Capacity (``metrics/gpu_states``, 5-minute buckets)
     Time-weighted means over the hour's buckets seen in a slot snapshot (rows / seen buckets; a
@@ -129,6 +134,7 @@ import duckdb
 import pyarrow as pa
 
 from gpu_pipeline.lib.db import exact_sum, exact_weighted_avg
+from gpu_pipeline.lib.gpu_requirements import ANY_DEVICE, DEVICE_WORD, UnreadableExpression, device_class_of
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND, OUTAGE_FACTOR
 from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, TS, TableSpec, _f, conform
 from gpu_pipeline.lib.states import BUCKET
@@ -142,7 +148,6 @@ WAIT_SCALE_S = 4 * 3600.0
 GAP_SCALE_PP = 100.0
 TOP_N = 10
 JOBS_LOOKBACK_DAYS = 14
-ANY_DEVICE = "ANY"
 ALL_DEVICES = "ALL"
 UNKNOWN_DEVICE = "unknown"
 NO_KEY = "(none)"
@@ -845,6 +850,8 @@ class DemandResult:
     capacity: pa.Table  #: ``metrics/demand_capacity`` rows
     top: pa.Table  #: ``metrics/demand_top_contributors`` rows
     intervals: pa.Table  #: the job idle intervals (:data:`IDLE_INTERVALS`) behind the demand
+    #: jobs of the window's demand whose requirements name a device attribute but cannot be read (ANY)
+    unreadable_requirements: int = 0
 
 
 def _us(delta: dt.timedelta) -> int:
@@ -863,20 +870,32 @@ def job_idle_intervals(
     end_utc: dt.datetime,
     states_from_sql: str | None = None,
     states_params: list | None = None,
+    counts: dict[str, int] | None = None,
 ) -> pa.Table:
     """The idle (queued) intervals of GPU jobs inside ``[start_utc, end_utc)``, from clean job rows.
 
     ``jobs_from_sql`` should cover the window's days and :data:`JOBS_LOOKBACK_DAYS` before them;
     ``states_from_sql`` (``metrics/gpu_states`` of the window), where given, ends a wait that no
-    record ends at the first snapshot that saw the job running.
+    record ends at the first snapshot that saw the job running, and names the device models a job's
+    requirements are read against (the device class, :mod:`gpu_requirements`). ``counts``, where
+    given, gets ``unreadable_requirements``: the jobs with an idle interval in the window whose
+    requirements name a device attribute but cannot be read (class ``ANY``).
     """
     cols = _columns(con, jobs_from_sql, jobs_params)
     device_expr = "CAST(device_class AS VARCHAR)" if "device_class" in cols else "CAST(NULL AS VARCHAR)"
+    # a requirement that names no device attribute cannot name a class: '' stands for it (Requirements
+    # of a few hundred characters on every row of the look-back need not be copied)
+    expr_cols = ", ".join(
+        f"CASE WHEN contains(lower({c}), '{DEVICE_WORD}') THEN CAST({c} AS VARCHAR) WHEN {c} IS NOT NULL THEN '' END "
+        f"AS {c}_in" if c in cols else f"CAST(NULL AS VARCHAR) AS {c}_in" for c in _REQUIREMENT_COLUMNS)
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE job_rows AS SELECT {_INTERVAL_JOB_COLUMNS}, {device_expr} AS device_class_in "
-        f"FROM {jobs_from_sql}",
+        f"CREATE OR REPLACE TEMP TABLE job_rows AS SELECT {_INTERVAL_JOB_COLUMNS}, {device_expr} AS device_class_in, "
+        f"{expr_cols} FROM {jobs_from_sql}",
         jobs_params,
     )
+    unreadable: set[str] = set()
+    if "device_class" not in cols and any(c in cols for c in _REQUIREMENT_COLUMNS):
+        unreadable = _requirement_classes(con, states_from_sql, states_params or [])
     running = ("SELECT DISTINCT global_job_id, epoch_us(snapshot_utc) AS seen_us "
                f"FROM {states_from_sql} WHERE state LIKE 'busy%' AND global_job_id IS NOT NULL "
                "AND snapshot_utc IS NOT NULL") if states_from_sql else \
@@ -890,7 +909,57 @@ def job_idle_intervals(
     finally:
         con.execute("DROP TABLE IF EXISTS job_rows")
         con.execute("DROP TABLE IF EXISTS job_running")
+    if counts is not None:  # the jobs of the window's demand only, each once
+        counts["unreadable_requirements"] = len(unreadable & set(table.column("global_job_id").to_pylist()))
     return _cast(table, IDLE_INTERVALS)
+
+
+_REQUIREMENT_COLUMNS = ("require_gpus", "requirements")
+
+
+def _requirement_classes(con: duckdb.DuckDBPyConnection, states_from_sql: str | None, states_params: list) -> set[str]:
+    """Fill ``job_rows.device_class_in`` of each GPU job from its requirements -- the latest
+    ``require_gpus`` and the latest ``requirements`` its records hold, each on its own (a record
+    without one, as an index may keep it, does not drop it) -- read against the device models of
+    the window's states (none without them: every job ``ANY``). Returns the jobs whose requirements
+    could not be read."""
+    latest = ("arg_max({c}_in, (coalesce(epoch_us(record_utc), 0), run_index, doc_kind = 'job', {c}_in)) "
+              "FILTER (WHERE {c}_in IS NOT NULL) AS {c}_last")
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE job_requirements AS SELECT global_job_id, "
+        + ", ".join(latest.format(c=c) for c in _REQUIREMENT_COLUMNS)
+        + " FROM job_rows WHERE global_job_id IN (SELECT global_job_id FROM job_rows WHERE request_gpus >= 1) "
+        "GROUP BY global_job_id HAVING require_gpus_last IS NOT NULL OR requirements_last IS NOT NULL"
+    )
+    try:
+        pairs = con.sql("SELECT DISTINCT require_gpus_last, requirements_last FROM job_requirements").fetchall()
+        if not pairs:
+            return set()
+        devices = [] if states_from_sql is None else [r[0] for r in con.sql(
+            f"SELECT DISTINCT device_name FROM {states_from_sql} WHERE device_name IS NOT NULL ORDER BY 1",
+            params=states_params).fetchall()]
+        classes, bad = [], []
+        for require_gpus, requirements in pairs:
+            try:
+                classes.append(device_class_of(require_gpus, requirements, devices))
+                bad.append(False)
+            except UnreadableExpression:
+                classes.append(ANY_DEVICE)
+                bad.append(True)
+        con.register("requirement_classes", pa.table({
+            "rg": pa.array([p[0] for p in pairs], pa.string()), "rq": pa.array([p[1] for p in pairs], pa.string()),
+            "cls": pa.array(classes, pa.string()), "bad": pa.array(bad, pa.bool_())}))
+        join = ("job_requirements j JOIN requirement_classes c ON j.require_gpus_last IS NOT DISTINCT FROM c.rg "
+                "AND j.requirements_last IS NOT DISTINCT FROM c.rq")
+        try:
+            con.execute(f"UPDATE job_rows SET device_class_in = c.cls FROM {join} "
+                        "WHERE job_rows.global_job_id = j.global_job_id")
+            unreadable = {r[0] for r in con.sql(f"SELECT j.global_job_id FROM {join} WHERE c.bad").fetchall()}
+        finally:
+            con.unregister("requirement_classes")
+    finally:
+        con.execute("DROP TABLE IF EXISTS job_requirements")
+    return unreadable
 
 
 def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -926,7 +995,9 @@ def compute_demand_capacity(
     ``efficiency_from_sql`` with ``hour_start_utc, device_class, efficiency_gap_pp``.
     Hours are ``start_utc + k h``; the top contributors cover the whole window (call per day).
     """
-    intervals = job_idle_intervals(con, jobs_from_sql, jobs_params, start_utc, end_utc, states_from_sql, states_params)
+    counts: dict[str, int] = {}
+    intervals = job_idle_intervals(con, jobs_from_sql, jobs_params, start_utc, end_utc, states_from_sql, states_params,
+                                   counts)
     hour_us = _us(HOUR)
     con.register("idle_iv", intervals)
     con.execute(
@@ -986,6 +1057,7 @@ def compute_demand_capacity(
         capacity=conform(capacity, DEMAND_CAPACITY),
         top=top_table,
         intervals=intervals,
+        unreadable_requirements=counts.get("unreadable_requirements", 0),
     )
 
 

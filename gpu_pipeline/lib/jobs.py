@@ -22,6 +22,9 @@ and optionally one per job *epoch* (run attempt). Normalization rules:
   (host, slot, schedd), and unevaluated ClassAd expressions -- the ``"/Expr(...)/"`` strings of
   ``condor_q -json`` -- are unset (null). adstash stores an expression it cannot evaluate under
   ``<Attr>_EXPR``, a different field, so the attribute itself is simply absent.
+- **Expressions kept as text**: ``RequireGPUs`` and ``Requirements`` (or their ``_EXPR`` fields) are
+  the columns ``require_gpus`` and ``requirements``, the expression's text (``"/Expr(X)/"`` read as
+  ``X``); the demand reads from them which device a job can use (:mod:`gpu_requirements`).
 - **Dates** are epoch seconds (int, float or numeric string); ``0`` or negative means unset
   (``CompletionDate = 0`` for a job that has not completed, ``-1`` for transfers that never ran).
   ISO-8601 strings are accepted too (adstash's date mapping allows them); a naive one is UTC.
@@ -105,6 +108,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpu_pipeline.lib.db import connect as db_connect
+from gpu_pipeline.lib.gpu_requirements import expression_text
 from gpu_pipeline.lib.schemas import JOBS, QUARANTINE, TS
 from gpu_pipeline.lib.slots import normalize_gpu_id
 
@@ -296,6 +300,14 @@ def _short(v: Any, n: int = 80) -> str:
     return r if len(r) <= n else r[: n - 3] + "..."
 
 
+def _to_expr(v: Any, attr: str) -> str | None:
+    """A ClassAd expression's text (:func:`gpu_requirements.expression_text`); None for undefined."""
+    try:
+        return _checked_text(expression_text(v), attr) if expression_text(v) is not None else None
+    except ValueError as exc:
+        raise _BadValue(f"{attr}={_short(v)}: {exc}") from None
+
+
 _COERCE = {
     "int": _to_int,
     "int32": lambda v, a: _to_int(v, a, _INT32),
@@ -303,6 +315,7 @@ _COERCE = {
     "date": _to_epoch_us,
     "str": _to_str,
     "gpus": _to_gpus,
+    "expr": _to_expr,
 }
 
 #: name -> (kind, HTCondor attribute spellings in order of preference)
@@ -345,6 +358,8 @@ _FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "committed_time": ("float", ("CommittedTime",)),
     "my_type": ("str", ("MyType",)),
     "epoch_ad_type": ("str", ("EpochAdType",)),
+    "require_gpus": ("expr", ("RequireGPUs", "RequireGPUs_EXPR")),
+    "requirements": ("expr", ("Requirements", "Requirements_EXPR")),
 }
 
 
@@ -356,6 +371,7 @@ COPIED_FIELDS: dict[str, str] = {
     "last_vacate_utc": "last_vacate", "vacate_reason_code": "vacate_reason_code",
     "vacate_reason": "vacate_reason", "remote_wall_clock_s": "remote_wall_clock",
     "committed_time_s": "committed_time", "status_entered_utc": "entered",
+    "require_gpus": "require_gpus", "requirements": "requirements",
 }
 
 #: name -> (kind, coerce, ((attr, attr.lower()), ...)), precomputed for speed
@@ -429,7 +445,8 @@ class _Doc:
                 values = [v]
             else:
                 values = self.candidates(attr, al)
-            values = [x for x in values if not _is_unset(x)]
+            # an expression's "/Expr(...)/" is its value; any other attribute's is unset
+            values = [x for x in values if (x is not None if kind == "expr" else not _is_unset(x))]
             if not values:
                 continue
             errors = []
@@ -439,7 +456,7 @@ class _Doc:
                 except _BadValue as exc:
                     errors.append(str(exc))
                     continue
-                if out is None and kind == "date":
+                if out is None and kind in ("date", "expr"):
                     continue
                 if kind == "str" and (not out or (name in _HOST_FIELDS and out.lower() in _PLACEHOLDERS)):
                     continue

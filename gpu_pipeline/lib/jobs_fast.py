@@ -46,7 +46,7 @@ from gpu_pipeline.lib.schemas import JOBS, conform
 
 _UNSET, _VALUE, _SLOW = 0, 1, 2
 _TYPES = {"date": pa.int64(), "int": pa.int64(), "int32": pa.int32(), "float": pa.float64(),
-          "str": pa.string(), "gpus": pa.string()}
+          "str": pa.string(), "gpus": pa.string(), "expr": pa.string()}
 # Above this a date read as a float may round differently from the integer seconds it was written as.
 _EXACT_FLOAT_DATE_S = 2**53 // 1_000_000
 _RUNNING = pa.array(sorted(RUNNING_STATUSES), pa.int32())
@@ -55,13 +55,13 @@ _RUNNING = pa.array(sorted(RUNNING_STATUSES), pa.int32())
 def _one_value(v: Any, kind: str, name: str, attr: str) -> tuple[int, Any]:
     """What ``jobs._Doc.get`` takes from ``v``, the attribute's only value: (_VALUE, value),
     (_UNSET, None) when it moves on to the next spelling, (_SLOW, None) when it would raise."""
-    if _is_unset(v):
+    if v is None if kind == "expr" else _is_unset(v):
         return _UNSET, None
     try:
         out = _COERCE[kind](v, attr)
     except _BadValue:
         return _SLOW, None
-    if out is None and kind == "date":
+    if out is None and kind in ("date", "expr"):
         return _UNSET, None
     if kind == "str" and (not out or (name in _HOST_FIELDS and out.lower() in _PLACEHOLDERS)):
         return _UNSET, None
@@ -71,7 +71,7 @@ def _one_value(v: Any, kind: str, name: str, attr: str) -> tuple[int, Any]:
 def _one_float(x: float, kind: str, name: str, attr: str) -> tuple[int, Any]:
     """:func:`_one_value` of a value from a float column, which may have been an integer in the text
     (Arrow reads a column of integers and floats as floats): left to ``_row`` where the two differ."""
-    if kind in ("str", "gpus") or (x.is_integer() and abs(x) >= (_EXACT_FLOAT_DATE_S if kind == "date" else 2**53)):
+    if kind in ("str", "gpus", "expr") or (x.is_integer() and abs(x) >= (_EXACT_FLOAT_DATE_S if kind == "date" else 2**53)):
         return _SLOW, None
     return _one_value(x, kind, name, attr)
 

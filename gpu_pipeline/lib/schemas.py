@@ -224,7 +224,7 @@ JOBS = TableSpec(
         "quarantined with the reason, exact duplicates dropped and counted."
     ),
     key=("global_job_id", "run_index", "doc_kind"),
-    version=2,
+    version=3,
     schema=pa.schema(
         [
             _f("global_job_id", pa.string(), "HTCondor GlobalJobId (schedd#cluster.proc#qdate)", nullable=False),
@@ -264,6 +264,10 @@ JOBS = TableSpec(
             _f("vacate_reason", pa.string(), "VacateReason"),
             _f("remote_wall_clock_s", pa.float64(), "RemoteWallClockTime: cumulative wall time of all runs (s)"),
             _f("committed_time_s", pa.float64(), "CommittedTime: wall time not lost to evictions (s)"),
+            _f("require_gpus", pa.string(), "RequireGPUs (require_gpus: the constraint on each GPU's properties), "
+               "the ClassAd expression's text"),
+            _f("requirements", pa.string(), "Requirements, the ClassAd expression's text (the demand reads a "
+               "device test on GPUs_DeviceName or CUDADeviceName from it)"),
             _f("source", pa.string(), "elasticsearch, ndjson, es_export or condor_history", nullable=False),
         ]
     ),
@@ -390,6 +394,8 @@ SCHEMA_CHANGES: list[tuple[str, int, str]] = [
     ("clean/kueue_demand", 2, "root_cohort added (days written before read it as null)"),
     ("clean/jobs", 2, "status_entered_utc added: the demand ends a held or removed job's wait at it (days "
      "written before read it as null and end the wait at record_utc)"),
+    ("clean/jobs", 3, "require_gpus and requirements added (RequireGPUs, Requirements as text): the demand "
+     "reads the device class a job can use from them (days written before read them as null: class ANY)"),
     ("metrics/gpu_hourly_efficiency", 2, "util_coverage_s and power_coverage_s added: the daily and fleet "
      "means weigh an hour by the time its reading was known (days written before read them as null and "
      "are weighed by coverage_s)"),

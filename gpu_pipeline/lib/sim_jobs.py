@@ -72,6 +72,25 @@ _KEY_CACHE: dict[str, str] = {}
 STATUS_NAMES = {1: "Idle", 2: "Running", 3: "Removed", 4: "Completed"}
 
 
+#: Every this many clusters a job names the device model it can use (``require_gpus``) -- when all
+#: its runs were on one model: the scheduler does not read the requirement, so only such a job's
+#: requirement is true to where it ran.
+REQUIRE_DEVICE_EVERY = 3
+
+
+def required_device(job: Job, hosts: list) -> str | None:
+    """The device model ``job``'s ``RequireGPUs`` names (its documents' ``RequireGPUs_EXPR``), or None."""
+    if not job.runs or job.cluster_id % REQUIRE_DEVICE_EVERY:
+        return None
+    models = {hosts[r.host].model.name for r in job.runs}
+    return models.pop() if len(models) == 1 else None
+
+
+def require_gpus_expr(device: str) -> str:
+    """``require_gpus = DeviceName == "<device>"`` as the ClassAd expression's text."""
+    return f'DeviceName == "{device}"'
+
+
 def adstash_key(attr: str) -> str:
     """Field name adstash gives ClassAd attribute ``attr``."""
     key = _KEY_CACHE.get(attr)
@@ -221,12 +240,19 @@ def write_job_documents(
             if r.end is not None and window_start <= r.end < window_end:
                 epochs.append((r.end, job.global_job_id, r.index, r))
 
+    def required(doc: dict, job: Job) -> dict:
+        # adstash keeps an expression it cannot evaluate (DeviceName is a GPU's, not the job's) as text
+        # under <Attr>_EXPR
+        if (device := required_device(job, hosts)) is not None:
+            doc[adstash_key("RequireGPUs_EXPR")] = require_gpus_expr(device)
+        return doc
+
     def render_job(job: Job) -> dict:
         last = job.runs[-1]
-        return job_document(job, hosts[last.host].name, _record_time(job), ids[last.host])
+        return required(job_document(job, hosts[last.host].name, _record_time(job), ids[last.host]), job)
 
     def render_epoch(run: Run) -> dict:
-        return epoch_document(run, hosts[run.host].name, ids[run.host])
+        return required(epoch_document(run, hosts[run.host].name, ids[run.host]), run.job)
 
     counts = _write_days(jobs_dir, "jobs", finals, render_job)
     counts.update(_write_days(jobs_dir, "epochs", epochs, render_epoch))

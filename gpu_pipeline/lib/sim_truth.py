@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from gpu_pipeline.lib.sim_cluster import Host
 from gpu_pipeline.lib.sim_engine import HostState, HostTimeline, PoolHistory, Run
+from gpu_pipeline.lib.sim_jobs import required_device
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -80,6 +81,7 @@ JOBS = pa.schema(
         ("end_utc", TS),
         ("end_reason", pa.string()),
         ("profile", pa.string()),
+        ("require_device", pa.string()),
     ]
 )
 HOSTS = pa.schema(
@@ -270,6 +272,7 @@ def write_truth(truth_dir: Path, history: PoolHistory, window_start: int, window
                     r.end,
                     r.end_reason,
                     job.profile,
+                    required_device(job, hosts),
                 )
             )
     queued = sorted(
@@ -294,6 +297,7 @@ def write_truth(truth_dir: Path, history: PoolHistory, window_start: int, window
                 None,
                 "queued",
                 job.profile,
+                None,
             )
         )
     return {

@@ -135,3 +135,40 @@ def test_the_kueue_gpu_resources_setting_reaches_the_demand(tmp_path):
         assert _materialize(store, KueueResource(scrape_dir=str(tmp_path), gpu_resources=setting)).success
         rows = [r for r in store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist() if r["source"] == "kueue"]
         assert len(rows) == 24 and {(r["demand_gpus"], r["idle_gpus"], r["severity"]) for r in rows} == want
+
+
+def test_a_job_that_names_its_device_is_that_devices_demand_and_unreadable_ones_are_counted(tmp_path):
+    """clean/jobs rows with RequireGPUs text: through the asset, the T4 job's two queued GPUs are the
+    T4 row's demand, and a requirement the ClassAd parser cannot read is counted in the day's
+    metadata (its job counts in ALL only)."""
+    store = Store(tmp_path / "data")
+    start = dt.datetime.combine(DAY, dt.time(), UTC)
+    buckets = [start + dt.timedelta(minutes=5 * b) for b in range(288)]
+    store.write_partition(GPU_STATES, DAY.isoformat(), conform(pa.Table.from_pylist([
+        {"bucket_start_utc": t, "gpu_id": gpu, "host": "h1", "device_name": dev, "state": "idle_shared",
+         "n_slot_rows": 1} for t in buckets for gpu, dev in (("GPU-a", "NVIDIA A100"), ("GPU-t", "Tesla T4"))]),
+        GPU_STATES))
+    store.write_partition(GPU_HOURLY_EFFICIENCY, DAY.isoformat(), GPU_HOURLY_EFFICIENCY.empty())
+
+    def queued(n: int, require: str, gpus: float) -> dict:
+        return {"global_job_id": f"ap#{n}.0#1", "run_index": 0, "doc_kind": "job", "job_status": 4,
+                "queued_utc": start + dt.timedelta(hours=10), "run_start_utc": start + dt.timedelta(hours=11),
+                "run_end_utc": start + dt.timedelta(hours=12), "completion_utc": start + dt.timedelta(hours=12),
+                "record_utc": start + dt.timedelta(hours=12), "request_gpus": gpus, "source": "ndjson",
+                "require_gpus": require}
+
+    store.write_partition(JOBS, DAY.isoformat(), conform(pa.Table.from_pylist(
+        [queued(1, 'DeviceName == "Tesla T4"', 2.0), queued(2, 'DeviceName == "Tesla', 1.0)]), JOBS))
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([demand_capacity], resources={"data_store": DataStoreResource(data_root=str(store.root)),
+                                                              "kueue": KueueResource()},
+                                partition_key=DAY.isoformat(), instance=instance)
+        assert result.success
+        (mat,) = [e.materialization for e in result.get_asset_materialization_events()
+                  if e.materialization.asset_key == dg.AssetKey(["metrics", "demand_capacity"])]
+    assert mat.metadata["unreadable_requirements"].value == 1
+    rows = {(r["device_class"], r["hour_start_utc"].hour): r
+            for r in store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist() if r["source"] == "htcondor"}
+    assert rows[("Tesla T4", 10)]["demand_gpus"] == 2.0 and rows[("Tesla T4", 10)]["idle_gpus"] == 1.0
+    assert rows[("NVIDIA A100", 10)]["demand_gpus"] == 0.0
+    assert rows[("ALL", 10)]["demand_gpus"] == 3.0

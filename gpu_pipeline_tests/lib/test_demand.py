@@ -37,11 +37,13 @@ def at(hh, mm=0):
 
 
 def job(gjid, run_index, kind, *, queued=DAY, start=None, end=None, status=4, gpus=1.0, completion=None,
-        record=None, lv=None, owner="alice@x.edu", project="P1", schedd="s1", entered=None):
+        record=None, lv=None, owner="alice@x.edu", project="P1", schedd="s1", entered=None, require_gpus=None,
+        requirements=None):
     return dict(global_job_id=gjid, run_index=run_index, doc_kind=kind, owner=owner.split("@")[0], user=owner,
                 project=project, schedd=schedd, job_status=status, queued_utc=queued, run_start_utc=start,
                 run_end_utc=end, completion_utc=completion, record_utc=record or end or start or queued,
-                last_vacate_utc=lv, request_gpus=gpus, source="ndjson", status_entered_utc=entered)
+                last_vacate_utc=lv, request_gpus=gpus, source="ndjson", status_entered_utc=entered,
+                require_gpus=require_gpus, requirements=requirements)
 
 
 def jobs(rows):
@@ -81,6 +83,52 @@ def kueue_hour(result, hour: int) -> dict:
 def reasons(result):
     return sorted((r["global_job_id"], r["reason"], r["start_utc"], r["end_utc"], r["open_end"])
                   for r in result.intervals.to_pylist())
+
+
+def test_a_job_that_names_a_device_model_is_that_models_demand():
+    """Two models in the pool. A job whose RequireGPUs leaves the T4 is T4 demand, against the T4s'
+    capacity; one whose latest record names no device is ANY (ALL only) even though an earlier record
+    named the A100; an unreadable requirement is ANY and counted; a job relation without the columns
+    (days written before schema 3) is ANY throughout."""
+    t4 = job("s1#1.0#1", 0, "epoch", queued=at(10), start=at(11), end=at(12), completion=at(12), gpus=2,
+             require_gpus='DeviceName == "Tesla T4"')
+    old_pool = job("s1#2.0#1", 0, "epoch", queued=at(10), start=at(11), end=at(12), completion=at(12),
+                   requirements='(HAS_SINGULARITY is true) && (TARGET.GPUs_DeviceName == "Tesla T4")')
+    renamed = [job("s1#3.0#1", 0, "epoch", queued=at(10), start=at(12), end=at(13), record=at(13), status=1,
+                   require_gpus='DeviceName == "NVIDIA A100"'),
+               # condor_qedit after the first run: any device of capability 7 or more
+               job("s1#3.0#1", 1, "epoch", queued=at(10), start=at(14), end=at(15), completion=at(15),
+                   require_gpus="Capability >= 7.0")]
+    broken = job("s1#4.0#1", 0, "epoch", queued=at(10), start=at(10, 30), end=at(12), completion=at(12),
+                 require_gpus='DeviceName == "Tesla T4')
+    # the look-back's jobs whose waits are over count in no day's figures, nor in the unreadable count
+    past = job("s1#6.0#1", 0, "epoch", queued=at(-30), start=at(-29), end=at(-28), completion=at(-28),
+               require_gpus='DeviceName == "Tesla T4')
+    # the final job ad with Requirements but without RequireGPUs (an index that did not keep it) does
+    # not drop the epoch's RequireGPUs: each attribute's latest value is read
+    kept = [job("s1#5.0#1", 0, "epoch", queued=at(10), start=at(11), end=at(12), completion=at(12),
+                require_gpus='DeviceName == "Tesla T4"'),
+            job("s1#5.0#1", 0, "job", queued=at(10), start=at(11), end=at(12), completion=at(12), record=at(12, 1),
+                requirements='(TARGET.Arch == "X86_64") && (TARGET.GPUs >= RequestGPUs)')]
+    pool = pa.concat_tables([states(2, device="NVIDIA A100"), states(2, device="Tesla T4", prefix="GPU-f")])
+    r = demand_from_tables(jobs([t4, old_pool, *renamed, broken, *kept, past]), pool, DAY, END)
+    cls = {iv["global_job_id"]: iv["device_class"] for iv in r.intervals.to_pylist()}
+    assert cls == {"s1#1.0#1": "Tesla T4", "s1#2.0#1": "Tesla T4", "s1#3.0#1": "ANY", "s1#4.0#1": "ANY",
+                   "s1#5.0#1": "Tesla T4"}
+    assert r.unreadable_requirements == 1
+    t4_hour = hourly(r, "Tesla T4")[10]
+    assert t4_hour["demand_gpus"] == pytest.approx(4.0)  # 2 + 1 + 1 GPUs queued 10:00-11:00
+    assert t4_hour["idle_gpus"] == pytest.approx(2.0)  # the T4s only
+    assert t4_hour["dcr"] == pytest.approx(2.0)
+    assert hourly(r, "NVIDIA A100")[10]["demand_gpus"] == 0
+    assert hourly(r, "ALL")[10]["demand_gpus"] == pytest.approx(4.0 + 1 + 0.5)
+    top = {(x["dimension"], x["key"]): x["demand_gpu_hours"] for x in r.top.to_pylist()}
+    assert top[("device_class", "Tesla T4")] == pytest.approx(4.0)
+    # the same rows without the expression columns: every job ANY
+    plain = jobs([t4, old_pool, *renamed, broken, *kept]).drop_columns(["require_gpus", "requirements"])
+    r0 = demand_from_tables(plain, pool, DAY, END)
+    assert {iv["device_class"] for iv in r0.intervals.to_pylist()} == {"ANY"}
+    assert hourly(r0, "Tesla T4")[10]["demand_gpus"] == 0
 
 
 def test_queued_1030_to_1115_two_gpus():
@@ -936,6 +984,49 @@ def test_sim_demand_against_truth(sim):
         #    simulation end (the simulator writes history documents only when a run ends)
         missing = {g for g, (gh, _, _) in truth.items() if gh > 0 and g not in got}
         assert all(not truth[g][1] for g in missing)
+    con.close()
+
+
+def test_sim_demand_per_device_class_against_truth(sim):
+    """The simulator's jobs that name a device model (``RequireGPUs_EXPR`` in their documents) are
+    that model's demand, read through clean/jobs and the ClassAd library: job by job their class is
+    the truth's ``require_device``, every other job is ANY, and each model's hourly rows add up to
+    its jobs' queued GPU-hours -- for the finished jobs, the truth's own."""
+    ds, out = sim
+    con = connect()
+    named = dict(con.sql("SELECT DISTINCT global_job_id, require_device FROM read_parquet($p) "
+                         "WHERE require_device IS NOT NULL", params={"p": str(ds.truth / "jobs.parquet")}).fetchall())
+    classes_with_demand = set()
+    for day in ds.days:
+        start, end = ds.window(day)
+        res = out[day]
+        truth = _truth_per_job(con, ds.truth, start, end)
+        intervals = res.intervals.to_pylist()
+        assert intervals
+        for iv in intervals:
+            assert iv["device_class"] == named.get(iv["global_job_id"], "ANY"), iv["global_job_id"]
+        per_class: dict[str, float] = {}
+        for iv in intervals:
+            per_class[iv["device_class"]] = per_class.get(iv["device_class"], 0.0) + iv["request_gpus"] * (
+                iv["end_utc"] - iv["start_utc"]).total_seconds() / 3600
+        rows = res.capacity.to_pylist()
+        for cls, gpu_hours in per_class.items():
+            if cls == "ANY":
+                continue
+            got = sum(r["demand_gpus"] for r in rows if r["device_class"] == cls)
+            assert got == pytest.approx(gpu_hours, rel=1e-12), cls
+            # the class's capacity rows are that model's GPUs (it ran there, so the pool has it)
+            assert any(r["total_gpus"] for r in rows if r["device_class"] == cls)
+            fin_truth = sum(gh for g, (gh, _, finished) in truth.items() if finished and named.get(g) == cls)
+            fin_got = sum(iv["request_gpus"] * (iv["end_utc"] - iv["start_utc"]).total_seconds() / 3600
+                          for iv in intervals if iv["device_class"] == cls and truth[iv["global_job_id"]][2])
+            assert fin_got == pytest.approx(fin_truth, rel=0.01), cls
+            if gpu_hours > 0:
+                classes_with_demand.add(cls)
+        # ALL is every class's demand together
+        all_demand = sum(r["demand_gpus"] for r in rows if r["device_class"] == "ALL")
+        assert all_demand == pytest.approx(sum(per_class.values()), rel=1e-12)
+    assert len(classes_with_demand) >= 2
     con.close()
 
 

@@ -59,10 +59,15 @@ _MODES: dict[str, list[list]] = {
     "CommittedTime": [[100], [1.5]],
     "MyType": [["Job", "job", "Machine", ""]],
     "EpochAdType": [["EPOCH", "epoch", "SPAWN"]],
+    "RequireGPUs": [['DeviceName == "NVIDIA A100-SXM4-80GB"', '/Expr(Capability >= 8.0)/', "undefined", ""],
+                    [True, False], [8]],
+    "Requirements": [['/Expr((TARGET.GPUs_DeviceName == "Tesla T4") && (TARGET.Arch == "X86_64"))/',
+                      "/Expr(undefined)/"], [False]],
 }
 # adstash's spellings besides the exact one
 _SPELLINGS = {"RequestGPUs": ["RequestGpus"], "NumVacates": ["numvacates"], "RemoteOwner": ["remoteowner"],
-              "VacateReason": ["vacatereason"], "VacateReasonCode": ["vacatereasoncode"]}
+              "VacateReason": ["vacatereason"], "VacateReasonCode": ["vacatereasoncode"],
+              "RequireGPUs": ["requiregpus_expr", "RequireGPUs_EXPR"], "Requirements": ["requirements_expr"]}
 
 
 def _batch(rng: random.Random, n: int, *, one_mode: bool = True) -> list[str]:

@@ -61,6 +61,11 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
             pc.sum(pc.or_(pc.less(share, -1e-9), pc.greater(share, 1 + 1e-9))).as_py() or 0)
         sev = res.capacity["severity"].to_pylist()
         kpis = {f"hours_{s.lower()}": float(sev.count(s)) for s in SEVERITIES}
+        # jobs whose requirements the ClassAd parser could not read count as device class ANY
+        kpis["unreadable_requirements"] = float(res.unreadable_requirements)
+        if res.unreadable_requirements:
+            context.log.warning(f"{day}: {res.unreadable_requirements} distinct job requirement expression(s) "
+                                "could not be read; their jobs count as device class ANY")
         return {
             CAP_KEY: outcome(day, store.write_partition(DEMAND_CAPACITY, day, res.capacity), res.capacity, **kpis),
             TOP_KEY: outcome(day, store.write_partition(DEMAND_TOP_CONTRIBUTORS, day, res.top), res.top),
