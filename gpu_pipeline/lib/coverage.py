@@ -18,7 +18,8 @@ longer than ``gap_factor`` x the series' cadence without a sample of the series:
 samples, or at an edge of the window (from the window's start to the series' first sample, from its
 last sample to the window's end), so that a collector that stopped at 06:00 shows an 18-hour gap,
 as a day without any sample shows one of the whole window. A window where no series has two
-samples has no cadence to expect samples from: its coverage is 0, as a window without samples.
+samples has no cadence to expect samples from: its coverage is 0 and its gaps 1, as a window without
+samples.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def _unit_columns(series_cols: Sequence[str]) -> list[str] | None:
 
 def _no_points(window_s: float) -> Coverage:
     """No sample in the window: the whole window is one gap."""
-    return Coverage(0, 0, None, 0.0, 0.0, 0, window_s)
+    return Coverage(0, 0, None, 0.0, 0.0, 1, window_s)
 
 
 def _coverage_of(n: np.ndarray, c_us: np.ndarray, cad_us: float | None, gaps: np.ndarray,
@@ -163,7 +164,9 @@ def _coverage_of(n: np.ndarray, c_us: np.ndarray, cad_us: float | None, gaps: np
         if units is not None and len(n):
             best = _best_of_units(units, np.zeros(len(n)), n, gaps, longest_us)
             n, longest_us = n[best], longest_us[best]
-        return Coverage(int(len(n)), int(n.sum()), None, 0.0, 0.0, 0, float(longest_us.max(initial=0)) / 1e6)
+        # as a window without samples: one gap, the longest silence (a dead source reads no fewer
+        # gaps than one that sent two samples five minutes apart)
+        return Coverage(int(len(n)), int(n.sum()), None, 0.0, 0.0, 1, float(longest_us.max(initial=0)) / 1e6)
     expected = window_s * 1e6 / c_us  # a series' expected samples: the window over its cadence
     share = np.minimum(1.0, n / expected)
     if units is not None and len(n):

@@ -40,7 +40,8 @@ COVERAGE = TableSpec(
     schema=pa.schema(
         [
             _f("day_start_utc", TS, "Start of the partition day (UTC)", nullable=False),
-            _f("source", pa.string(), "slot_snapshots, gpu_telemetry, job_records or kueue", nullable=False),
+            _f("source", pa.string(), "slot_snapshots, gpu_telemetry, job_records, kueue or task_runs (a "
+               "render farm's task events)", nullable=False),
             _f("series", pa.int64(), "Series observed (1 for the pool's snapshots; GPUs for telemetry)"),
             _f("samples", pa.int64(), "Distinct sample times seen, summed over series"),
             _f("expected_samples", pa.float64(), "Window length / the series' cadence (its telemetry "
@@ -58,7 +59,7 @@ COVERAGE = TableSpec(
             _f("gpus_with_telemetry_pct", pa.float64(), "100 x gpus_with_telemetry / gpus_in_snapshots"),
             _f("silent_zero_series", pa.int64(), "Telemetry GPUs whose utilization and power are 0 in every "
                "sample of the day while the GPU was busy in at least one bucket (a null reading is no 0; "
-               "a GPU with only null readings is not counted)"),
+               "a GPU whose utilization or power was never read is not counted)"),
             _f("rows_in", pa.int64(), "Rows read from the source for the day"),
             _f("rows_quarantined", pa.int64(), "Rows set aside (quarantine tables)"),
             _f("quarantine_reasons", pa.string(), "JSON object: reason -> rows"),
@@ -109,11 +110,13 @@ def coverage_rows(
     quarantines: dict[str, list[pa.Table]],
     rows_in: dict[str, int] | None = None,
     telemetry_coverage: Coverage | None = None,
+    task_runs: int | None = None,
 ) -> pa.Table:
     """Coverage rows of one day from the day's clean tables and quarantine tables (``samples`` may be
     the day's ``clean/gpu_samples`` file, read by DuckDB; ``telemetry_coverage``: the samples'
     :func:`~gpu_pipeline.lib.coverage.coverage` when already known, e.g. from
-    :func:`~gpu_pipeline.lib.coverage.partition_coverage`)."""
+    :func:`~gpu_pipeline.lib.coverage.partition_coverage`); ``task_runs``: the day's task runs of a
+    render farm, where one is read (a ``task_runs`` row with its quarantine), else None (no row)."""
     rows_in = rows_in or {}
     out = []
     snap_gpus = pc.unique(slots.column("gpu_id")) if slots.num_rows else pa.array([], pa.string())
@@ -144,9 +147,10 @@ def coverage_rows(
                 """
                 SELECT count(*) FROM (
                     SELECT gpu_id FROM s GROUP BY gpu_id
-                    -- a zero read, and nothing else: a series of nulls only ([Unknown Error]) read no 0
-                    HAVING count(util_pct) + count(power_w) > 0
-                       AND coalesce(max(abs(util_pct)), 0) = 0 AND coalesce(max(abs(power_w)), 0) = 0
+                    -- 0 % and 0 W read, and nothing else: a reading of nulls only ([Unknown Error],
+                    -- [N/A]) is no 0, and a 0 % beside a power never read may be a real idle
+                    HAVING count(util_pct) > 0 AND count(power_w) > 0
+                       AND max(abs(util_pct)) = 0 AND max(abs(power_w)) = 0
                 ) z
                 WHERE z.gpu_id IN (SELECT gpu_id FROM g WHERE state LIKE 'busy_%')
                 """
@@ -162,6 +166,8 @@ def coverage_rows(
                 "silent_zero_series": int(silent)})
 
     out.append({**base("job_records"), "series": None, "samples": jobs.num_rows})
+    if task_runs is not None:
+        out.append({**base("task_runs"), "series": None, "samples": task_runs})
     if kueue is not None:
         times = kueue.select(["sample_utc"]) if kueue.num_rows else pa.table({"sample_utc": pa.array([], TS)})
         cov = coverage(times, "sample_utc", [], day_start, day_end)

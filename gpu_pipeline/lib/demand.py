@@ -211,6 +211,7 @@ DEMAND_CAPACITY = TableSpec(
         "queue pressure (QPS) and contention index (CIS) with fixed normalization scales, severity."
     ),
     key=("hour_start_utc", "source", "device_class"),
+    version=2,
     schema=pa.schema(
         [
             _f("hour_start_utc", TS, "Start of the hour (UTC)", nullable=False),

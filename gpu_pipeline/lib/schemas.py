@@ -396,6 +396,8 @@ SCHEMA_CHANGES: list[tuple[str, int, str]] = [
      "written before read it as null and end the wait at record_utc)"),
     ("clean/jobs", 3, "require_gpus and requirements added (RequireGPUs, Requirements as text): the demand "
      "reads the device class a job can use from them (days written before read them as null: class ANY)"),
+    ("metrics/demand_capacity", 2, "capacity_coverage added: the capacity is a mean over the hour's buckets a "
+     "slot snapshot covered (days written before read it as null)"),
     ("metrics/gpu_hourly_efficiency", 2, "util_coverage_s and power_coverage_s added: the daily and fleet "
      "means weigh an hour by the time its reading was known (days written before read them as null and "
      "are weighed by coverage_s)"),

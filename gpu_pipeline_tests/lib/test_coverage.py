@@ -127,16 +127,19 @@ def test_coverage_rows_silent_zero_telemetry_and_quarantine_reasons(tmp_path):
     snaps = [D0 + dt.timedelta(minutes=5 * i) for i in range(288)]
     slots = conform(pa.Table.from_pylist(
         [dict(snapshot_utc=t, host="h", slot_name="s@h", gpu_id=g, tier="shared", is_backfill_slot=False,
-              slot_state="Claimed") for t in snaps for g in ("GPU-a", "GPU-b", "GPU-c", "GPU-d")]),
+              slot_state="Claimed") for t in snaps for g in ("GPU-a", "GPU-b", "GPU-c", "GPU-d", "GPU-e")]),
         CLEAN_SLOT_SNAPSHOTS)
     states = conform(pa.Table.from_pylist(
         [dict(bucket_start_utc=t, gpu_id=g, host="h", state="busy_shared", n_slot_rows=1)
-         for t in snaps for g in ("GPU-a", "GPU-b", "GPU-c", "GPU-d")]), GPU_STATES)
+         for t in snaps for g in ("GPU-a", "GPU-b", "GPU-c", "GPU-d", "GPU-e")]), GPU_STATES)
     # GPU-a reports real values, GPU-b reports 0 util and 0 W all day while busy, GPU-c has no
-    # telemetry, GPU-d's readings are all null ([Unknown Error]): no zero, so not silent-zero
+    # telemetry, GPU-d's readings are all null ([Unknown Error]): no zero, so not silent-zero; GPU-e
+    # reads 0 % with its power never read ([N/A]): a job that holds the GPU idle, perhaps, not a
+    # broken exporter
     samples = conform(pa.Table.from_pylist(
         [dict(sample_utc=t, source="dcgm", host="h", gpu_id=g, util_pct=u, power_w=p)
-         for t in snaps for g, u, p in (("GPU-a", 90.0, 300.0), ("GPU-b", 0.0, 0.0), ("GPU-d", None, None))]),
+         for t in snaps for g, u, p in (("GPU-a", 90.0, 300.0), ("GPU-b", 0.0, 0.0), ("GPU-d", None, None),
+                                        ("GPU-e", 0.0, None))]),
         GPU_SAMPLES)
     q = conform(pa.Table.from_pylist([{"source_table": "x", "reason": "missing State", "row_json": "{}"}] * 2
                                      + [{"source_table": "x", "reason": "non-UTF-8 bytes in Name", "row_json": "{}"}]),
@@ -149,8 +152,8 @@ def test_coverage_rows_silent_zero_telemetry_and_quarantine_reasons(tmp_path):
     out = {r["source"]: r for r in table.to_pylist()}
     assert set(out) == {"slot_snapshots", "gpu_telemetry", "job_records"}
     tel = out["gpu_telemetry"]
-    assert (tel["gpus_in_snapshots"], tel["gpus_with_telemetry"]) == (4, 3)
-    assert abs(tel["gpus_with_telemetry_pct"] - 75.0) < 1e-9
+    assert (tel["gpus_in_snapshots"], tel["gpus_with_telemetry"]) == (5, 4)
+    assert abs(tel["gpus_with_telemetry_pct"] - 80.0) < 1e-9
     assert tel["silent_zero_series"] == 1 and tel["coverage_pct"] == 100.0
     assert out["slot_snapshots"]["rows_quarantined"] == 3
     assert json.loads(out["slot_snapshots"]["quarantine_reasons"]) == {"missing State": 2, "non-UTF-8 bytes in Name": 1}
@@ -161,6 +164,15 @@ def test_empty_day_has_rows_with_full_schema():
                         JOBS.empty(), None, {})
     assert out.schema == COVERAGE.schema and out.num_rows == 3
     assert out.column("coverage_pct").to_pylist()[:2] == [0.0, 0.0]
+    # a dead source's day is one gap, the whole day: no fewer gaps than a source that sent two samples
+    assert out.column("gaps").to_pylist()[:2] == [1, 1]
+    assert out.column("longest_gap_s").to_pylist()[:2] == [86400.0, 86400.0]
+    one = conform(pa.Table.from_pylist([dict(snapshot_utc=D0, host="h", slot_name="s@h", gpu_id="GPU-a",
+                                             tier="shared", is_backfill_slot=False, slot_state="Claimed")]),
+                  CLEAN_SLOT_SNAPSHOTS)
+    (snap, *_) = coverage_rows(D0, D1, one, GPU_STATES.empty(), GPU_SAMPLES.empty(), JOBS.empty(), None,
+                               {}).to_pylist()
+    assert (snap["gaps"], snap["longest_gap_s"], snap["coverage_pct"]) == (1, 86400.0, 0.0)
 
 
 def _telemetry_day(hole: range = range(0)) -> pa.Table:
