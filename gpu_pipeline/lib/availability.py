@@ -31,11 +31,12 @@ snapshot interval, the observed cadence).
 
 End reasons, from the first observation after the period:
 
-* ``backfill_claimed`` -- ``busy_backfill`` (``backfill_job_id`` = that observation's job);
-* ``primary_claimed``  -- ``busy_prioritized`` / ``busy_shared``;
+* ``backfill_claimed`` -- ``busy_backfill`` (``backfill_job_id`` = that observation's job), or ``na``
+  with its backfill slot ``Matched`` (a job being started there, not named yet);
+* ``primary_claimed``  -- ``busy_prioritized`` / ``busy_shared``, or ``na`` with its slot ``Matched``;
 * ``dropout``          -- ``na`` with ``na_reason`` ``dropout`` (GPU absent from the snapshot) or
   ``no_snapshot`` (the collector saw nothing);
-* ``drained``          -- ``na`` with a slot state as reason (Drained, Owner, Matched, ...);
+* ``drained``          -- ``na`` with another slot state as reason (Drained, Owner, Preempting, ...);
 * ``open``             -- still available at the last observation of the day.
 
 Day boundaries. Periods are clipped to the partition day ``[start_utc, end_utc)`` (23 or 25 hours
@@ -190,7 +191,7 @@ state_first AS (
 ),
 obs AS (
     SELECT r.gpu_id, r.bucket_start_utc, r.state, r.tier, r.global_job_id,
-           r.na_reason,
+           r.na_reason, r.slot_name,
            coalesce(r.snapshot_utc, cf.first_snap, sf.first_snap, r.bucket_start_utc) AS obs_utc,
            r.bucket_start_utc < params.s AS is_prev,
            r.state IN ('idle_prioritized', 'idle_shared', 'idle_backfill') AS avail
@@ -217,6 +218,7 @@ segs AS (
            lead(obs_utc) OVER w AS next_obs,
            lead(global_job_id) OVER w AS next_job,
            lead(na_reason) OVER w AS next_na_reason,
+           lead(slot_name) OVER w AS next_slot,
            lead(prev_obs) OVER w AS seg_last_obs
     FROM seg_starts
     WINDOW w AS (PARTITION BY gpu_id ORDER BY bucket_start_utc)
@@ -238,7 +240,8 @@ periods AS (
            arg_max_null(next_state, bucket_start_utc) AS next_state,
            arg_max_null(next_obs, bucket_start_utc) AS next_obs,
            arg_max_null(next_job, bucket_start_utc) AS next_job,
-           arg_max_null(next_na_reason, bucket_start_utc) AS next_na_reason
+           arg_max_null(next_na_reason, bucket_start_utc) AS next_na_reason,
+           arg_max_null(next_slot, bucket_start_utc) AS next_slot
     FROM islands
     WHERE avail
     GROUP BY gpu_id, island
@@ -252,6 +255,9 @@ shaped AS (
                WHEN next_state IS NULL THEN 'open'
                WHEN next_state = 'busy_backfill' THEN 'backfill_claimed'
                WHEN next_state IN ('busy_prioritized', 'busy_shared') THEN 'primary_claimed'
+               -- a slot Matched: a job is being started on it, a claim (the job not named yet)
+               WHEN next_na_reason = 'Matched' AND contains(lower(next_slot), 'backfill') THEN 'backfill_claimed'
+               WHEN next_na_reason = 'Matched' THEN 'primary_claimed'
                WHEN next_na_reason IS NULL OR next_na_reason IN ('dropout', 'no_snapshot') THEN 'dropout'
                ELSE 'drained'
            END AS end_reason,
@@ -340,7 +346,10 @@ def compute_availability_periods(
     """
     con.execute(
         "CREATE OR REPLACE TEMP TABLE _avail_states AS SELECT bucket_start_utc, gpu_id, host, device_name, "
-        f"state, tier, global_job_id, snapshot_utc, na_reason FROM {states_from_sql} "
+        "state, tier, global_job_id, snapshot_utc, na_reason, "
+        # the slot only where its kind decides the end reason (a Matched slot's claim)
+        "CASE WHEN na_reason = 'Matched' THEN slot_name END AS slot_name "
+        f"FROM {states_from_sql} "
         "WHERE bucket_start_utc >= CAST(? AS TIMESTAMPTZ) AND bucket_start_utc < CAST(? AS TIMESTAMPTZ)",
         [*params, start_utc - bucket, end_utc],
     )

@@ -53,7 +53,8 @@ no row of that snapshot still names J on the GPU).
 ``resolution_s`` before it), ``evicted_by_job_id`` the primary job, ``started_utc`` the first
 observation of the uninterrupted run of J on the GPU, looking back into the previous day's states
 when they are in the input (``runtime_is_lower_bound`` when J was already running at the first
-observation read). Snapshot times come from ``snapshot_utc`` of the states. Lost GPU-hours: the
+observation read, or at the first after buckets where the GPU was not seen: a dropout, a collector
+outage). Snapshot times come from ``snapshot_utc`` of the states. Lost GPU-hours: the
 whole observed run of each GPU (no checkpoint information in snapshots). The GPUs of J
 reclaimed in the same snapshot are one eviction, as the job records give one row per run:
 ``gpu_id`` the least of them, ``n_gpus`` their number.
@@ -119,8 +120,9 @@ EVICTIONS = TableSpec(
             _f("evicted_utc", TS, "End of the run (job record), else the first snapshot showing the primary "
                "claim with the backfill job gone from the GPU", nullable=False),
             _f("runtime_s", pa.float64(), "evicted_utc - started_utc (s)"),
-            _f("runtime_is_lower_bound", pa.bool_(), "The run was already running at the first snapshot read "
-               "(snapshots only): runtime_s is a lower bound", nullable=False),
+            _f("runtime_is_lower_bound", pa.bool_(), "The run was already running at the first snapshot read, "
+               "or at the first after the GPU went unseen (a dropout, a collector outage; snapshots only): "
+               "runtime_s is a lower bound", nullable=False),
             _f("lost_gpu_hours", pa.float64(), "Badput: GPU-hours of the run not kept (see lost_basis)"),
             _f("lost_basis", pa.string(), "committed_time (runtime minus the CommittedTime gained in the run), "
                "committed_time_bound (min(runtime, RemoteWallClockTime - CommittedTime)), or whole_run"),
@@ -300,7 +302,9 @@ obs AS (
 seg_starts AS (
     SELECT * EXCLUDE (p_bucket, p_state, p_unseen, p_bf_job, p_obs),
            CASE WHEN p_bucket = bucket_start_utc - params.bucket THEN p_obs END AS prev_obs,
-           p_bucket IS DISTINCT FROM bucket_start_utc - params.bucket AS first_row
+           -- the GPU's first row read, or a row after a bucket it was not seen in (a dropout, an outage):
+           -- a run first seen there may have started before
+           p_bucket IS DISTINCT FROM bucket_start_utc - params.bucket OR p_unseen AS first_row
     FROM (
         SELECT o.*, lag(bucket_start_utc) OVER w AS p_bucket, lag(state) OVER w AS p_state,
                lag(unseen) OVER w AS p_unseen, lag(bf_job) OVER w AS p_bf_job, lag(obs_utc) OVER w AS p_obs

@@ -600,7 +600,17 @@ def create_catalog(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
             con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT {_projection(spec, ())}, CAST(NULL AS DATE) AS date "
                         "LIMIT 0")
         names.append(f"{spec.layer}.{spec.name}")
+    from gpu_pipeline.lib.availability import stitched_periods_sql
+
+    # DESIGN 5.3: a view joins the days' pieces of an availability period into the whole period
+    con.execute(f"CREATE OR REPLACE VIEW metrics.{STITCHED_PERIODS_VIEW} AS "
+                + stitched_periods_sql("metrics.availability_periods"))
+    names.append(f"metrics.{STITCHED_PERIODS_VIEW}")
     return names
+
+
+#: The view of whole availability periods, their pieces of several days joined (:func:`create_catalog`).
+STITCHED_PERIODS_VIEW = "availability_periods_stitched"
 
 
 def empty_tables(store: Store) -> list[str]:

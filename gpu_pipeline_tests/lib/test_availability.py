@@ -130,6 +130,20 @@ def test_end_reasons_exact_times_and_resolution():
     assert {r["gpu_id"] for r in out} == {"g1", "g2", "g3", "g4", "g5", "g6"}
 
 
+@pytest.mark.parametrize(("slot", "want"), [("slot1@h1", "primary_claimed"),
+                                            ("backfill1_1@h1", "backfill_claimed")])
+def test_a_slot_matched_after_the_period_is_a_claim(slot, want):
+    """A slot seen Matched (a job being started on it, not named yet) after an idle stretch: the
+    period ends with a claim of that slot's kind, not as drained (a Drained or Owner slot's end)."""
+    rows = gpu_rows("g1", DAY0, ["P"] + ["I"] * 5 + ["R"] + ["P"] * 5)
+    rows[6].update(na_reason="Matched", slot_state="Matched", slot_name=slot)
+    (p,) = periods(states(rows))
+    assert (p["end_reason"], p["end_utc"]) == (want, snap(DAY0, 6))
+    # a Drained slot still ends it as drained
+    (p,) = periods(states(gpu_rows("g1", DAY0, ["P"] + ["I"] * 5 + ["R"] + ["P"] * 5)))
+    assert p["end_reason"] == "drained"
+
+
 def test_idle_backfill_only_gets_backfill_tier():
     out = periods(states(gpu_rows("g", DAY0, ["P", "K", "K", "P"] + ["P"] * 8)))
     assert [(r["tier"], r["start_utc"], r["end_utc"]) for r in out] == [("backfill", snap(DAY0, 1), snap(DAY0, 3))]

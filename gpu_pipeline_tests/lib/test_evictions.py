@@ -431,6 +431,20 @@ def test_a_run_seen_first_after_a_hole_in_the_gpus_rows_has_a_lower_bound_runtim
     assert rows["K"]["runtime_is_lower_bound"] is False
 
 
+@pytest.mark.parametrize("unseen", ["N", "D"])
+def test_a_run_seen_first_after_buckets_the_gpu_was_not_seen_in_has_a_lower_bound_runtime(unseen):
+    """The GPU's rows are all there, but the buckets before the run's first observation are 'na'
+    without a reading of it (N: no snapshot, a collector outage; D: a dropout): the run may have
+    started in them. It was flagged exact (its runtime 1,500 s after a 1-hour outage)."""
+    ev = evictions(states_t=states(day_of({"g1": ["P:own#0.0#1"] * 6 + [unseen] * 12 + ["B:bf#9.0#1"] * 5
+                                                 + ["P:own#1.0#1"]})))
+    (r,) = ev
+    assert r["runtime_is_lower_bound"] is True
+    # the same run after an observed primary claim: its start is seen
+    ev = evictions(states_t=states(day_of({"g1": ["P:own#0.0#1"] * 18 + ["B:bf#9.0#1"] * 5 + ["P:own#1.0#1"]})))
+    assert [r["runtime_is_lower_bound"] for r in ev] == [False]
+
+
 def test_snapshot_detector_checks_the_clean_snapshots_when_given():
     """The states show only the winning row; the clean snapshots can show J still on the GPU under
     the primary claim. J is evicted where it is first gone while the claim lasts (DESIGN 5.4: the

@@ -396,3 +396,34 @@ for path in (store.partition_file(GPU_SAMPLES, "2025-08-05"), store.plot_file("h
 """
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [oct(0o666 & ~umask)] * 3
+
+
+def test_the_catalog_has_the_whole_availability_periods(data_root, tmp_path):
+    """DESIGN 5.3: a view stitches a period's pieces of several days back together. The catalog had
+    only the per-day pieces; the view is in a saved catalog file too."""
+    import datetime as dt
+
+    from gpu_pipeline.lib.availability import AVAILABILITY_PERIODS
+    from gpu_pipeline.lib.schemas import conform
+
+    store = Store(data_root)
+    utc = dt.UTC
+    first = dict(gpu_id="GPU-1", host="h1", device_name="NVIDIA A100", tier="backfill",
+                 start_utc=dt.datetime(2025, 8, 5, 22, tzinfo=utc), end_utc=dt.datetime(2025, 8, 6, tzinfo=utc),
+                 duration_s=7200.0, end_reason="open", resolution_s=300.0, starts_before_day=False,
+                 continues_after_day=True)
+    second = dict(first, start_utc=dt.datetime(2025, 8, 6, tzinfo=utc), end_utc=dt.datetime(2025, 8, 6, 1, tzinfo=utc),
+                  duration_s=3600.0, end_reason="backfill_claimed", backfill_job_id="bf#1.0#1",
+                  starts_before_day=True, continues_after_day=False)
+    store.write_partition(AVAILABILITY_PERIODS, "2025-08-05", conform(pa.Table.from_pylist([first]), AVAILABILITY_PERIODS))
+    store.write_partition(AVAILABILITY_PERIODS, "2025-08-06", conform(pa.Table.from_pylist([second]),
+                                                                      AVAILABILITY_PERIODS))
+    catalog = str(tmp_path / "catalog.duckdb")
+    con = duckdb.connect(catalog)
+    assert "metrics.availability_periods_stitched" in create_catalog(con, store)
+    con.close()
+    con = duckdb.connect(catalog, read_only=True)
+    rows = con.sql("SELECT start_utc, end_utc, duration_s, end_reason, n_pieces "
+                   "FROM metrics.availability_periods_stitched").fetchall()
+    assert [(s.astimezone(utc).hour, e.astimezone(utc).hour, d, r, n) for s, e, d, r, n in rows] == [
+        (22, 1, 10800.0, "backfill_claimed", 2)]
