@@ -271,7 +271,8 @@ jr AS (
                     CASE WHEN last_vacate_utc = run_end_utc THEN 'vacated'
                          WHEN last_run > run_index THEN 'ended without completion; the job ran again'
                          ELSE 'vacated; the job went back to the queue' END) AS reason,
-           vacate_reason_code AS reason_code
+           vacate_reason_code AS reason_code,
+           before_record
     FROM jr_gain
 )
 """
@@ -369,6 +370,15 @@ gone AS (
     )
     GROUP BY c.gpu_id, c.bucket_start_utc
 ),
+-- J's last snapshot on the GPU before it was gone (with the clean snapshots; a bucket's state is one
+-- snapshot of several when the collector is faster than the buckets)
+j_last AS (
+    SELECT c.gpu_id, c.bucket_start_utc, max(sl.snapshot_utc) AS j_last_utc
+    FROM claimed c
+    JOIN gone g USING (gpu_id, bucket_start_utc)
+    JOIN _ev_slots sl ON sl.gpu_id = c.gpu_id AND sl.global_job_id = c.bf_job AND sl.snapshot_utc < g.gone_utc
+    GROUP BY ALL
+),
 sn AS (
     SELECT r.bf_job AS global_job_id, r.gpu_id,
            rs.started_utc, r.seg_last_obs AS last_seen_utc, g.gone_utc AS evicted_utc,
@@ -378,6 +388,14 @@ sn AS (
     FROM claimed r
     JOIN gone g USING (gpu_id, bucket_start_utc)
     JOIN run_start rs USING (gpu_id, run_no)
+    LEFT JOIN j_last jl USING (gpu_id, bucket_start_utc)
+    -- a snapshot that saw the GPU free between J's last one and the claim: J ended, then the GPU was
+    -- claimed -- no eviction
+    WHERE NOT EXISTS (
+        SELECT 1 FROM _ev_free f
+        WHERE f.gpu_id = r.gpu_id AND f.snapshot_utc > greatest(r.seg_last_obs, jl.j_last_utc)
+          AND f.snapshot_utc < g.gone_utc
+    )
 )
 """
 
@@ -431,6 +449,15 @@ pairs AS (
       AND epoch(jr.evicted_utc) <= epoch(sn.evicted_utc) + c.cadence_s
 ),
 matched AS (SELECT * FROM pairs WHERE pick = 1),
+-- a run known only by the vacate in its job's later record takes the later run's slot kind: where
+-- the states last saw J, before that vacate, busy on a primary slot, the run was not a backfill run
+before_record_primary AS (
+    SELECT jr.global_job_id, jr.run_index
+    FROM jr JOIN _ev_states x ON x.global_job_id = jr.global_job_id AND x.snapshot_utc <= jr.evicted_utc
+    WHERE jr.before_record AND x.state LIKE 'busy%'
+    GROUP BY ALL
+    HAVING arg_max(x.state, x.snapshot_utc) IN ('busy_prioritized', 'busy_shared')
+),
 completed_runs AS (
     SELECT global_job_id, string_split(assigned_gpus, ',') AS gpus, completion_utc
     FROM runs WHERE completion_utc IS NOT NULL AND completion_utc >= run_start_utc
@@ -459,6 +486,7 @@ jr_rows AS (
         FROM matched GROUP BY global_job_id, run_index
     ) m USING (global_job_id, run_index)
     LEFT JOIN gpu_info gi ON gi.gpu_id = coalesce(jr.gpu_id, m.sn_gpu)
+    WHERE NOT (m.global_job_id IS NULL AND (jr.global_job_id, jr.run_index) IN (SELECT * FROM before_record_primary))
 ),
 sn_unmatched AS (
     SELECT sn.*, gi.host
@@ -555,10 +583,21 @@ def compute_evictions(
             "AND snapshot_utc >= CAST(? AS TIMESTAMPTZ) AND snapshot_utc < CAST(? AS TIMESTAMPTZ)",
             [*(snapshots_params or []), start_utc - lookback, end_utc],
         )
+        # the snapshots that saw a GPU free: rows of it, none with a job, none Matched or Preempting (a
+        # claim's hand-over) -- a collector faster than the buckets sees a backfill run end there
+        # before the primary claim that the states show next
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _ev_free AS SELECT snapshot_utc, gpu_id "
+            f"FROM {snapshots_from_sql} WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ) "
+            "AND snapshot_utc < CAST(? AS TIMESTAMPTZ) GROUP BY ALL "
+            "HAVING count(global_job_id) = 0 AND NOT bool_or(coalesce(slot_state IN ('Matched', 'Preempting'), false))",
+            [*(snapshots_params or []), start_utc - lookback, end_utc],
+        )
     else:
         con.execute(
             "CREATE OR REPLACE TEMP TABLE _ev_slots (snapshot_utc TIMESTAMPTZ, gpu_id VARCHAR, global_job_id VARCHAR)"
         )
+        con.execute("CREATE OR REPLACE TEMP TABLE _ev_free (snapshot_utc TIMESTAMPTZ, gpu_id VARCHAR)")
     try:
         _stage_host_tiers(con, "_ev_hosttier", snapshots_from_sql, list(snapshots_params or []),
                           start_utc - lookback, start_utc, end_utc, states="_ev_states")
@@ -581,6 +620,7 @@ def compute_evictions(
         con.execute("DROP TABLE IF EXISTS _ev_states")
         con.execute("DROP TABLE IF EXISTS _ev_jobs")
         con.execute("DROP TABLE IF EXISTS _ev_slots")
+        con.execute("DROP TABLE IF EXISTS _ev_free")
         con.execute("DROP TABLE IF EXISTS _ev_hosttier")
     return conform(table, EVICTIONS)
 

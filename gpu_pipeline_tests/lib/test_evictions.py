@@ -488,6 +488,67 @@ def test_snapshot_detector_checks_the_clean_snapshots_when_given():
     assert without == {"J": snap(DAY0, 3), "K": snap(DAY0, 2), "L": snap(DAY0, 3), "M": snap(DAY0, 2)}
 
 
+def _minute_snapshots(backfill: dict[int, tuple[str, str | None]], primary: dict[int, tuple[str, str | None]],
+                      minutes: int = 30) -> pa.Table:
+    """A 1-minute collector's clean rows of one GPU's two slots: per minute the (state, job) of the
+    backfill and the primary slot (Unclaimed without a job where a minute is not given)."""
+    rows = []
+    for m in range(minutes):
+        t = DAY0 + dt.timedelta(minutes=m, seconds=5)
+        for name, slots in (("backfill2_1", backfill), ("slot1_1", primary)):
+            state, job = slots.get(m, ("Unclaimed", None))
+            bf = "backfill" in name
+            rows.append(dict(snapshot_utc=t, host="h1", slot_name=f"{name}@h1", gpu_id="GPU-aaaaaaaa",
+                             tier="backfill" if bf else "priority", is_backfill_slot=bf, slot_state=state,
+                             device_name="NVIDIA A100", prioritized_projects="" if bf else "ProjX",
+                             global_job_id=job))
+    return conform(pa.Table.from_pylist(rows), CLEAN_SLOT_SNAPSHOTS)
+
+
+def _evictions_of_snapshots(clean: pa.Table) -> list[dict]:
+    from gpu_pipeline.lib.states import states_from_table
+
+    end = DAY0 + dt.timedelta(minutes=30)
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        con.register("st", states_from_table(clean, DAY0, end))
+        con.register("cl", clean)
+        return compute_evictions(con, DAY0, end, "st", [], snapshots_from_sql="cl", snapshots_params=[]).to_pylist()
+    finally:
+        con.close()
+
+
+def test_a_collector_faster_than_the_buckets_sees_a_backfill_run_end_before_the_claim():
+    """1-minute snapshots: J runs to 00:06, the GPU is seen free at 00:07 and 00:08, a primary job
+    claims it at 00:09. The states' bucket 00:05 is the primary claim (it out-ranks J's minutes), so
+    J was read as evicted at 00:09. The snapshots that saw the GPU free say J ended first."""
+    done = _minute_snapshots({m: ("Claimed", "bf#7.0#1") for m in range(7)},
+                             {m: ("Claimed", "own#1.0#1") for m in range(9, 30)})
+    assert _evictions_of_snapshots(done) == []
+    # a real eviction at that cadence, with the hand-over seen: the primary slot Matched while J is
+    # vacated (Preempting), then a minute with neither claimed nor J -- the primary slot still Matched
+    evicted = _minute_snapshots({**{m: ("Claimed", "bf#7.0#1") for m in range(8)}, 8: ("Preempting", "bf#7.0#1")},
+                                {8: ("Matched", None), 9: ("Matched", None),
+                                 **{m: ("Claimed", "own#1.0#1") for m in range(10, 30)}})
+    (r,) = _evictions_of_snapshots(evicted)
+    assert (r["global_job_id"], r["evicted_by_job_id"]) == ("bf#7.0#1", "own#1.0#1")
+
+
+def test_a_run_known_only_by_a_later_records_vacate_is_no_eviction_where_it_ran_on_a_primary_slot():
+    """adstash's job document of run 1 (a backfill slot) says a run before it was vacated at 11:00.
+    That run takes the later run's slot kind; the states last saw the job before 11:00 busy on a
+    shared primary slot: it was no backfill run, and was reported as an eviction without GPU or tier.
+    Seen last on a backfill slot, it is one."""
+    doc = job("H1", 1, at(12), at(14), kind="job", completed=True, vacate=at(11), vacates=1, code=1018,
+              rwc=4 * 3600, ct=2 * 3600)
+    primary = states(day_of({"GPU-bbbbbbbb": ["H"] * 108 + ["H:H1"] * 24 + ["R"] * 12}))
+    assert evictions(states_t=primary, jobs_t=jobs(doc)) == []
+    backfill = states(day_of({"GPU-bbbbbbbb": ["H"] * 108 + ["B:H1"] * 24 + ["H:Q"] * 12}))
+    (r,) = evictions(states_t=backfill, jobs_t=jobs(doc))
+    assert (r["global_job_id"], r["run_index"], r["gpu_id"]) == ("H1", 0, "GPU-bbbbbbbb")
+
+
 def test_snapshot_eviction_at_midnight_looks_back_into_the_previous_day():
     prev = day_of({"GPU-m": ["P"] * 240 + ["B:Jm"] * 48}, start=PREV)
     day = day_of({"GPU-m": ["P:Qm"]})
