@@ -389,8 +389,9 @@ def source_rows(source: pa.Table | Path) -> int:
 
 #: The partition note that keeps a file's coverage (:func:`partition_coverage`).
 COVERAGE_NOTE = "coverage"
-_NOTE_VERSION = 4  # bump when coverage() changes what it measures (2: the window's edges; 3: per-source
-# cadence; 4: a GPU read by several sources measured by its best one)
+_NOTE_VERSION = 5  # bump when coverage() changes what it measures (2: the window's edges; 3: per-source
+# cadence; 4: a GPU read by several sources measured by its best one; 5: a window without a cadence is
+# one gap)
 
 
 def partition_coverage(store: Store, spec: TableSpec, day: str, time_col: str, series_cols: list[str],

@@ -293,6 +293,8 @@ obs AS (
            -- no information on the backfill run either way
            st.state = 'na' AND coalesce(st.na_reason, 'dropout') IN ('dropout', 'no_snapshot', 'Matched', 'Preempting')
                AS unseen,
+           -- not seen at all (a hand-over is seen: a run starting after it starts there)
+           st.state = 'na' AND coalesce(st.na_reason, 'dropout') IN ('dropout', 'no_snapshot') AS missing,
            CASE WHEN st.state = 'busy_backfill' THEN st.global_job_id END AS bf_job
     FROM _ev_states st
     LEFT JOIN bucket_first bf USING (bucket_start_utc)
@@ -301,14 +303,15 @@ obs AS (
 -- only if it is the bucket before (a window, not a self-join on (GPU, bucket): 10-20 % less on a
 -- 1,000-GPU day); the rest runs on the few rows where the GPU's state, or its backfill job, changes
 seg_starts AS (
-    SELECT * EXCLUDE (p_bucket, p_state, p_unseen, p_bf_job, p_obs),
+    SELECT * EXCLUDE (p_bucket, p_state, p_unseen, p_missing, p_bf_job, p_obs),
            CASE WHEN p_bucket = bucket_start_utc - params.bucket THEN p_obs END AS prev_obs,
            -- the GPU's first row read, or a row after a bucket it was not seen in (a dropout, an outage):
            -- a run first seen there may have started before
-           p_bucket IS DISTINCT FROM bucket_start_utc - params.bucket OR p_unseen AS first_row
+           p_bucket IS DISTINCT FROM bucket_start_utc - params.bucket OR p_missing AS first_row
     FROM (
         SELECT o.*, lag(bucket_start_utc) OVER w AS p_bucket, lag(state) OVER w AS p_state,
-               lag(unseen) OVER w AS p_unseen, lag(bf_job) OVER w AS p_bf_job, lag(obs_utc) OVER w AS p_obs
+               lag(unseen) OVER w AS p_unseen, lag(missing) OVER w AS p_missing, lag(bf_job) OVER w AS p_bf_job,
+               lag(obs_utc) OVER w AS p_obs
         FROM obs o
         WINDOW w AS (PARTITION BY gpu_id ORDER BY bucket_start_utc)
     ), params
@@ -583,14 +586,18 @@ def compute_evictions(
             "AND snapshot_utc >= CAST(? AS TIMESTAMPTZ) AND snapshot_utc < CAST(? AS TIMESTAMPTZ)",
             [*(snapshots_params or []), start_utc - lookback, end_utc],
         )
-        # the snapshots that saw a GPU free: rows of it, none with a job, none Matched or Preempting (a
-        # claim's hand-over) -- a collector faster than the buckets sees a backfill run end there
-        # before the primary claim that the states show next
+        # the snapshots that saw a GPU free: rows of it, none with a job, none in a claim's hand-over
+        # (Matched, Preempting) nor a primary claim whose job has not started yet (Claimed without a
+        # job) -- a collector faster than the buckets sees a backfill run end there before the
+        # primary claim that the states show next. Only the GPUs whose states hold a backfill run
+        # and a primary claim can have a snapshot eviction.
         con.execute(
             "CREATE OR REPLACE TEMP TABLE _ev_free AS SELECT snapshot_utc, gpu_id "
             f"FROM {snapshots_from_sql} WHERE snapshot_utc >= CAST(? AS TIMESTAMPTZ) "
-            "AND snapshot_utc < CAST(? AS TIMESTAMPTZ) GROUP BY ALL "
-            "HAVING count(global_job_id) = 0 AND NOT bool_or(coalesce(slot_state IN ('Matched', 'Preempting'), false))",
+            "AND snapshot_utc < CAST(? AS TIMESTAMPTZ) AND gpu_id IN (SELECT gpu_id FROM _ev_states GROUP BY gpu_id "
+            "HAVING bool_or(state = 'busy_backfill') AND bool_or(state IN ('busy_prioritized', 'busy_shared'))) "
+            "GROUP BY ALL HAVING count(global_job_id) = 0 AND NOT bool_or(coalesce(slot_state IN ('Matched', "
+            "'Preempting') OR (slot_state = 'Claimed' AND NOT is_backfill_slot), false))",
             [*(snapshots_params or []), start_utc - lookback, end_utc],
         )
     else:

@@ -19,6 +19,10 @@ attribute but the device's name undefined -- ``DeviceName`` for RequireGPUs (a G
   left: ``ANY``, counted in the pool's ``ALL`` row only -- a class is one device model here. A job that
   names a model the window's pool does not have is ``ANY`` too: its test is false for every name.
 
+A text condor_adstash cut (longer than 256 characters: its first 253 and ``...``) is read by its
+complete parts joined by ``&&`` at the top level before the cut, as a conjunction (condor_submit's
+Requirements are one); a cut text with ``||`` or a conditional at its top level says nothing.
+
 A requirement that names a device attribute but that the ClassAd parser cannot read raises
 :class:`UnreadableExpression` (the caller counts it and reads the job as ``ANY``); one that names no
 device attribute is ``ANY`` without being parsed: with every other attribute undefined its value
@@ -103,6 +107,39 @@ def _conjuncts(text: str) -> list[str]:
     return [part for lo, hi in bounds for part in _conjuncts(text[lo:hi])]
 
 
+#: condor_adstash cuts a string longer than 256 characters to its first 253 and this (a GPU job's
+#: Requirements often is longer).
+ADSTASH_CUT = "..."
+
+
+def _cut_prefix(text: str) -> str | None:
+    """The complete top-level parts of a text adstash cut: the text before the last ``&&`` at its top
+    level (outside parentheses and string literals) ahead of the cut, taken as a conjunction, as
+    condor_submit writes Requirements (``(the user's) && (TARGET.Arch == ...) && ...``); None when
+    there is no such part, or the text has ``||`` or a conditional at its top level before the cut."""
+    body, depth, last, i = text[:-len(ADSTASH_CUT)], 0, None, 0
+    while i < len(body):
+        ch = body[i]
+        if ch == '"':
+            i += 1
+            while i < len(body) and body[i] != '"':
+                i += 2 if body[i] == "\\" else 1
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif depth == 0 and (body.startswith("||", i) or (ch == "?" and not (body[i - 1:i] == "="
+                                                                               and body[i + 1:i + 2] == "="))):
+            return None
+        elif depth == 0 and body.startswith("&&", i):
+            last = i
+            i += 1
+        i += 1
+    return body[:last].strip() or None if last is not None else None
+
+
 def _false_for(text: str, device: str, attrs: tuple[str, ...]) -> bool:
     """Whether the expression is false for a GPU named ``device`` under the attribute names ``attrs``
     (every other attribute undefined). The names are in MY, where unscoped references resolve, and
@@ -125,6 +162,9 @@ def device_class_of(require_gpus: str | None, requirements: str | None, devices:
     # the device: the others are not parsed or evaluated at all (most Requirements of a pool)
     texts = [(t, attrs) for t, attrs in ((require_gpus, GPU_NAME_ATTRS), (requirements, MACHINE_NAME_ATTRS))
              if t is not None and DEVICE_WORD in t.lower()]
+    # a text adstash cut: its complete parts before the cut (none: it says nothing readable)
+    texts = [(_cut_prefix(t) if t.rstrip().endswith(ADSTASH_CUT) else t, attrs) for t, attrs in texts]
+    texts = [(t, attrs) for t, attrs in texts if t is not None and DEVICE_WORD in t.lower()]
     if not texts:
         return ANY_DEVICE
     for text, _ in texts:

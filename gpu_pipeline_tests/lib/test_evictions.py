@@ -443,6 +443,11 @@ def test_a_run_seen_first_after_buckets_the_gpu_was_not_seen_in_has_a_lower_boun
     # the same run after an observed primary claim: its start is seen
     ev = evictions(states_t=states(day_of({"g1": ["P:own#0.0#1"] * 18 + ["B:bf#9.0#1"] * 5 + ["P:own#1.0#1"]})))
     assert [r["runtime_is_lower_bound"] for r in ev] == [False]
+    # or after a hand-over seen (a slot Matched or Preempting): the GPU was seen there
+    for reason in ("Matched", "Preempting"):
+        rows = day_of({"g1": ["P:own#0.0#1"] * 17 + ["R"] + ["B:bf#9.0#1"] * 5 + ["P:own#1.0#1"]})
+        rows[17].update(na_reason=reason, slot_state=reason)
+        assert [r["runtime_is_lower_bound"] for r in evictions(states_t=states(rows))] == [False], reason
 
 
 def test_snapshot_detector_checks_the_clean_snapshots_when_given():
@@ -533,6 +538,11 @@ def test_a_collector_faster_than_the_buckets_sees_a_backfill_run_end_before_the_
                                  **{m: ("Claimed", "own#1.0#1") for m in range(10, 30)}})
     (r,) = _evictions_of_snapshots(evicted)
     assert (r["global_job_id"], r["evicted_by_job_id"]) == ("bf#7.0#1", "own#1.0#1")
+    # nor is a primary slot Claimed before its job starts (no job named yet) a free GPU
+    starting = _minute_snapshots({m: ("Claimed", "bf#7.0#1") for m in range(8)},
+                                 {8: ("Claimed", None), **{m: ("Claimed", "own#1.0#1") for m in range(9, 30)}})
+    (r,) = _evictions_of_snapshots(starting)
+    assert r["global_job_id"] == "bf#7.0#1"
 
 
 def test_a_run_known_only_by_a_later_records_vacate_is_no_eviction_where_it_ran_on_a_primary_slot():

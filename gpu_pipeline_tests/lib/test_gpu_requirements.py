@@ -123,3 +123,19 @@ def test_expression_text(value, want):
 def test_expression_text_refuses_a_structure():
     with pytest.raises(ValueError, match="dict"):
         expression_text({"a": 1})
+
+
+def test_a_requirements_text_adstash_cut_is_read_by_its_complete_parts():
+    """condor_adstash keeps a string's first 253 characters and "...": a GPU job's Requirements is
+    often longer. Its device test near the start is read from the complete parts before the cut;
+    the whole text no longer parses, and it was counted unreadable."""
+    full = (f'(TARGET.GPUs_DeviceName == "{A80}") && (TARGET.Arch == "X86_64") && (TARGET.OpSys == "LINUX") && '
+            "(TARGET.Disk >= RequestDisk) && (TARGET.Memory >= RequestMemory) && (TARGET.HasFileTransfer) && "
+            "(TARGET.GPUs >= RequestGPUs) && (TARGET.Cpus >= RequestCpus) && (TARGET.HasSingularity is true)")
+    assert len(full) > 256
+    cut = full[:253] + "..."
+    assert device_class_of(None, full, POOL) == device_class_of(None, cut, POOL) == A80
+    # nothing complete before the cut, or an alternative at the top level: nothing to read, and no
+    # error (the cut is not the job's)
+    assert device_class_of(None, f'(TARGET.GPUs_DeviceName == "{T4}" && TARGET.Arch == "X...', POOL) == ANY_DEVICE
+    assert device_class_of(None, f'TARGET.GPUs_DeviceName == "{T4}" || A && B && C...', POOL) == ANY_DEVICE
