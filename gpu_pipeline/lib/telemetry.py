@@ -714,7 +714,8 @@ def parse_nvidia_smi_csv(
     ``fields``: the ``--query-gpu`` list, needed for ``noheader`` output (a header in the input
     wins); without either, :data:`DEFAULT_QUERY_FIELDS` is assumed (counted as
     ``assumed_default_fields``). ``host`` wins over a ``hostname`` field. ``default_time_utc`` is the
-    sample time when the query has no ``timestamp`` field (required then). ``source_file`` defaults to
+    sample time when the query has no ``timestamp`` field (without it, the lines of such a query are set
+    aside, :data:`NO_TIME_REASON`, and counted, ``layouts_without_time``). ``source_file`` defaults to
     the path. See the module docstring for nulls, quarantine and the DST policy, and for the fast
     path that reads well-formed input (``fast=False`` forces the line-by-line parser)."""
     counters: Counter[str] = Counter()
@@ -724,6 +725,10 @@ def parse_nvidia_smi_csv(
         if fast else None
     return _finish_or_slow(staged, partial(_parse_nvidia_smi_lines, path_or_text, host, source_file, fields,
                                            localize, default_ts))
+
+
+#: Why a line of an nvidia-smi query without the timestamp field is set aside.
+NO_TIME_REASON = "no timestamp field in the query: the line's time is unknown"
 
 
 def _parse_nvidia_smi_lines(
@@ -744,9 +749,7 @@ def _parse_nvidia_smi_lines(
 
     def set_layout(new: _Layout) -> _Layout:
         if "timestamp" not in new.cells and default_ts is None:
-            raise ValueError(
-                f"{src or 'nvidia-smi text'}: the query has no timestamp field; pass default_time_utc"
-            )
+            counters["layouts_without_time"] += 1  # its lines are set aside: their time is unknown
         if "gpu_uuid" not in new.cells:
             counters["layouts_without_uuid"] += 1
         return new
@@ -780,6 +783,12 @@ def _parse_nvidia_smi_lines(
                 counters["assumed_default_fields"] = 1
             layout = set_layout(_layout(_query_fields(fields)))
         counters["data_lines"] += 1
+        if "timestamp" not in layout.cells and default_ts is None:
+            # a query without the timestamp field (an inventory query, a layout changed mid-file): the
+            # line's time is unknown (a logger's file holds many times; its modification time is only
+            # the last line's)
+            quarantine.append(QuarantinedLine(ln, NO_TIME_REASON, line, src))
+            continue
         if len(cells) != layout.n_fields:
             quarantine.append(QuarantinedLine(
                 ln, f"expected {layout.n_fields} fields, got {len(cells)}", line, src))

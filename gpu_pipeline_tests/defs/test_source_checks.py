@@ -139,6 +139,29 @@ def test_values_read_as_null_are_counted_in_the_metadata(tmp_path, store_res):
     assert (mat.metadata["nan_values"].value, mat.metadata["samples"].value) == (10, 24 * 60 * 2)
 
 
+def test_samples_read_and_not_kept_are_counted_in_the_metadata(tmp_path, store_res):
+    """A GPU two pods' series name with different values (the first kept) and a series without a
+    UUID label: the reader counted the samples it did not keep, and the asset's metadata showed
+    none of it -- two thirds of the samples gone without a trace."""
+    uuid = 'UUID="GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005",gpu="0",modelName="NVIDIA H100 80GB HBM3"'
+    start = int(dt.datetime(2025, 8, 5, tzinfo=dt.UTC).timestamp() * 1000)
+    lines = []
+    for k in range(2880):
+        t = start + k * 30_000
+        lines += [f'DCGM_FI_DEV_GPU_UTIL{{{uuid},pod="a"}} 10 {t}', f'DCGM_FI_DEV_GPU_UTIL{{{uuid},pod="b"}} 90 {t}',
+                  f'DCGM_FI_DEV_POWER_USAGE{{gpu="1",modelName="NVIDIA H100 80GB HBM3"}} 300 {t}']
+    path = tmp_path / "tel" / "dcgm" / "nodeA" / "dcgm-2025-08-05.prom"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(lines) + "\n")
+    res = {"data_store": store_res, "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"))}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([gpu_telemetry], resources=res, partition_key=DAY, instance=instance)
+    (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
+    md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+    assert md["samples"] == 2880
+    assert (md["conflicting_samples"], md["samples_without_uuid"], md["duplicate_samples"]) == (2880, 2880, 0)
+
+
 def test_telemetry_gap_fails_coverage_and_blocks(tmp_path, store_res):
     # samples only for the first 6 hours of the day: coverage 25 % < 80 %
     nvsmi_log(tmp_path / "tel" / "nvidia-smi" / "gpu01" / "nvidia-smi-2025-08-05.csv",

@@ -20,6 +20,7 @@ from gpu_pipeline.lib.telemetry import (
     _EARLIER_SCRAPE,
     DEFAULT_QUERY_FIELDS,
     GPU_SAMPLES,
+    NO_TIME_REASON,
     UNTERMINATED_REASON,
     parse_dcgm_text,
     parse_nvidia_smi_csv,
@@ -179,8 +180,9 @@ def test_real_capture_parsed_as_noheader_with_the_command_field_list():
 @needs_real
 def test_real_exporter_testdata_query_without_timestamp_field():
     text = (REAL / "nvidia-smi" / "exporter_testdata_query.txt").read_text()
-    with pytest.raises(ValueError, match="no timestamp field"):
-        parse_nvidia_smi_csv(text, "UTC")
+    unknown = parse_nvidia_smi_csv(text, "UTC")  # the lines' time is unknown: set aside, counted
+    assert unknown.rows == 0 and {q.reason for q in unknown.quarantine} == {NO_TIME_REASON}
+    assert len(unknown.quarantine) == 2 and unknown.counters["layouts_without_time"] == 1
     result = parse_nvidia_smi_csv(text, "UTC", default_time_utc=T0)
     assert result.rows == 2 and result.quarantine == []
     got = {r["gpu_index"]: r for r in rows(result)}
@@ -923,3 +925,22 @@ def test_a_log_cut_mid_line_sets_its_last_line_aside(tmp_path, fast):
             r = parse_dcgm_text(dcgm, default_time_utc=utc(2025, 7, 14, 13), fast=fast, whole_file=whole_file)
             assert [(row["sample_utc"], row["power_w"]) for row in rows(r)] == [(utc(2025, 7, 14, 10), 300.5)]
             assert [(q.line_number, q.reason) for q in r.quarantine] == [(2, UNTERMINATED_REASON)]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_an_nvidia_smi_query_without_timestamp_sets_its_lines_aside_and_the_day_is_read(tmp_path, fast):
+    """An inventory query's output (no timestamp field) beside a day's log, and a log whose layout
+    changes mid-file to a query without it: their lines' time is unknown, so they are set aside and
+    counted. The file failed the whole day before, its good files with it."""
+    uuid = "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005"
+    host = tmp_path / "nvidia-smi" / "n1"
+    host.mkdir(parents=True)
+    (host / "nvidia-smi-2025-08-05.csv").write_text(
+        "timestamp, index, name, uuid, utilization.gpu [%]\n"
+        + "".join(f"2025/08/05 {h:02d}:00:00.000, 0, NVIDIA H100, {uuid}, 50 %\n" for h in range(24))
+        + "name, uuid, utilization.gpu [%]\n" + f"NVIDIA H100, {uuid}, 7 %\n")
+    (host / "inventory-2025-08-05.csv").write_text(f"name, uuid, memory.total [MiB]\nNVIDIA H100, {uuid}, 81559 MiB\n")
+    got = read_telemetry_dir(tmp_path, utc(2025, 8, 5), utc(2025, 8, 6), "UTC", fast=fast)
+    assert got.rows == 24 and {r["util_pct"] for r in rows(got)} == {50.0}
+    assert [q.reason for q in got.quarantine] == ["no timestamp field in the query: the line's time is unknown"] * 2
+    assert got.counters["nvidia-smi:layouts_without_time"] == 2
