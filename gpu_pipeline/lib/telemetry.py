@@ -1242,8 +1242,8 @@ class _DcgmPivot:
         self.rows: dict[tuple, dict] = {}
         self.counters: Counter[str] = Counter()
         self.quarantine: list[QuarantinedLine] = []
-        # Scrapes appended to one file: a family typed (or, in one pass, met) a second time starts
-        # the next scrape. ``line``: the sample line being read (line path only).
+        # Scrapes appended to one file: a family typed, or its samples met after another family's,
+        # a second time starts the next scrape. ``line``: the sample line being read (line path only).
         self.scrape = 0
         self._families: set[str] = set()
         self.line: tuple[int, str] | None = None
@@ -1273,6 +1273,7 @@ class _DcgmPivot:
     # -- series-cache path: the parser reads each distinct series once ---------------------------
     def add_lines(self, lines: Iterable[str]) -> None:
         series_cache: dict[str, tuple[str, dict, int] | str | None] = {}
+        last = None  # the family of the lines being read
         for ln, raw in enumerate(lines, 1):
             line = raw.strip()
             if isinstance(raw, _Unterminated) and line:
@@ -1285,7 +1286,14 @@ class _DcgmPivot:
                 words = line.split()
                 if reason is None and len(words) >= 3 and words[1] == "TYPE":
                     self._family(words[2])
+                    last = words[2]
             else:
+                # a family's lines are together: a sample name met again after another starts the next
+                # scrape too (scrapes appended without their HELP and TYPE lines)
+                name = line.split("{", 1)[0].split(None, 1)[0]
+                if name != last:
+                    self._family(name)
+                    last = name
                 self.line = (ln, raw.rstrip("\r\n"))
                 reason = self._add_line(line, series_cache)
             if reason is not None:
@@ -1784,7 +1792,10 @@ _AHEAD = 0
 _FILE_DAY_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
-_ROTATION_NUMBER = re.compile(r"\.[0-9]+$")
+# A rotated file's suffix after the kind's (``.csv``, ``.prom``): ``.N`` (logrotate's numbers), or
+# ``-YYYYMMDD`` / ``-YYYY-MM-DD`` (its ``dateext``: the day of the rotation, not of the samples -- a
+# weekly rotation holds the week before it -- so such a file is read as undated).
+_ROTATION_NUMBER = re.compile(r"(?:\.[0-9]+|-[0-9]{8}|-[0-9]{4}-[0-9]{2}-[0-9]{2})$")
 
 
 def _regular_file(path: Path) -> bool:
@@ -1798,8 +1809,8 @@ def _regular_file(path: Path) -> bool:
 
 def _host_files(host_dir: Path, suffix: str, counters: Counter[str]) -> list[Path]:
     """A host folder's files of one kind: ``*<suffix>``, ``*<suffix>.gz`` / ``*<suffix>.zst``
-    (compressed by a log rotation), and ``*<suffix>.N`` (``.gz``/``.zst``) as a rotation without
-    dates names them, the suffix in any case, in name order. While a rotation compresses a file,
+    (compressed by a log rotation), and ``*<suffix>.N`` or ``*<suffix>-YYYYMMDD`` (``.gz``/``.zst``)
+    as a rotation names them (read as undated), the suffix in any case, in name order. While a rotation compresses a file,
     the file and its compressed copy may both be there (the copy perhaps unfinished): the file is
     read, the copy skipped and counted (``compressed_twins_skipped``). Any other entry in the folder
     (``.xz``, a note, a dangling link or a link loop, a pipe, a folder) is counted
@@ -1822,7 +1833,10 @@ def _host_files(host_dir: Path, suffix: str, counters: Counter[str]) -> list[Pat
 
 
 def _file_day(name: str) -> dt.date | None:
-    m = _FILE_DAY_RE.search(name)
+    """The day a file's name is dated with, before the kind's suffix (a rotation's date after it is
+    not the samples' day)."""
+    base = name[: -len(Path(name).suffix)] if compression_of(Path(name)) else name
+    m = _FILE_DAY_RE.search(_ROTATION_NUMBER.sub("", base))
     if not m:
         return None
     try:

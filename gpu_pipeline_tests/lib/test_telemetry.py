@@ -643,6 +643,22 @@ def test_scrapes_appended_to_one_file_without_timestamps_keep_the_last(kw):
     assert (r.counters["earlier_scrape_samples"], r.counters["duplicate_samples"]) == (4, 1)
 
 
+@pytest.mark.parametrize("kw", [{}, {"fast": False}, {"whole_file": True}])
+def test_scrapes_appended_without_help_and_type_lines_keep_the_last(kw):
+    """The same, for scrapes saved without their HELP and TYPE lines (the real H100 capture has none):
+    a new scrape was seen only at a TYPE line, so the oldest scrape was kept at the file's time and
+    every newer sample dropped as a duplicate, with nothing set aside."""
+    def scrape(util: int, power: float) -> str:
+        return (f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} {util}\n'
+                f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="{U0}"}} {power}\n')
+
+    r = parse_dcgm_text(scrape(0, 60.5) + scrape(97, 650.0), default_time_utc=T0, **kw)
+    assert r.table.select(["util_pct", "power_w"]).to_pylist() == [{"util_pct": 97.0, "power_w": 650.0}]
+    assert [q.line_number for q in r.quarantine] == [1, 2]
+    assert {q.reason for q in r.quarantine} == {_EARLIER_SCRAPE}
+    assert (r.counters["earlier_scrape_samples"], r.counters["duplicate_samples"]) == (2, 0)
+
+
 def test_dcgm_host_argument_wins_and_default_time_applies_only_without_timestamps():
     text = (
         '# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n'
@@ -783,6 +799,27 @@ def test_a_files_quarantined_lines_are_reported_by_one_day_of_those_that_read_it
         f"2025/07/14 12:00:00.000, 0, X, {uuid}, garbage\n"
         f"2025/07/15 00:00:10.000, 0, X, {uuid}, 7 %\n")  # after midnight: the 15th reads the file
     assert [lines(d, "UTC") for d in (14, 15)] == [[(1, 3)], [(1, None)]]
+
+
+def test_dated_rotations_are_read_as_undated_files(tmp_path):
+    """logrotate's ``dateext`` names a rotated file ``nvidia-smi.csv-20250715`` (``.gz``): it was counted
+    as not recognized and never read. Its date is the rotation's, not the samples' (a daily rotation
+    after midnight holds the day before), so it is read as undated: every window keeps its own rows."""
+    uuid = "GPU-0667ce7c-1111-2222-3333-444455556666"
+    host = tmp_path / "nvidia-smi" / "n1"
+    host.mkdir(parents=True)
+
+    def log(day: int) -> str:
+        return ("timestamp, index, name, uuid, utilization.gpu [%]\n"
+                + "".join(f"2025/07/{day} {h:02d}:00:00.000, 0, X, {uuid}, {day} %\n" for h in range(24)))
+
+    (host / "nvidia-smi.csv").write_text(log(16))
+    (host / "nvidia-smi.csv-20250716.gz").write_bytes(gzip.compress(log(15).encode()))
+    (host / "nvidia-smi.csv-2025-07-15").write_text(log(14))
+    for day in (14, 15):
+        r = read_telemetry_dir(tmp_path, utc(2025, 7, day), utc(2025, 7, day + 1), "UTC")
+        assert r.rows == 24 and {row["util_pct"] for row in rows(r)} == {float(day)}
+        assert r.counters["files_not_recognized"] == 0 and r.counters.get("files_outside_window", 0) == 0
 
 
 def test_numbered_rotations_are_read_and_unknown_files_counted(tmp_path):
