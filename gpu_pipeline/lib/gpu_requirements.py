@@ -59,10 +59,11 @@ def _expr(text: str) -> classad2.ExprTree:
         raise UnreadableExpression(f"unreadable ClassAd expression {text[:120]!r}: {exc}") from None
 
 
-def _top_level(text: str) -> list[tuple[int, str]] | None:
+def _scan(text: str) -> tuple[list[tuple[int, str]], int] | None:
     """The operator characters of ``text`` outside parentheses and string literals, with their
     positions: ``&`` and ``|`` of ``&&`` / ``||``, ``?`` of the conditional (not of ``=?=``), and ``)``
-    where a parenthesis opened at the start closes. None when the parentheses do not balance."""
+    where a parenthesis opened at the start closes; and the parentheses still open at the end. None
+    when a parenthesis closes that did not open."""
     out, depth, i, n = [], 0, 0, len(text)
     while i < n:
         ch = text[i]
@@ -84,7 +85,13 @@ def _top_level(text: str) -> list[tuple[int, str]] | None:
         elif depth == 0 and ch == "?" and not (text[i - 1:i] == "=" and text[i + 1:i + 2] == "="):
             out.append((i, "?"))
         i += 1
-    return out if depth == 0 else None
+    return out, depth
+
+
+def _top_level(text: str) -> list[tuple[int, str]] | None:
+    """:func:`_scan`'s operators of a text whose parentheses balance, else None."""
+    scanned = _scan(text)
+    return scanned[0] if scanned is not None and scanned[1] == 0 else None
 
 
 def _conjuncts(text: str) -> list[str]:
@@ -117,27 +124,12 @@ def _cut_prefix(text: str) -> str | None:
     level (outside parentheses and string literals) ahead of the cut, taken as a conjunction, as
     condor_submit writes Requirements (``(the user's) && (TARGET.Arch == ...) && ...``); None when
     there is no such part, or the text has ``||`` or a conditional at its top level before the cut."""
-    body, depth, last, i = text[:-len(ADSTASH_CUT)], 0, None, 0
-    while i < len(body):
-        ch = body[i]
-        if ch == '"':
-            i += 1
-            while i < len(body) and body[i] != '"':
-                i += 2 if body[i] == "\\" else 1
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth < 0:
-                return None
-        elif depth == 0 and (body.startswith("||", i) or (ch == "?" and not (body[i - 1:i] == "="
-                                                                               and body[i + 1:i + 2] == "="))):
-            return None
-        elif depth == 0 and body.startswith("&&", i):
-            last = i
-            i += 1
-        i += 1
-    return body[:last].strip() or None if last is not None else None
+    body = text[:-len(ADSTASH_CUT)]
+    scanned = _scan(body)  # the parentheses of a cut text may still be open
+    if scanned is None or any(op in "|?" for _, op in scanned[0]):
+        return None
+    cuts = [i for i, op in scanned[0] if op == "&"]
+    return (body[:cuts[-1]].strip() or None) if cuts else None
 
 
 def _false_for(text: str, device: str, attrs: tuple[str, ...]) -> bool:
