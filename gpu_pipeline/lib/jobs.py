@@ -108,7 +108,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpu_pipeline.lib.db import connect as db_connect
-from gpu_pipeline.lib.gpu_requirements import expression_text
+from gpu_pipeline.lib.gpu_requirements import ADSTASH_CUT, expression_text
 from gpu_pipeline.lib.schemas import JOBS, QUARANTINE, TS
 from gpu_pipeline.lib.slots import normalize_gpu_id
 
@@ -269,9 +269,8 @@ def _to_str(v: Any, attr: str) -> str:
     raise _BadValue(f"{attr}={_short(v)} is a {type(v).__name__}, expected a string")
 
 
-#: condor_adstash cuts a string attribute longer than 256 characters to its first 253 and "..."
-#: (eight full GPU UUIDs are 327): the last id named is then a piece of one.
-ADSTASH_CUT = "..."
+# condor_adstash cuts a string attribute longer than 256 characters to its first 253 and "..."
+# (ADSTASH_CUT; eight full GPU UUIDs are 327): the last id named is then a piece of one.
 
 
 def _to_gpus(v: Any, attr: str) -> str | None:
