@@ -19,9 +19,11 @@ attribute but the device's name undefined -- ``DeviceName`` for RequireGPUs (a G
   left: ``ANY``, counted in the pool's ``ALL`` row only -- a class is one device model here. A job that
   names a model the window's pool does not have is ``ANY`` too: its test is false for every name.
 
-A text condor_adstash cut (longer than 256 characters: its first 253 and ``...``) is read by its
-complete parts joined by ``&&`` at the top level before the cut, as a conjunction (condor_submit's
-Requirements are one); a cut text with ``||`` or a conditional at its top level says nothing.
+A Requirements text condor_adstash cut (longer than 256 characters: its first 253 and ``...``) that
+starts as condor_submit writes one, ``(the user's requirements) && ...``, is read by its complete
+parts joined by ``&&`` at the top level before the cut, as that conjunction; a cut text with ``||``
+or a conditional at its top level, another cut Requirements, and a cut RequireGPUs (the user's own
+text, whose rest may be an alternative) say nothing.
 
 A requirement that names a device attribute but that the ClassAd parser cannot read raises
 :class:`UnreadableExpression` (the caller counts it and reads the job as ``ANY``); one that names no
@@ -154,8 +156,10 @@ def device_class_of(require_gpus: str | None, requirements: str | None, devices:
     # the device: the others are not parsed or evaluated at all (most Requirements of a pool)
     texts = [(t, attrs) for t, attrs in ((require_gpus, GPU_NAME_ATTRS), (requirements, MACHINE_NAME_ATTRS))
              if t is not None and DEVICE_WORD in t.lower()]
-    # a text adstash cut: its complete parts before the cut (none: it says nothing readable)
-    texts = [(_cut_prefix(t) if t.rstrip().endswith(ADSTASH_CUT) else t, attrs) for t, attrs in texts]
+    # a text adstash cut: a Requirements as condor_submit writes it ("(the user's) && ..."), by its
+    # complete parts before the cut; a cut RequireGPUs (the user's own text) says nothing readable
+    texts = [((_cut_prefix(t) if attrs == MACHINE_NAME_ATTRS and t.lstrip().startswith("(") else None)
+              if t.rstrip().endswith(ADSTASH_CUT) else t, attrs) for t, attrs in texts]
     texts = [(t, attrs) for t, attrs in texts if t is not None and DEVICE_WORD in t.lower()]
     if not texts:
         return ANY_DEVICE

@@ -1242,17 +1242,25 @@ class _DcgmPivot:
         self.rows: dict[tuple, dict] = {}
         self.counters: Counter[str] = Counter()
         self.quarantine: list[QuarantinedLine] = []
-        # Scrapes appended to one file: a family typed, or its samples met after another family's,
-        # a second time starts the next scrape. ``line``: the sample line being read (line path only).
+        # Scrapes appended to one file: a family typed a second time (in one pass, met a second time)
+        # starts the next scrape; in a text without TYPE lines (``typed`` false), a series without a
+        # timestamp met a second time does (nothing else tells two scrapes apart there). ``line``: the
+        # sample line being read (line path only).
         self.scrape = 0
+        self.typed = False
         self._families: set[str] = set()
+        self._series: set[tuple[str, int]] = set()
         self.line: tuple[int, str] | None = None
 
     def _family(self, name: str) -> None:
         if name in self._families:
-            self.scrape += 1
-            self._families = set()
+            self._next_scrape()
         self._families.add(name)
+
+    def _next_scrape(self) -> None:
+        self.scrape += 1
+        self._families = set()
+        self._series = set()
 
     # -- whole-file path: the parser reads the file in one pass ---------------------------------
     def add_families(self, lines: Iterable[str]) -> None:
@@ -1264,6 +1272,8 @@ class _DcgmPivot:
                 return
             except Exception as exc:  # anything the parser raises
                 raise _ExpositionError(exc) from exc
+            if family.type != "unknown":  # declared by a TYPE line
+                self.typed = True
             self._family(family.name)
             for sample in family.samples:
                 # Counters declared without _total get it appended by the parser: map the family name.
@@ -1273,7 +1283,6 @@ class _DcgmPivot:
     # -- series-cache path: the parser reads each distinct series once ---------------------------
     def add_lines(self, lines: Iterable[str]) -> None:
         series_cache: dict[str, tuple[str, dict, int] | str | None] = {}
-        last = None  # the family of the lines being read
         for ln, raw in enumerate(lines, 1):
             line = raw.strip()
             if isinstance(raw, _Unterminated) and line:
@@ -1285,15 +1294,9 @@ class _DcgmPivot:
                 reason = _comment_error(line)
                 words = line.split()
                 if reason is None and len(words) >= 3 and words[1] == "TYPE":
+                    self.typed = True
                     self._family(words[2])
-                    last = words[2]
             else:
-                # a family's lines are together: a sample name met again after another starts the next
-                # scrape too (scrapes appended without their HELP and TYPE lines)
-                name = line.split("{", 1)[0].split(None, 1)[0]
-                if name != last:
-                    self._family(name)
-                    last = name
                 self.line = (ln, raw.rstrip("\r\n"))
                 reason = self._add_line(line, series_cache)
             if reason is not None:
@@ -1343,6 +1346,12 @@ class _DcgmPivot:
                timestamp: float | None) -> None:
         c = self.counters
         c["samples"] += 1
+        if timestamp is None and not self.typed:  # a series met again: the next scrape (see __init__)
+            if sig is None:
+                sig = hash(frozenset(labels.items()))
+            if (metric, sig) in self._series:
+                self._next_scrape()
+            self._series.add((metric, sig))
         target = _DCGM_METRICS.get(metric)
         if target is None:
             c["unmapped_samples"] += 1
@@ -1832,6 +1841,36 @@ def _host_files(host_dir: Path, suffix: str, counters: Counter[str]) -> list[Pat
     return files
 
 
+_ROTATION_DAY = re.compile(r"-([0-9]{4})-?([0-9]{2})-?([0-9]{2})$")
+
+
+def _rotation_day(path: Path) -> dt.date | None:
+    """The day in a ``dateext`` rotation's name (``*.csv-YYYYMMDD``, ``-YYYY-MM-DD``), or None."""
+    base = path.name[: -len(path.suffix)] if compression_of(path) else path.name
+    if m := _ROTATION_DAY.search(base):  # (the kind's suffix before it: _host_files took the file)
+        try:
+            return dt.date(int(m[1]), int(m[2]), int(m[3]))
+        except ValueError:
+            return None
+    return None
+
+
+def _undated_day(path: Path, zone: ZoneInfo) -> dt.date:
+    """The day an undated file's lines set aside are counted on: the day before its rotation's, else
+    before its last change's (in the partition zone)."""
+    day = _rotation_day(path)
+    if day is None:
+        day = dt.datetime.fromtimestamp(path.stat().st_mtime, zone).date()
+    return day - dt.timedelta(days=1)
+
+
+def _rotation_spans(files: Sequence[Path]) -> dict[Path, tuple[dt.date | None, dt.date]]:
+    """Per file logrotate's ``dateext`` named (``*.csv-YYYYMMDD``), the days its samples may lie in:
+    after the host's previous rotation (None for its first) through its own day, the rotation's."""
+    days = sorted((day, path) for path in files if (day := _rotation_day(path)) is not None)
+    return {path: (days[k - 1][0] if k else None, day) for k, (day, path) in enumerate(days)}
+
+
 def _file_day(name: str) -> dt.date | None:
     """The day a file's name is dated with, before the kind's suffix (a rotation's date after it is
     not the samples' day)."""
@@ -2005,18 +2044,26 @@ class TelemetryDir:
             if not base.is_dir():
                 continue
             for host_dir in sorted(p for p in base.iterdir() if p.is_dir()):
-                for path in _host_files(host_dir, suffix, self.counters):
+                files = _host_files(host_dir, suffix, self.counters)
+                rotated = _rotation_spans(files)
+                for path in files:
                     day = _file_day(path.name)
-                    if day is not None and not lo <= day <= hi:
+                    span = rotated.get(path)
+                    if (day is not None and not lo <= day <= hi) or (
+                            span is not None and (span[1] < lo or (span[0] is not None and span[0] > hi))):
                         self.counters["files_outside_window"] += 1
                         continue
                     self.tasks.append((kind, host_dir.name, path, day))
         # A dated file's quarantined lines are this window's only when it holds the file's day's
         # local noon: one window of a run of consecutive days reads them, however many read the
         # file (a local-day file is read by two UTC days; a margin file by the day after).
+        # An undated file (a rotation, the file a logger writes) is read by every window whose days it
+        # may hold: its lines set aside are the window's that holds the day before its rotation's (a
+        # daily rotation after midnight holds that day), else before its last change's -- the
+        # nightly run of yesterday for the file being written, and the same day once it is rotated.
         self._quarantine_here = {
-            task[2].relative_to(root).as_posix(): task[3] is None or self._lo_us <= epoch_us(
-                dt.datetime.combine(task[3], dt.time(12), zone)) < self._hi_us
+            task[2].relative_to(root).as_posix(): self._lo_us <= epoch_us(dt.datetime.combine(
+                task[3] if task[3] is not None else _undated_day(task[2], zone), dt.time(12), zone)) < self._hi_us
             for task in self.tasks
         }
         on_disk = [task[2].stat().st_size for task in self.tasks]

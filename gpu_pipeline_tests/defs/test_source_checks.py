@@ -153,6 +153,10 @@ def test_samples_read_and_not_kept_are_counted_in_the_metadata(tmp_path, store_r
     path = tmp_path / "tel" / "dcgm" / "nodeA" / "dcgm-2025-08-05.prom"
     path.parent.mkdir(parents=True)
     path.write_text("\n".join(lines) + "\n")
+    # and an inventory query's output (no timestamp field) in an nvidia-smi host folder
+    inventory = tmp_path / "tel" / "nvidia-smi" / "nodeA" / "inventory-2025-08-05.csv"
+    inventory.parent.mkdir(parents=True)
+    inventory.write_text("name, uuid\nNVIDIA H100 80GB HBM3, GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005\n")
     res = {"data_store": store_res, "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"))}
     with dg.instance_for_test() as instance:
         result = dg.materialize([gpu_telemetry], resources=res, partition_key=DAY, instance=instance)
@@ -160,6 +164,7 @@ def test_samples_read_and_not_kept_are_counted_in_the_metadata(tmp_path, store_r
     md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
     assert md["samples"] == 2880
     assert (md["conflicting_samples"], md["samples_without_uuid"], md["duplicate_samples"]) == (2880, 2880, 0)
+    assert (md["layouts_without_time"], md["lines_quarantined"]) == (1, 1)
 
 
 def test_telemetry_gap_fails_coverage_and_blocks(tmp_path, store_res):

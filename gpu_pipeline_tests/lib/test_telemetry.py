@@ -657,6 +657,24 @@ def test_scrapes_appended_without_help_and_type_lines_keep_the_last(kw):
     assert [q.line_number for q in r.quarantine] == [1, 2]
     assert {q.reason for q in r.quarantine} == {_EARLIER_SCRAPE}
     assert (r.counters["earlier_scrape_samples"], r.counters["duplicate_samples"]) == (2, 0)
+    # a scrape that starts with the family the one before ended with (one family a scrape: `curl |
+    # grep DCGM_FI_DEV_GPU_UTIL >> file`), and two in another order: a series met again starts it
+    one_family = "".join(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{g}",UUID="{u}"}} {v}\n'
+                         for v0 in (10, 70) for g, u, v in ((0, U0, v0), (1, U1, v0 + 10)))
+    r = parse_dcgm_text(one_family, default_time_utc=T0, **kw)
+    assert sorted(r.table.column("util_pct").to_pylist()) == [70.0, 80.0]
+    assert [q.line_number for q in r.quarantine] == [1, 2]
+    other_order = (f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="{U0}"}} 60.5\n'
+                   f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} 0\n'
+                   f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} 97\n'
+                   f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="{U0}"}} 650\n')
+    r = parse_dcgm_text(other_order, default_time_utc=T0, **kw)
+    assert r.table.select(["util_pct", "power_w"]).to_pylist() == [{"util_pct": 97.0, "power_w": 650.0}]
+    # one scrape with a line that cannot be read inside a family: one scrape still (it was split)
+    r = parse_dcgm_text(f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} 10\nDCGM_FI_DEV_GPU_UTIL{{gpu="0" oops\n'
+                        f'DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="{U1}"}} 20\n', default_time_utc=T0, **kw)
+    assert sorted(r.table.column("util_pct").to_pylist()) == [10.0, 20.0]
+    assert r.counters["earlier_scrape_samples"] == 0 and len(r.quarantine) == 1
 
 
 def test_dcgm_host_argument_wins_and_default_time_applies_only_without_timestamps():
@@ -820,6 +838,30 @@ def test_dated_rotations_are_read_as_undated_files(tmp_path):
         r = read_telemetry_dir(tmp_path, utc(2025, 7, day), utc(2025, 7, day + 1), "UTC")
         assert r.rows == 24 and {row["util_pct"] for row in rows(r)} == {float(day)}
         assert r.counters["files_not_recognized"] == 0 and r.counters.get("files_outside_window", 0) == 0
+
+
+def test_dated_rotations_far_from_the_window_are_not_read_and_their_lines_set_aside_count_once(tmp_path):
+    """A month of daily ``dateext`` rotations: a file rotated on day D holds the samples after the
+    rotation before it, through D. A window reads only those whose span meets it (with the one-day
+    margin), not all thirty; a line set aside in a rotation counts on one day, the day before its
+    rotation's (each day that read it quarantined it again)."""
+    uuid = "GPU-0667ce7c-1111-2222-3333-444455556666"
+    host = tmp_path / "nvidia-smi" / "n1"
+    host.mkdir(parents=True)
+    for day in range(1, 31):  # rotated just after midnight of the 2nd ... 31st: each holds the day before
+        text = ("timestamp, index, name, uuid, utilization.gpu [%]\n"
+                + "".join(f"2025/07/{day:02d} {h:02d}:00:00.000, 0, X, {uuid}, {day} %\n" for h in range(24))
+                + "garbage\n")
+        (host / f"nvidia-smi.csv-202507{day + 1:02d}").write_text(text)
+    r = read_telemetry_dir(tmp_path, utc(2025, 7, 14), utc(2025, 7, 15), "UTC")
+    assert r.rows == 24 and {row["util_pct"] for row in rows(r)} == {14.0}
+    # the 14th and the one-day margin (13th-15th): the rotations of the 13th to the 16th, which hold
+    # the 12th to the 15th
+    assert r.counters["files_read"] == 4 and r.counters["files_outside_window"] == 26
+    assert [q.source_file for q in r.quarantine] == ["nvidia-smi/n1/nvidia-smi.csv-20250715"]
+    seen = [q.source_file for day in range(2, 30)
+            for q in read_telemetry_dir(tmp_path, utc(2025, 7, day), utc(2025, 7, day + 1), "UTC").quarantine]
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == 28
 
 
 def test_numbered_rotations_are_read_and_unknown_files_counted(tmp_path):

@@ -39,9 +39,13 @@ VALUE_COUNTERS = ("nan_values", "blank_values")
 #: Reader counters of samples read and not kept (without a line of their own set aside): in the day's
 #: metadata, summed over the readers, and a warning when any is not 0 -- a sample without a GPU UUID
 #: label, a row whose UUID is no GPU's, two samples of one GPU, metric and time (the first kept:
-#: ``duplicate_samples`` with the same value, ``conflicting_samples`` with another, e.g. a GPU that
-#: two pods' series name), and the warnings of a Prometheus response (possibly partial data)
+#: ``duplicate_samples`` of the same series, ``conflicting_samples`` of another, e.g. a GPU that two
+#: pods' series name), and the warnings of a Prometheus response (possibly partial data). A file read
+#: by several days (an undated rotation, a local day's log under UTC days) is counted by each.
 DROP_COUNTERS = ("samples_without_uuid", "rows_bad_uuid", "conflicting_samples", "duplicate_samples", "warnings")
+#: Reader counters of lines set aside as a whole layout, in the day's metadata: an nvidia-smi query
+#: without the timestamp field (its lines are in the quarantine)
+LAYOUT_COUNTERS = ("layouts_without_time",)
 
 
 @daily_table_asset(SPEC, kinds={"nvidia", "prometheus", "parquet"}, check_specs=[HAS_SAMPLES, COVERAGE])
@@ -86,7 +90,7 @@ def gpu_telemetry(
                    "files_not_recognized": unread}
         # values read as null, not as numbers: NaN (nvidia-smi's "nan W", an exporter's NaN) and DCGM's
         # "blank" sentinels, summed over the readers (their counters are "<kind>:<name>")
-        for name in (*VALUE_COUNTERS, *DROP_COUNTERS):
+        for name in (*VALUE_COUNTERS, *DROP_COUNTERS, *LAYOUT_COUNTERS):
             metrics[name] = int(sum(v for k, v in stream.counters.items()
                                     if k == name or k.endswith((f":{name}", f"_{name}"))))
         dropped = {name: metrics[name] for name in DROP_COUNTERS if metrics[name]}
