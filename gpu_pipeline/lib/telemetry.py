@@ -1243,13 +1243,17 @@ class _DcgmPivot:
         self.counters: Counter[str] = Counter()
         self.quarantine: list[QuarantinedLine] = []
         # Scrapes appended to one file: a family typed a second time (in one pass, met a second time)
-        # starts the next scrape; in a text without TYPE lines (``typed`` false), a series without a
-        # timestamp met a second time does (nothing else tells two scrapes apart there). ``line``: the
-        # sample line being read (line path only).
+        # starts the next scrape; in a text without TYPE lines (``typed`` false), so does a series
+        # without a timestamp met a second time, or a GPU's metric met again after another family
+        # (nothing else tells two scrapes apart there). ``line``: the sample line being read (line
+        # path only).
         self.scrape = 0
         self.typed = False
         self._families: set[str] = set()
         self._series: set[tuple[str, int]] = set()
+        self._targets: dict[tuple, int] = {}  # (metric, UUID, GPU_I_ID, host) -> its family's number
+        self._metric: str | None = None
+        self._family_no = 0
         self.line: tuple[int, str] | None = None
 
     def _family(self, name: str) -> None:
@@ -1261,6 +1265,7 @@ class _DcgmPivot:
         self.scrape += 1
         self._families = set()
         self._series = set()
+        self._targets = {}
 
     # -- whole-file path: the parser reads the file in one pass ---------------------------------
     def add_families(self, lines: Iterable[str]) -> None:
@@ -1346,17 +1351,35 @@ class _DcgmPivot:
                timestamp: float | None) -> None:
         c = self.counters
         c["samples"] += 1
-        if timestamp is None and not self.typed:  # a series met again: the next scrape (see __init__)
+        untimed = timestamp is None
+        if untimed:  # scrapes appended without timestamps (see __init__)
             if sig is None:
                 sig = hash(frozenset(labels.items()))
+            if metric != self._metric:
+                self._metric = metric
+                self._family_no += 1
             if (metric, sig) in self._series:
-                self._next_scrape()
+                if self.typed and self.line is None:
+                    # typed text in one pass: the parser merges a family typed again into the one before,
+                    # so the line path, which sees the TYPE lines, reads it
+                    raise _BadSample(_EARLIER_SCRAPE)
+                if not self.typed:  # a series met again
+                    self._next_scrape()
             self._series.add((metric, sig))
         target = _DCGM_METRICS.get(metric)
         if target is None:
             c["unmapped_samples"] += 1
             return
         uuid, gi, host = _dcgm_row_key(labels, self.host)
+        if untimed and not self.typed:
+            # a GPU's metric met again after another family: the next scrape, even where its labels
+            # changed (a pod's labels once the GPU is allocated); two series of one GPU within a
+            # family (two pods time-slicing it) stay one scrape
+            seen = self._targets.get((metric, uuid, gi, host))
+            if seen is not None and seen < self._family_no:
+                self._next_scrape()
+                self._series.add((metric, sig))
+            self._targets[(metric, uuid, gi, host)] = self._family_no
         if not uuid:
             c["samples_without_uuid"] += 1
             return
@@ -1841,6 +1864,7 @@ def _host_files(host_dir: Path, suffix: str, counters: Counter[str]) -> list[Pat
     return files
 
 
+_DAY = dt.timedelta(days=1)
 _ROTATION_DAY = re.compile(r"-([0-9]{4})-?([0-9]{2})-?([0-9]{2})$")
 
 
@@ -1855,20 +1879,22 @@ def _rotation_day(path: Path) -> dt.date | None:
     return None
 
 
-def _undated_day(path: Path, zone: ZoneInfo) -> dt.date:
-    """The day an undated file's lines set aside are counted on: the day before its rotation's, else
-    before its last change's (in the partition zone)."""
-    day = _rotation_day(path)
-    if day is None:
-        day = dt.datetime.fromtimestamp(path.stat().st_mtime, zone).date()
-    return day - dt.timedelta(days=1)
-
-
 def _rotation_spans(files: Sequence[Path]) -> dict[Path, tuple[dt.date | None, dt.date]]:
     """Per file logrotate's ``dateext`` named (``*.csv-YYYYMMDD``), the days its samples may lie in:
-    after the host's previous rotation (None for its first) through its own day, the rotation's."""
-    days = sorted((day, path) for path in files if (day := _rotation_day(path)) is not None)
-    return {path: (days[k - 1][0] if k else None, day) for k, (day, path) in enumerate(days)}
+    after the previous rotation of the same log (None for its first) through its own day, the
+    rotation's. A host folder may hold several logs, each rotated on its own schedule."""
+    streams: dict[str, list[tuple[dt.date, Path]]] = {}
+    for path in files:
+        if (day := _rotation_day(path)) is not None:
+            base = path.name[: -len(path.suffix)] if compression_of(path) else path.name
+            streams.setdefault(_ROTATION_DAY.sub("", base).lower(), []).append((day, path))
+    spans: dict[Path, tuple[dt.date | None, dt.date]] = {}
+    for rotated in streams.values():
+        days = sorted({day for day, _ in rotated})
+        for day, path in rotated:
+            k = days.index(day)
+            spans[path] = (days[k - 1] if k else None, day)
+    return spans
 
 
 def _file_day(name: str) -> dt.date | None:
@@ -2049,21 +2075,21 @@ class TelemetryDir:
                 for path in files:
                     day = _file_day(path.name)
                     span = rotated.get(path)
-                    if (day is not None and not lo <= day <= hi) or (
-                            span is not None and (span[1] < lo or (span[0] is not None and span[0] > hi))):
+                    # a rotation's day is its host's, in whatever zone and with logrotate's options
+                    # (dateyesterday): a day's slack beyond the margin
+                    if (day is not None and not lo <= day <= hi) or (span is not None and (
+                            span[1] < lo - _DAY or (span[0] is not None and span[0] > hi + _DAY))):
                         self.counters["files_outside_window"] += 1
                         continue
                     self.tasks.append((kind, host_dir.name, path, day))
         # A dated file's quarantined lines are this window's only when it holds the file's day's
         # local noon: one window of a run of consecutive days reads them, however many read the
         # file (a local-day file is read by two UTC days; a margin file by the day after).
-        # An undated file (a rotation, the file a logger writes) is read by every window whose days it
-        # may hold: its lines set aside are the window's that holds the day before its rotation's (a
-        # daily rotation after midnight holds that day), else before its last change's -- the
-        # nightly run of yesterday for the file being written, and the same day once it is rotated.
+        # (an undated file, a rotation or the file a logger writes, is read by every window whose days it
+        # may hold, and its lines set aside are in each of their quarantines)
         self._quarantine_here = {
-            task[2].relative_to(root).as_posix(): self._lo_us <= epoch_us(dt.datetime.combine(
-                task[3] if task[3] is not None else _undated_day(task[2], zone), dt.time(12), zone)) < self._hi_us
+            task[2].relative_to(root).as_posix(): task[3] is None or self._lo_us <= epoch_us(
+                dt.datetime.combine(task[3], dt.time(12), zone)) < self._hi_us
             for task in self.tasks
         }
         on_disk = [task[2].stat().st_size for task in self.tasks]

@@ -139,6 +139,10 @@ def test_a_requirements_text_adstash_cut_is_read_by_its_complete_parts():
     # error (the cut is not the job's)
     assert device_class_of(None, f'(TARGET.GPUs_DeviceName == "{T4}" && TARGET.Arch == "X...', POOL) == ANY_DEVICE
     assert device_class_of(None, f'TARGET.GPUs_DeviceName == "{T4}" || A && B && C...', POOL) == ANY_DEVICE
+    # a cut Requirements not in condor_submit's form ("(the user's) && ..."): what follows may be an
+    # alternative too
+    assert device_class_of(None, f'TARGET.GPUs_DeviceName == "{T4}" && TARGET.Arch == "X86_64" && B...',
+                           POOL) == ANY_DEVICE
     # a cut RequireGPUs is the user's own text: what follows the cut may be an alternative
     # (DeviceName == A80 && ... || DeviceName == T4), so its first parts say nothing
     assert device_class_of(f'DeviceName == "{A80}" && GlobalMemoryMb >= 40000 && ' + "x" * 240 + "...", None,

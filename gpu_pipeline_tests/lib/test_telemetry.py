@@ -644,6 +644,20 @@ def test_scrapes_appended_to_one_file_without_timestamps_keep_the_last(kw):
 
 
 @pytest.mark.parametrize("kw", [{}, {"fast": False}, {"whole_file": True}])
+def test_typed_scrapes_of_one_family_appended_keep_the_last(kw):
+    """Two typed scrapes of a single family: the exposition parser merges a family typed again into
+    the one before, so in one pass the first value was kept; the line path saw the TYPE line and kept
+    the last. Every path now gives the line path's rows."""
+    def scrape(util: int) -> str:
+        return ("# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+                f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} {util}\n')
+
+    r = parse_dcgm_text(scrape(10) + scrape(70), default_time_utc=T0, **kw)
+    assert r.table.column("util_pct").to_pylist() == [70.0]
+    assert [q.line_number for q in r.quarantine] == [3] and r.counters["earlier_scrape_samples"] == 1
+
+
+@pytest.mark.parametrize("kw", [{}, {"fast": False}, {"whole_file": True}])
 def test_scrapes_appended_without_help_and_type_lines_keep_the_last(kw):
     """The same, for scrapes saved without their HELP and TYPE lines (the real H100 capture has none):
     a new scrape was seen only at a TYPE line, so the oldest scrape was kept at the file's time and
@@ -670,6 +684,17 @@ def test_scrapes_appended_without_help_and_type_lines_keep_the_last(kw):
                    f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="{U0}"}} 650\n')
     r = parse_dcgm_text(other_order, default_time_utc=T0, **kw)
     assert r.table.select(["util_pct", "power_w"]).to_pylist() == [{"util_pct": 97.0, "power_w": 650.0}]
+    # labels that change between the scrapes (a pod's, once the GPU is allocated): the GPU's metric met
+    # again after another family starts the next scrape; two pods' series of one GPU in one family
+    # stay one scrape (a conflict, the first kept)
+    relabelled = (f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} 0\n'
+                  f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="{U0}"}} 60.5\n'
+                  f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}",pod="p1"}} 97\n'
+                  f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}",pod="p2"}} 50\n'
+                  f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="{U0}",pod="p1"}} 650\n')
+    r = parse_dcgm_text(relabelled, default_time_utc=T0, **kw)
+    assert r.table.select(["util_pct", "power_w"]).to_pylist() == [{"util_pct": 97.0, "power_w": 650.0}]
+    assert (r.counters["earlier_scrape_samples"], r.counters["conflicting_samples"]) == (2, 1)
     # one scrape with a line that cannot be read inside a family: one scrape still (it was split)
     r = parse_dcgm_text(f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{U0}"}} 10\nDCGM_FI_DEV_GPU_UTIL{{gpu="0" oops\n'
                         f'DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="{U1}"}} 20\n', default_time_utc=T0, **kw)
@@ -840,28 +865,26 @@ def test_dated_rotations_are_read_as_undated_files(tmp_path):
         assert r.counters["files_not_recognized"] == 0 and r.counters.get("files_outside_window", 0) == 0
 
 
-def test_dated_rotations_far_from_the_window_are_not_read_and_their_lines_set_aside_count_once(tmp_path):
-    """A month of daily ``dateext`` rotations: a file rotated on day D holds the samples after the
-    rotation before it, through D. A window reads only those whose span meets it (with the one-day
-    margin), not all thirty; a line set aside in a rotation counts on one day, the day before its
-    rotation's (each day that read it quarantined it again)."""
-    uuid = "GPU-0667ce7c-1111-2222-3333-444455556666"
+def test_dated_rotations_far_from_the_window_are_not_read(tmp_path):
+    """A month of daily ``dateext`` rotations of two logs: a file rotated on day D holds the samples
+    after the previous rotation of its log, through D. A window reads only those whose span meets it
+    (its margin and a day's slack: a rotation's day is its host's, dateyesterday shifts it), not all
+    sixty, and each log by its own rotations (a first version took the other log's file of the same
+    day for the previous rotation, and lost a day of samples)."""
+    uuids = {"a": "GPU-0667ce7c-1111-2222-3333-444455556666", "b": "GPU-0777ce7c-1111-2222-3333-444455556666"}
     host = tmp_path / "nvidia-smi" / "n1"
     host.mkdir(parents=True)
-    for day in range(1, 31):  # rotated just after midnight of the 2nd ... 31st: each holds the day before
-        text = ("timestamp, index, name, uuid, utilization.gpu [%]\n"
-                + "".join(f"2025/07/{day:02d} {h:02d}:00:00.000, 0, X, {uuid}, {day} %\n" for h in range(24))
-                + "garbage\n")
-        (host / f"nvidia-smi.csv-202507{day + 1:02d}").write_text(text)
-    r = read_telemetry_dir(tmp_path, utc(2025, 7, 14), utc(2025, 7, 15), "UTC")
-    assert r.rows == 24 and {row["util_pct"] for row in rows(r)} == {14.0}
-    # the 14th and the one-day margin (13th-15th): the rotations of the 13th to the 16th, which hold
-    # the 12th to the 15th
-    assert r.counters["files_read"] == 4 and r.counters["files_outside_window"] == 26
-    assert [q.source_file for q in r.quarantine] == ["nvidia-smi/n1/nvidia-smi.csv-20250715"]
-    seen = [q.source_file for day in range(2, 30)
-            for q in read_telemetry_dir(tmp_path, utc(2025, 7, day), utc(2025, 7, day + 1), "UTC").quarantine]
-    assert sorted(seen) == sorted(set(seen)) and len(seen) == 28
+    for log, uuid in uuids.items():
+        for day in range(1, 31):  # rotated just after midnight of the 2nd ... 31st: each holds the day before
+            text = ("timestamp, index, name, uuid, utilization.gpu [%]\n"
+                    + "".join(f"2025/07/{day:02d} {h:02d}:00:00.000, 0, X, {uuid}, {day} %\n" for h in range(24)))
+            (host / f"{log}.csv-202507{day + 1:02d}").write_text(text)
+    for margin, read in ((0, 8), (1, 12)):
+        r = read_telemetry_dir(tmp_path, utc(2025, 7, 14), utc(2025, 7, 15), "UTC", margin_days=margin)
+        assert r.rows == 48 and {row["util_pct"] for row in rows(r)} == {14.0}
+        assert {row["gpu_id"] for row in rows(r)} == {"GPU-0667ce7c", "GPU-0777ce7c"}
+        # margin 0: the rotations of the 13th to the 16th of each log, which hold the 12th to the 15th
+        assert r.counters["files_read"] == read and r.counters["files_outside_window"] == 60 - read
 
 
 def test_numbered_rotations_are_read_and_unknown_files_counted(tmp_path):
