@@ -1416,6 +1416,11 @@ class _DcgmPivot:
             self.quarantine.append(QuarantinedLine(ln, _EARLIER_SCRAPE, raw, self.src))
             c["earlier_scrape_samples"] += 1
         elif seen is not None:
+            if timestamp is None and self.typed and self.line is None:
+                # typed text without timestamps in one pass: a cell met again may be a family typed again
+                # (a later scrape), which the parser merges into the one before; the line path sees
+                # the TYPE lines and decides
+                raise _BadSample(_EARLIER_SCRAPE)
             c["duplicate_samples" if seen == sig else "conflicting_samples"] += 1
             return
         row["_seen"][col] = sig
@@ -1887,7 +1892,7 @@ def _rotation_spans(files: Sequence[Path]) -> dict[Path, tuple[dt.date | None, d
     for path in files:
         if (day := _rotation_day(path)) is not None:
             base = path.name[: -len(path.suffix)] if compression_of(path) else path.name
-            streams.setdefault(_ROTATION_DAY.sub("", base).lower(), []).append((day, path))
+            streams.setdefault(_ROTATION_DAY.sub("", base), []).append((day, path))  # a name's case matters
     spans: dict[Path, tuple[dt.date | None, dt.date]] = {}
     for rotated in streams.values():
         days = sorted({day for day, _ in rotated})

@@ -655,6 +655,10 @@ def test_typed_scrapes_of_one_family_appended_keep_the_last(kw):
     r = parse_dcgm_text(scrape(10) + scrape(70), default_time_utc=T0, **kw)
     assert r.table.column("util_pct").to_pylist() == [70.0]
     assert [q.line_number for q in r.quarantine] == [3] and r.counters["earlier_scrape_samples"] == 1
+    # the second scrape's series relabelled (a pod's label): in one pass it was a conflict, the first kept
+    relabelled = scrape(10) + scrape(70).replace(f'UUID="{U0}"}}', f'UUID="{U0}",pod="p1"}}')
+    r = parse_dcgm_text(relabelled, default_time_utc=T0, **kw)
+    assert r.table.column("util_pct").to_pylist() == [70.0] and r.counters["earlier_scrape_samples"] == 1
 
 
 @pytest.mark.parametrize("kw", [{}, {"fast": False}, {"whole_file": True}])
@@ -885,6 +889,37 @@ def test_dated_rotations_far_from_the_window_are_not_read(tmp_path):
         assert {row["gpu_id"] for row in rows(r)} == {"GPU-0667ce7c", "GPU-0777ce7c"}
         # margin 0: the rotations of the 13th to the 16th of each log, which hold the 12th to the 15th
         assert r.counters["files_read"] == read and r.counters["files_outside_window"] == 60 - read
+
+
+def test_logs_whose_names_differ_in_case_are_rotated_apart(tmp_path):
+    """``NV.csv`` rotated weekly and ``nv.csv`` daily are two logs: one sequence gave the weekly file
+    of the 17th the span of the 16th to the 17th, and the 13th lost its sample."""
+    host = tmp_path / "nvidia-smi" / "n1"
+    host.mkdir(parents=True)
+    head = "timestamp, index, name, uuid, utilization.gpu [%]\n"
+    weekly, daily = "GPU-0667ce7c-1111-2222-3333-444455556666", "GPU-0777ce7c-1111-2222-3333-444455556666"
+    (host / "NV.csv-20250717").write_text(
+        head + "".join(f"2025/07/{d} 12:00:00.000, 0, X, {weekly}, {d} %\n" for d in range(10, 17)))
+    for d in range(11, 17):
+        (host / f"nv.csv-202507{d:02d}").write_text(head + f"2025/07/{d - 1} 12:00:00.000, 1, X, {daily}, {d - 1} %\n")
+    r = read_telemetry_dir(tmp_path, utc(2025, 7, 13), utc(2025, 7, 14), "UTC")
+    assert sorted((row["gpu_id"], row["util_pct"]) for row in rows(r)) == [("GPU-0667ce7c", 13.0),
+                                                                          ("GPU-0777ce7c", 13.0)]
+
+
+def test_an_undated_files_lines_set_aside_are_in_each_reading_days_quarantine(tmp_path):
+    """The file a logger writes has no date: every day reads it, and its line set aside is in each of
+    their quarantines (a window would otherwise lose it, or count it on a day that never reads it)."""
+    uuid = "GPU-0667ce7c-1111-2222-3333-444455556666"
+    host = tmp_path / "nvidia-smi" / "n1"
+    host.mkdir(parents=True)
+    (host / "nvidia-smi.csv").write_text(
+        "timestamp, index, name, uuid, utilization.gpu [%]\n" + "garbage\n"
+        + "".join(f"2025/07/{d} 12:00:00.000, 0, X, {uuid}, {d} %\n" for d in range(13, 17)))
+    for day in range(13, 17):
+        r = read_telemetry_dir(tmp_path, utc(2025, 7, day), utc(2025, 7, day + 1), "UTC")
+        assert r.rows == 1 and [(q.source_file, q.line_number) for q in r.quarantine] == [
+            ("nvidia-smi/n1/nvidia-smi.csv", 2)]
 
 
 def test_numbered_rotations_are_read_and_unknown_files_counted(tmp_path):
