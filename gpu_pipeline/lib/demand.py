@@ -104,9 +104,11 @@ Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
     ``resource_pending`` of the GPU resources (else pending workloads x
     ``kueue_gpus_per_workload`` when the caller knows it; 0 with no pending workload, else unknown:
     null: DCR null, severity Unknown), pending_jobs = pending workloads (active + inadmissible), capacity per flavor:
-    total = nominal quota, busy = usage, idle = max(quota - usage, 0) per pool a quota can be lent
-    in (the ClusterQueues of a cohort together, a queue without a cohort alone), so that a queue
-    borrowing another's unused quota uses it up; ``mean_wait_s`` = admission wait of the
+    total = nominal quota, busy = usage, idle = max(quota - held, 0) per pool a quota can be lent
+    in (the ClusterQueues of a cohort together, a queue without a cohort alone) and per resource,
+    so that a queue borrowing another's unused quota uses it up -- held = the reservation (quota of
+    workloads admitted or waiting on their admission checks), else the usage where a scrape has no
+    reservation series; ``mean_wait_s`` = admission wait of the
     workloads admitted in the hour (count-weighted interval means).
 
 Top contributors (``metrics/demand_top_contributors``): per window (day), the idle GPU-hours by
@@ -566,7 +568,9 @@ _KUEUE_SUMS = {
     # flavor: a queue borrowing another's unused quota uses it up (summing max(quota - usage, 0) per
     # queue counted it idle and busy at once)
     "pool_quota": exact_sum("coalesce(nominal_quota, 0)"),
-    "pool_usage": exact_sum("coalesce(resource_usage, 0)"),
+    # the quota held: reserved (admitted, and admitted pending its admission checks: a
+    # ProvisioningRequest, MultiKueue), else used where the scrape has no reservation series
+    "pool_usage": exact_sum("coalesce(resource_reservation, resource_usage, 0)"),
     "idle": exact_sum("greatest(quota - usage, 0)"),
     "wait_sum": exact_sum("wait_mean_s * wait_count_interval", "kind = 'admission_wait'"),
     "wait_n": exact_sum("wait_count_interval", "kind = 'admission_wait' AND wait_mean_s IS NOT NULL"),
@@ -610,7 +614,7 @@ pools AS (
     FROM k
     WHERE kind = 'resource' AND {gpu_resource} AND flavor IS NOT NULL
     GROUP BY cluster, sample_utc, coalesce('cohort:' || coalesce(root_cohort, cohort), 'queue:' || cluster_queue),
-             flavor
+             flavor, resource  -- a resource's quota is not another's (nvidia.com/gpu, a MIG profile)
 ),
 pool_idle AS (
     SELECT cluster, sample_utc, {idle} AS idle FROM pools GROUP BY cluster, sample_utc

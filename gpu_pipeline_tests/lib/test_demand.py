@@ -524,6 +524,37 @@ def test_kueue_borrowing_within_a_cohort_uses_the_lent_quota_up(cluster):
     assert row["dcr"] == 2.0 and row["severity"] == "Warning"
 
 
+def test_kueue_quota_reserved_for_workloads_awaiting_admission_checks_is_not_idle():
+    """8 GPUs of quota all reserved by workloads waiting on their admission checks (a
+    ProvisioningRequest), none admitted yet, 4 GPUs pending: no GPU is idle (quota - usage read 8
+    idle, DCR 0.5, Healthy). Busy stays the admitted usage; a scrape without the reservation series
+    reads the usage as before."""
+    t = at(10)
+    base = dict(sample_utc=t, cluster="k8s", scope="cluster_queue", cluster_queue="cq1", cohort=None)
+    rows = [dict(base, kind="resource", resource="nvidia.com/gpu", resource_pending=4.0),
+            dict(base, kind="resource", resource="nvidia.com/gpu", flavor="h100", resource_usage=0.0,
+                 resource_reservation=8.0, nominal_quota=8.0)]
+    row = _kueue_hour(rows)
+    assert (row["idle_gpus"], row["busy_gpus"], row["total_gpus"], row["demand_gpus"]) == (0.0, 0.0, 8.0, 4.0)
+    assert row["severity"] == "Critical"
+    rows[1]["resource_reservation"] = None
+    assert _kueue_hour(rows)["idle_gpus"] == 8.0
+
+
+def test_kueue_quota_of_one_resource_does_not_net_against_another():
+    """A queue over its nvidia.com/gpu quota (4, using 6 borrowed) and with 7 MIG slices of quota
+    unused: the 7 slices are idle (one pool per flavor summed both resources: 11 - 6 = 5)."""
+    t = at(10)
+    base = dict(sample_utc=t, cluster="k8s", scope="cluster_queue", cluster_queue="cq1", cohort=None, kind="resource",
+                flavor="h100")
+    rows = [dict(base, resource="nvidia.com/gpu", resource_usage=6.0, nominal_quota=4.0),
+            dict(base, resource="nvidia.com/mig-1g.10gb", resource_usage=0.0, nominal_quota=7.0)]
+    r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END,
+                           kueue=pa.Table.from_pylist(rows, schema=KUEUE_DEMAND.schema),
+                           kueue_resources=("nvidia.com/gpu", "nvidia.com/mig-*"))
+    assert kueue_hour(r, 10)["idle_gpus"] == 7.0
+
+
 def test_kueue_quota_is_lent_within_the_root_of_a_cohort_tree():
     """Cohorts in a tree: cq-a (cohort team-a) owns 8 GPUs and uses none, cq-b (cohort team-b) owns
     none and borrows all 8; both cohorts are under the root org. No GPU is idle (by the direct
