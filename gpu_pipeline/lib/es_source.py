@@ -50,7 +50,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import elastic_transport
 from elasticsearch import ApiError, Elasticsearch, UnsupportedProductError
 
-from gpu_pipeline.lib.http_util import retry_after_seconds
+from gpu_pipeline.lib.http_util import mask_userinfo, retry_after_seconds, unsplit_userinfo
 
 logger = logging.getLogger(__name__)
 
@@ -187,10 +187,11 @@ def _strip_userinfo(url: str) -> tuple[str, str | None, str | None]:
     except ValueError:
         parts = None
     if parts is None or (parts.username is None and parts.password is None):
-        # user info that did not parse (an unencoded '/', '?' or '#' in the password cuts the
-        # authority short, e.g. to "user:S3cr" whose "port" is no number); an '@' after a proper
-        # host[:port] is the path's
-        if "@" in url.split("://", 1)[-1] and not _proper_authority(parts):
+        # user info that did not parse: an unencoded '/', '?' or '#' in the password cuts the
+        # authority short, to "user:S3cr" whose "port" is no number, or to "user:2024" whose is (the
+        # password then in the path, used and logged as it is); an '@' in a host URL's path is refused
+        # with it
+        if unsplit_userinfo(url):
             raise _unreadable_userinfo(url)
         return url, None, None
     netloc = parts.hostname or ""
@@ -207,19 +208,9 @@ def _strip_userinfo(url: str) -> tuple[str, str | None, str | None]:
     return host, user, password
 
 
-def _proper_authority(parts) -> bool:  # noqa: ANN001 - a urllib SplitResult or None
-    """Whether a split URL names a host and, if any, a numeric port."""
-    try:
-        return parts is not None and bool(parts.hostname) and (parts.port or 0) >= 0
-    except ValueError:  # a "port" that is no number
-        return False
-
-
 def _unreadable_userinfo(url: str) -> ValueError:
     """The error for a host whose user info does not parse, the URL masked up to its last ``@``."""
-    scheme, sep, rest = url.rpartition("://")
-    masked = f"{scheme}{sep}{_MASK}@{rest.rsplit('@', 1)[-1]}"
-    return ValueError(f"EsConfig.hosts: cannot read the user info of {masked} "
+    return ValueError(f"EsConfig.hosts: cannot read the user info of {mask_userinfo(url, _MASK)} "
                       "(percent-encode '/', '?', '#' and '@' in the password, or give it separately)")
 
 

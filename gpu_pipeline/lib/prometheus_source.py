@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
-from gpu_pipeline.lib.http_util import retry_after_seconds
+from gpu_pipeline.lib.http_util import mask_userinfo, retry_after_seconds, unsplit_userinfo
 from gpu_pipeline.lib.telemetry import (
     _DCGM_METRICS,
     ParseResult,
@@ -134,6 +134,9 @@ def promql_string(value: str) -> str:
 
 
 def _strip_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    if unsplit_userinfo(url):  # a password urllib would leave in the URL (see http_util)
+        raise ValueError(f"PrometheusConfig.base_url: cannot read the user info of {mask_userinfo(url, _MASK)} "
+                         "(percent-encode '/', '?', '#' and '@' in the password, or give it separately)")
     parts = urlsplit(url)
     if parts.username is None and parts.password is None:
         return url, None, None

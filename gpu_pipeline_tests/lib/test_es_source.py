@@ -260,8 +260,15 @@ def test_credentials_as_secrets_and_urls_give_them_and_never_show_them(docs, cap
         with pytest.raises(ValueError, match=r"user info of http://\*\*\*@") as err:
             cfg(srv, hosts=[srv.url.replace("http://", "http://reader:p@ss/w@")])
         assert "p@ss/w" not in str(err.value)
-        # an '@' in a path after a proper host:port is the path's; a password's spaces are its own
-        assert cfg(srv, hosts=[srv.url + "/prefix@v1"]).hosts == (srv.url + "/prefix@v1",)
+        # a password of digits and an unencoded '/' reads as a port and a path: the URL was used, and
+        # logged, with it; an '@' after a host is refused so (a path's '@' cannot be told from it)
+        for leaky in ("http://elastic:2024/Winter@", "http://elastic:2024?Winter@"):
+            with pytest.raises(ValueError, match=r"user info of http://\*\*\*@") as err:
+                cfg(srv, hosts=[srv.url.replace("http://", leaky)])
+            assert "Winter" not in str(err.value)
+        with pytest.raises(ValueError, match="user info"):
+            cfg(srv, hosts=[srv.url + "/prefix@v1"])
+        # a password's spaces are its own
         assert cfg(srv, username="u", password=" pa ss \n").password == " pa ss "
         bare = cfg(srv, hosts=[srv.url.replace("http://", "reader:pw@")])
         assert bare.hosts == (srv.url.removeprefix("http://"),) and bare.password == "pw"

@@ -540,6 +540,15 @@ def test_config_validation(kw: dict, match: str) -> None:
         PrometheusConfig(**kw)
 
 
+@pytest.mark.parametrize("url", ["http://alice:2024/Winter@prom:9090", "http://alice:2024?Winter@prom:9090"])
+def test_a_password_urllib_cannot_split_is_refused_masked(url: str) -> None:
+    """A password of digits and an unencoded '/' or '?' reads as a port and a path: the URL was kept
+    as it is, the password in every error and log line."""
+    with pytest.raises(ValueError, match=r"user info of http://\*\*\*@prom:9090") as err:
+        PrometheusConfig(base_url=url)
+    assert "Winter" not in str(err.value)
+
+
 @needs_prometheus
 def test_a_step_shorter_than_the_scrape_interval_gives_each_raw_sample_once(tmp_path: Path) -> None:
     """Exporters scraped every 60 s (Prometheus' default) read with the default 30-s step: each
