@@ -357,6 +357,8 @@ _FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "committed_time": ("float", ("CommittedTime",)),
     "my_type": ("str", ("MyType",)),
     "epoch_ad_type": ("str", ("EpochAdType",)),
+    "last_job_status": ("int32", ("LastJobStatus",)),
+    "last_run_wall_clock": ("float", ("LastRemoteWallClockTime",)),
     "require_gpus": ("expr", ("RequireGPUs", "RequireGPUs_EXPR")),
     "requirements": ("expr", ("Requirements", "Requirements_EXPR")),
 }
@@ -483,8 +485,13 @@ def _gracc_like(doc: dict) -> bool:
     return doc.get("type") == "JobUsageRecord" or ("ProbeName" in doc and "RecordId" in doc)
 
 
+#: The longest run a LastRemoteWallClockTime is read as (ten years): beyond it, a bad value.
+MAX_RUN_S = 10 * 366 * 86400
+
+
 def _run_end(kind: str, status: int | None, start: int | None, completion: int | None,
-             last_vacate: int | None, epoch_write: int | None, entered: int | None) -> int | None:
+             last_vacate: int | None, epoch_write: int | None, entered: int | None,
+             last_status: int | None = None, last_wall_s: float | None = None) -> int | None:
     if start is None:
         return None
     if completion is not None and completion >= start:
@@ -495,7 +502,15 @@ def _run_end(kind: str, status: int | None, start: int | None, completion: int |
         return None
     if kind == "epoch" and epoch_write is not None and epoch_write >= start:
         return epoch_write
-    if status is not None and status not in RUNNING_STATUSES and entered is not None and entered >= start:
+    if status is None or status in RUNNING_STATUSES:
+        return None
+    # the job left the running states: EnteredCurrentStatus is when, unless it came to its status from
+    # another one that is not running (held, then removed or released days later: that is the removal's
+    # time), where the last run's wall time (LastRemoteWallClockTime) ends the run
+    if last_status is not None and last_status not in RUNNING_STATUSES and last_wall_s is not None \
+            and 0 <= last_wall_s <= MAX_RUN_S:
+        return start + int(round(last_wall_s * 1_000_000))
+    if entered is not None and entered >= start:
         return entered
     return None
 
@@ -542,7 +557,8 @@ def _row(raw: Any, source: str) -> dict:
 
     status = v["job_status"]
     start = v["current_start"] if v["current_start"] is not None else v["first_start"]
-    end = _run_end(kind, status, start, v["completion"], v["last_vacate"], v["epoch_write"], v["entered"])
+    end = _run_end(kind, status, start, v["completion"], v["last_vacate"], v["epoch_write"], v["entered"],
+                   v["last_job_status"], v["last_run_wall_clock"])
     record = next(
         (t for t in (v["record"], v["epoch_write"] if kind == "epoch" else None, v["server_time"], v["completion"],
                    v["entered"])

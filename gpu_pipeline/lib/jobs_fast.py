@@ -37,6 +37,7 @@ from gpu_pipeline.lib.jobs import (
     EPOCH_STARTS,
     JOB_STARTS,
     JOB_STATUS_NAMES,
+    MAX_RUN_S,
     RUNNING_STATUSES,
     _BadValue,
     _is_unset,
@@ -130,12 +131,19 @@ def _np_int(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _run_end(epoch: np.ndarray, status: pa.Array, start: pa.Array, completion: pa.Array,
-             last_vacate: pa.Array, epoch_write: pa.Array, entered: pa.Array) -> pa.Array:
+             last_vacate: pa.Array, epoch_write: pa.Array, entered: pa.Array, last_status: pa.Array,
+             last_wall: pa.Array) -> pa.Array:
     """``jobs._run_end`` over columns."""
     (s, s_ok), (c, c_ok), (lv, lv_ok), (ew, ew_ok), (en, en_ok) = (
         _np_int(a) for a in (start, completion, last_vacate, epoch_write, entered))
     st_ok = status.is_valid().to_numpy(zero_copy_only=False)
     running = pc.fill_null(pc.is_in(status, value_set=_RUNNING), False).to_numpy(zero_copy_only=False)
+    # held, then removed or released: the last run's wall time ends the run (see jobs._run_end)
+    ls_left = (last_status.is_valid().to_numpy(zero_copy_only=False)
+               & ~pc.fill_null(pc.is_in(last_status, value_set=_RUNNING), False).to_numpy(zero_copy_only=False))
+    lw = last_wall.fill_null(-1.0).to_numpy(zero_copy_only=False)
+    by_wall = ls_left & (lw >= 0) & (lw <= MAX_RUN_S)
+    wall_end = s + np.rint(np.where(by_wall, lw, 0.0) * 1_000_000).astype(np.int64)
     out, done = np.zeros(len(s), np.int64), ~s_ok  # no start: null
     ok = np.zeros(len(s), bool)
     for cond, value in (
@@ -143,7 +151,9 @@ def _run_end(epoch: np.ndarray, status: pa.Array, start: pa.Array, completion: p
         (lv_ok & (lv >= s), lv),
         (~epoch & (~st_ok | running), None),
         (epoch & ew_ok & (ew >= s), ew),
-        (st_ok & ~running & en_ok & (en >= s), en),
+        (~st_ok | running, None),
+        (by_wall, wall_end),
+        (en_ok & (en >= s), en),
     ):
         take = ~done & cond
         if value is not None:
@@ -265,7 +275,8 @@ def fast_rows(texts: pa.Array | pa.ChunkedArray, source: str,
     run_index = pc.max_element_wise(pc.subtract(pc.cast(starts, pa.int64()), 1), 0)
     status = v["job_status"]
     start = pc.coalesce(v["current_start"], v["first_start"])
-    end = _run_end(epoch, status, start, v["completion"], v["last_vacate"], v["epoch_write"], v["entered"])
+    end = _run_end(epoch, status, start, v["completion"], v["last_vacate"], v["epoch_write"], v["entered"],
+                   v["last_job_status"], v["last_run_wall_clock"])
     record = pc.coalesce(v["record"], pc.if_else(pa.array(epoch), v["epoch_write"], None), v["server_time"],
                          v["completion"], v["entered"])
     running = pc.fill_null(pc.is_in(status, value_set=_RUNNING), False)

@@ -245,8 +245,8 @@ JOBS = TableSpec(
             _f("queued_utc", TS, "QDate: when the job was submitted"),
             _f("run_start_utc", TS, "Start of the run: JobCurrentStartDate, else JobStartDate"),
             _f("run_end_utc", TS, "End of the run: CompletionDate, else LastVacateTime (evicted), else "
-               "EpochWriteDate (epochs) or EnteredCurrentStatus (left the running states); "
-               "null while running"),
+               "EpochWriteDate (epochs) or EnteredCurrentStatus (left the running states; a job held, then "
+               "removed or released: the start plus LastRemoteWallClockTime); null while running"),
             _f("completion_utc", TS, "CompletionDate (null unless completed)"),
             _f("record_utc", TS, "RecordTime (adstash), else EpochWriteDate / ServerTime / CompletionDate / "
                "EnteredCurrentStatus"),

@@ -777,3 +777,38 @@ def test_requirement_expressions_are_kept_as_text():
     start = dt.datetime(2025, 8, 5, tzinfo=UTC)
     day = clean_job_documents(raw, start, start + dt.timedelta(days=1))
     assert {r["global_job_id"]: (r["require_gpus"], r["requirements"]) for r in day.table.to_pylist()} == got
+
+
+def test_a_job_held_then_removed_or_released_ends_its_run_by_its_wall_time():
+    """A job held at the end of its run (LastJobStatus 2 -> JobStatus 5: EnteredCurrentStatus is the
+    run's end) and removed or released days later (5 -> 3 or 1): EnteredCurrentStatus is then the
+    removal's or release's time, and the run was read as lasting the days between. The last run's
+    wall time (LastRemoteWallClockTime) ends it; without one, EnteredCurrentStatus as before. The
+    Python rules and the column reading agree."""
+    from gpu_pipeline.lib.job_source import clean_job_documents
+    from gpu_pipeline.lib.jobs import canonical_json
+    from gpu_pipeline.lib.jobs_fast import fast_rows
+    from gpu_pipeline.lib.schemas import RAW_JOB_DOCUMENTS
+
+    start = 1754380800  # 2025-08-05T08:00Z
+    base = {"QDate": start - 600, "JobCurrentStartDate": start, "RequestGPUs": 1, "LastRemoteWallClockTime": 5152}
+    docs = [
+        {"GlobalJobId": "s#1.0#1", "JobStatus": 5, "LastJobStatus": 2, "EnteredCurrentStatus": start + 5152},
+        {"GlobalJobId": "s#2.0#1", "JobStatus": 3, "LastJobStatus": 5, "EnteredCurrentStatus": start + 3 * 86400},
+        {"GlobalJobId": "s#3.0#1", "JobStatus": 1, "LastJobStatus": 5, "EnteredCurrentStatus": start + 2 * 86400},
+        {"GlobalJobId": "s#4.0#1", "JobStatus": 3, "LastJobStatus": 2, "EnteredCurrentStatus": start + 7200},
+    ]
+    docs = [{**base, **d} for d in docs]
+    docs.append({**docs[1], "GlobalJobId": "s#5.0#1", "LastRemoteWallClockTime": None})
+    ends = {r["global_job_id"]: r["run_end_utc"] for r in normalize_docs(docs, "ndjson").table.to_pylist()}
+    t0 = dt.datetime.fromtimestamp(start, UTC)
+    assert ends == {"s#1.0#1": t0 + dt.timedelta(seconds=5152), "s#2.0#1": t0 + dt.timedelta(seconds=5152),
+                    "s#3.0#1": t0 + dt.timedelta(seconds=5152), "s#4.0#1": t0 + dt.timedelta(hours=2),
+                    "s#5.0#1": t0 + dt.timedelta(days=3)}
+    texts = [canonical_json(d) for d in docs]
+    assert (fast_rows(pa.array(texts), "ndjson").index >= 0).all()
+    raw = pa.table({"source": ["ndjson"] * len(texts), "origin": ["f.ndjson"] * len(texts),
+                    "position": list(range(len(texts))), "doc_json": texts, "parse_error": [None] * len(texts)},
+                   schema=RAW_JOB_DOCUMENTS.schema)
+    day = clean_job_documents(raw, t0 - dt.timedelta(hours=8), t0 + dt.timedelta(hours=16)).table
+    assert {r["global_job_id"]: r["run_end_utc"] for r in day.to_pylist()} == ends

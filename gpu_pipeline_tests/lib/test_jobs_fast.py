@@ -56,6 +56,8 @@ _MODES: dict[str, list[list]] = {
     "VacateReasonCode": [[1018, 21]],
     "VacateReason": [["Preempted", "undefined"]],
     "RemoteWallClockTime": [[4858, 0], [4858.5, 1e308]],
+    "LastRemoteWallClockTime": [[3600, 0], [1800.5, 1e308, -5.0]],
+    "LastJobStatus": [[2, 5, 1]],
     "CommittedTime": [[100], [1.5]],
     "MyType": [["Job", "job", "Machine", ""]],
     "EpochAdType": [["EPOCH", "epoch", "SPAWN"]],
