@@ -154,13 +154,15 @@ def device_class_of(require_gpus: str | None, requirements: str | None, devices:
     the device models ``devices`` (see the module's rules). Raises :class:`UnreadableExpression`."""
     # with every other attribute undefined, only a text that names a device attribute can depend on
     # the device: the others are not parsed or evaluated at all (most Requirements of a pool)
-    texts = [(t, attrs) for t, attrs in ((require_gpus, GPU_NAME_ATTRS), (requirements, MACHINE_NAME_ATTRS))
-             if t is not None and DEVICE_WORD in t.lower()]
-    # a text adstash cut: a Requirements as condor_submit writes it ("(the user's) && ..."), by its
-    # complete parts before the cut; a cut RequireGPUs (the user's own text) says nothing readable
-    texts = [((_cut_prefix(t) if attrs == MACHINE_NAME_ATTRS and t.lstrip().startswith("(") else None)
-              if t.rstrip().endswith(ADSTASH_CUT) else t, attrs) for t, attrs in texts]
-    texts = [(t, attrs) for t, attrs in texts if t is not None and DEVICE_WORD in t.lower()]
+    texts = []
+    for text, attrs in ((require_gpus, GPU_NAME_ATTRS), (requirements, MACHINE_NAME_ATTRS)):
+        if text is not None and text.rstrip().endswith(ADSTASH_CUT):
+            # a text adstash cut: a Requirements as condor_submit writes it ("(the user's) && ..."), by
+            # its complete parts before the cut; a cut RequireGPUs (the user's own text) says nothing
+            cut = attrs == MACHINE_NAME_ATTRS and text.lstrip().startswith("(")
+            text = _cut_prefix(text) if cut else None
+        if text is not None and DEVICE_WORD in text.lower():
+            texts.append((text, attrs))
     if not texts:
         return ANY_DEVICE
     for text, _ in texts:

@@ -302,9 +302,10 @@ def _short(v: Any, n: int = 80) -> str:
 def _to_expr(v: Any, attr: str) -> str | None:
     """A ClassAd expression's text (:func:`gpu_requirements.expression_text`); None for undefined."""
     try:
-        return _checked_text(expression_text(v), attr) if expression_text(v) is not None else None
+        text = expression_text(v)
     except ValueError as exc:
         raise _BadValue(f"{attr}={_short(v)}: {exc}") from None
+    return None if text is None else _checked_text(text, attr)
 
 
 _COERCE = {

@@ -1351,27 +1351,22 @@ class _DcgmPivot:
                timestamp: float | None) -> None:
         c = self.counters
         c["samples"] += 1
-        untimed = timestamp is None
-        if untimed:  # scrapes appended without timestamps (see __init__)
+        untyped = timestamp is None and not self.typed  # scrapes appended without timestamps (see __init__)
+        if untyped:
             if sig is None:
                 sig = hash(frozenset(labels.items()))
             if metric != self._metric:
                 self._metric = metric
                 self._family_no += 1
-            if (metric, sig) in self._series:
-                if self.typed and self.line is None:
-                    # typed text in one pass: the parser merges a family typed again into the one before,
-                    # so the line path, which sees the TYPE lines, reads it
-                    raise _BadSample(_EARLIER_SCRAPE)
-                if not self.typed:  # a series met again
-                    self._next_scrape()
+            if (metric, sig) in self._series:  # a series met again
+                self._next_scrape()
             self._series.add((metric, sig))
         target = _DCGM_METRICS.get(metric)
         if target is None:
             c["unmapped_samples"] += 1
             return
         uuid, gi, host = _dcgm_row_key(labels, self.host)
-        if untimed and not self.typed:
+        if untyped:
             # a GPU's metric met again after another family: the next scrape, even where its labels
             # changed (a pod's labels once the GPU is allocated); two series of one GPU within a
             # family (two pods time-slicing it) stay one scrape
@@ -1844,6 +1839,11 @@ def _regular_file(path: Path) -> bool:
         return False
 
 
+def _text_name(path: Path) -> str:
+    """A file's name without its codec's suffix (``.gz``, ``.zst``)."""
+    return path.name[: -len(path.suffix)] if compression_of(path) else path.name
+
+
 def _host_files(host_dir: Path, suffix: str, counters: Counter[str]) -> list[Path]:
     """A host folder's files of one kind: ``*<suffix>``, ``*<suffix>.gz`` / ``*<suffix>.zst``
     (compressed by a log rotation), and ``*<suffix>.N`` or ``*<suffix>-YYYYMMDD`` (``.gz``/``.zst``)
@@ -1852,17 +1852,14 @@ def _host_files(host_dir: Path, suffix: str, counters: Counter[str]) -> list[Pat
     read, the copy skipped and counted (``compressed_twins_skipped``). Any other entry in the folder
     (``.xz``, a note, a dangling link or a link loop, a pipe, a folder) is counted
     (``files_not_recognized``), so that samples do not vanish unseen."""
-    def text_name(path: Path) -> str:  # the name without the codec's suffix
-        return path.name[: -len(path.suffix)] if compression_of(path) else path.name
-
     everything = list(host_dir.glob("*"))
     entries = sorted(p for p in everything if _regular_file(p))
-    found = [p for p in entries if _ROTATION_NUMBER.sub("", text_name(p)).lower().endswith(suffix)]
+    found = [p for p in entries if _ROTATION_NUMBER.sub("", _text_name(p)).lower().endswith(suffix)]
     counters["files_not_recognized"] += len(everything) - len(found)
     plain = {p.name for p in found if not compression_of(p)}
     files = []
     for path in found:
-        if compression_of(path) and text_name(path) in plain:
+        if compression_of(path) and _text_name(path) in plain:
             counters["compressed_twins_skipped"] += 1
             continue
         files.append(path)
@@ -1875,8 +1872,7 @@ _ROTATION_DAY = re.compile(r"-([0-9]{4})-?([0-9]{2})-?([0-9]{2})$")
 
 def _rotation_day(path: Path) -> dt.date | None:
     """The day in a ``dateext`` rotation's name (``*.csv-YYYYMMDD``, ``-YYYY-MM-DD``), or None."""
-    base = path.name[: -len(path.suffix)] if compression_of(path) else path.name
-    if m := _ROTATION_DAY.search(base):  # (the kind's suffix before it: _host_files took the file)
+    if m := _ROTATION_DAY.search(_text_name(path)):  # (the kind's suffix before it: _host_files took the file)
         try:
             return dt.date(int(m[1]), int(m[2]), int(m[3]))
         except ValueError:
@@ -1890,23 +1886,20 @@ def _rotation_spans(files: Sequence[Path]) -> dict[Path, tuple[dt.date | None, d
     rotation's. A host folder may hold several logs, each rotated on its own schedule."""
     streams: dict[str, list[tuple[dt.date, Path]]] = {}
     for path in files:
-        if (day := _rotation_day(path)) is not None:
-            base = path.name[: -len(path.suffix)] if compression_of(path) else path.name
-            streams.setdefault(_ROTATION_DAY.sub("", base), []).append((day, path))  # a name's case matters
+        if (day := _rotation_day(path)) is not None:  # a name's case matters
+            streams.setdefault(_ROTATION_DAY.sub("", _text_name(path)), []).append((day, path))
     spans: dict[Path, tuple[dt.date | None, dt.date]] = {}
     for rotated in streams.values():
         days = sorted({day for day, _ in rotated})
-        for day, path in rotated:
-            k = days.index(day)
-            spans[path] = (days[k - 1] if k else None, day)
+        before = dict(zip(days, [None, *days[:-1]], strict=True))
+        spans.update((path, (before[day], day)) for day, path in rotated)
     return spans
 
 
 def _file_day(name: str) -> dt.date | None:
     """The day a file's name is dated with, before the kind's suffix (a rotation's date after it is
     not the samples' day)."""
-    base = name[: -len(Path(name).suffix)] if compression_of(Path(name)) else name
-    m = _FILE_DAY_RE.search(_ROTATION_NUMBER.sub("", base))
+    m = _FILE_DAY_RE.search(_ROTATION_NUMBER.sub("", _text_name(Path(name))))
     if not m:
         return None
     try:

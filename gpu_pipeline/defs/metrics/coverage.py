@@ -62,8 +62,8 @@ def coverage(context: dg.AssetExecutionContext, data_store: DataStoreResource,
         kueue_row = kueue.enabled or scrapes.num_rows > 0 or kueue_quarantine.num_rows > 0
         # a render farm's task events, where one is read (its events set aside counted here too)
         task_quarantine = read(QUARANTINE_TASK_RUNS, day)
-        task_row = bool(telemetry.terapixel_dir.strip()) or task_quarantine.num_rows > 0 or \
-            store.row_count(TASK_RUNS, day) > 0
+        task_runs = store.row_count(TASK_RUNS, day)
+        task_row = bool(telemetry.terapixel_dir.strip()) or task_quarantine.num_rows > 0 or task_runs > 0
         table = coverage_rows(
             start, end, read(S.CLEAN_SLOT_SNAPSHOTS, day, COVERAGE_COLUMNS["slots"]),
             read(S.GPU_STATES, day, COVERAGE_COLUMNS["states"]), samples_file(day),
@@ -80,7 +80,7 @@ def coverage(context: dg.AssetExecutionContext, data_store: DataStoreResource,
                      "job_records": store.row_count(S.RAW_JOB_DOCUMENTS, day),
                      "kueue": store.row_count(RAW_KUEUE_SCRAPES, day)},
             telemetry_coverage=samples_coverage(day, start, end),
-            task_runs=store.row_count(TASK_RUNS, day) if task_row else None,
+            task_runs=task_runs if task_row else None,
         )
         metrics = {f"{r['source']}_coverage_pct": r["coverage_pct"] for r in table.to_pylist()
                    if r["coverage_pct"] is not None}

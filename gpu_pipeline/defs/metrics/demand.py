@@ -64,8 +64,8 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
         # jobs whose requirements the ClassAd parser could not read count as device class ANY
         kpis["unreadable_requirements"] = float(res.unreadable_requirements)
         if res.unreadable_requirements:
-            context.log.warning(f"{day}: {res.unreadable_requirements} distinct job requirement expression(s) "
-                                "could not be read; their jobs count as device class ANY")
+            context.log.warning(f"{day}: the requirements of {res.unreadable_requirements} job(s) of the day's "
+                                "demand name a device but could not be read; they count as device class ANY")
         return {
             CAP_KEY: outcome(day, store.write_partition(DEMAND_CAPACITY, day, res.capacity), res.capacity, **kpis),
             TOP_KEY: outcome(day, store.write_partition(DEMAND_TOP_CONTRIBUTORS, day, res.top), res.top),
