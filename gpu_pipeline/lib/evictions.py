@@ -145,10 +145,12 @@ EVICTION_RATES = TableSpec(
         "distribution on the all-hours rows."
     ),
     key=("device_name", "tier", "hour_local"),
+    version=2,
     schema=pa.schema(
         [
-            _f("device_name", pa.string(), "GPU model name, or ALL"),
-            _f("tier", pa.string(), "Tier of the host (priority / shared), or ALL"),
+            _f("device_name", pa.string(), "GPU model name, unknown (no GPU state names it), or ALL"),
+            _f("tier", pa.string(), "Tier of the host (priority / shared; unknown without a primary slot row), "
+               "or ALL"),
             _f("hour_local", pa.int32(), "Hour of day 0-23 in the partition time zone; null = all hours"),
             _f("evictions", pa.int64(), "Evictions (rows of metrics/evictions)", nullable=False),
             _f("backfill_gpu_hours", pa.float64(), "GPU-hours in state busy_backfill (5-minute buckets)",
@@ -696,8 +698,11 @@ params AS (SELECT CAST($start AS TIMESTAMPTZ) AS s, CAST($end AS TIMESTAMPTZ) AS
 host_tier AS (  -- the rule of the evictions' tier_of_host (_host_tier), over the day
     SELECT host, {host_tier} AS tier FROM _rate_hosttier
 ),
+-- a device or tier no row names (a run known only by its job's later record, which the snapshots did not
+-- see; a host without a primary slot row) is 'unknown': a group of its own, never confused with a
+-- CUBE's aggregate
 bf AS (
-    SELECT st.device_name, ht.tier,
+    SELECT coalesce(st.device_name, 'unknown') AS device_name, coalesce(ht.tier, 'unknown') AS tier,
            CAST(hour(timezone($tz, st.bucket_start_utc)) AS INTEGER) AS hour_local,
            count(*) AS n
     FROM _rate_states st
@@ -707,7 +712,7 @@ bf AS (
     GROUP BY ALL
 ),
 ev AS (
-    SELECT device_name, tier_of_host AS tier,
+    SELECT coalesce(device_name, 'unknown') AS device_name, coalesce(tier_of_host, 'unknown') AS tier,
            CAST(hour(timezone($tz, evicted_utc)) AS INTEGER) AS hour_local,
            runtime_s, lost_gpu_hours
     FROM _rate_evictions, params

@@ -401,6 +401,8 @@ SCHEMA_CHANGES: list[tuple[str, int, str]] = [
     ("metrics/gpu_hourly_efficiency", 2, "util_coverage_s and power_coverage_s added: the daily and fleet "
      "means weigh an hour by the time its reading was known (days written before read them as null and "
      "are weighed by coverage_s)"),
+    ("metrics/eviction_rates", 2, "device_name and tier 'unknown' where no GPU state or primary slot row names "
+     "them (days written before have null there)"),
 ]
 
 

@@ -688,6 +688,26 @@ def test_rates_per_device_tier_and_local_hour():
     assert sum(x["evictions"] for (d, t, h), x in r.items() if d == "ALL" and t == "ALL" and h is not None) == 4
 
 
+def test_rates_file_an_eviction_without_device_or_tier_as_unknown():
+    """A run known only by its job's later record, which no snapshot saw, has no GPU, host, device or
+    tier: its rates rows say ``unknown``, a group of their own (a null there read like a CUBE's
+    aggregate), and the overall row counts it with the others."""
+    doc = job("H1", 1, at(12), at(14), kind="job", completed=True, vacate=at(11), vacates=1, code=1018,
+              rwc=4 * 3600, ct=2 * 3600)
+    st = states(day_of({"GPU-bbbbbbbb": ["H"] * 108 + ["B:Q"] * 24 + ["S"] * 156}))
+    evs = evictions_from_tables(DAY0, DAY1, st, jobs(doc))
+    (ev,) = evs.to_pylist()
+    assert (ev["global_job_id"], ev["gpu_id"], ev["device_name"], ev["tier_of_host"]) == ("H1", None, None, None)
+    rates = eviction_rates_from_tables(evs, st, DAY0, DAY1)
+    r = {(x["device_name"], x["tier"], x["hour_local"]): x for x in rates.to_pylist()}
+    assert not [k for k in r if None in k[:2]]
+    assert r[("unknown", "unknown", None)]["evictions"] == 1
+    assert r[("unknown", "unknown", None)]["evictions_per_backfill_gpu_hour"] is None  # no backfill hours of its own
+    assert r[("unknown", "ALL", 11)]["evictions"] == 1
+    assert r[("ALL", "ALL", None)]["evictions"] == 1
+    assert r[("ALL", "ALL", None)]["backfill_gpu_hours"] == pytest.approx(2.0)
+
+
 # --------------------------------------------------------------------------------------------
 # The simulator's ground truth
 
