@@ -97,7 +97,12 @@ Kueue (optional, ``source = 'kueue'``, device class ``ALL``)
     scrape, for one median interval; a cluster's only scrape until the end of its hour; never for
     more than :data:`KUEUE_MAX_HOLD`; clipped to the window (the minutes before a day's first scrape
     are not covered). A cluster of the window that no scrape stands for in an hour makes that
-    hour's demand and capacity unknown: a window with scrapes has a row for every hour. ``capacity_coverage`` = the share of the hour that scrapes
+    hour's demand and capacity unknown: a window with scrapes has a row for every hour, and so has a
+    window of a configured source (``kueue_configured``) without a readable scrape, every hour
+    unknown. A ClusterQueue that a scrape reports not active (``cluster_queue_status`` pending or
+    terminated: it admits nothing) has, of its quota, only the GPUs it still holds (reserved, else
+    used: workloads admitted before, running to their end) as capacity, busy, none idle or lent (its
+    pending GPUs are still demand); without a status, as active. ``capacity_coverage`` = the share of the hour that scrapes
     with the GPU quota stand for, the least over the window's clusters (0 for one without any). The
     GPU resources are ``kueue_resources`` (default ``nvidia.com/gpu``; a list, ``*`` globs, each
     unit one GPU). The figures: demand =
@@ -522,6 +527,10 @@ _SCRAPE_DEMAND = ("coalesce(pending_gpus, pending_wl * (SELECT gpw FROM params),
                   "CASE WHEN pending_wl = 0 THEN 0.0 END)")
 
 
+# A ClusterQueue row of a queue that is not active (its status at 1 in the scrape; NULL: unknown, active)
+_INACTIVE_QUEUE = "coalesce(cluster_queue_status <> 'active', false)"
+
+
 # Each Kueue scrape's weight in each hour of the window (``scrape_w``: cluster, t_us, h_start, w in
 # seconds, own_hour), from ``{src}`` (rows with cluster and sample_utc) and ``params`` (s_us, e_us, h_us):
 # a scrape stands for the time until its cluster's next scrape -- one median interval where the next
@@ -602,10 +611,22 @@ _KUEUE_SQL = """
 WITH
 params AS (
     SELECT epoch_us(CAST($start AS TIMESTAMPTZ)) AS s_us, epoch_us(CAST($end AS TIMESTAMPTZ)) AS e_us,
-           CAST($hour_us AS BIGINT) AS h_us, CAST($gpus_per_workload AS DOUBLE) AS gpw
+           CAST($hour_us AS BIGINT) AS h_us, CAST($gpus_per_workload AS DOUBLE) AS gpw,
+           CAST($configured AS BOOLEAN) AS configured
 ),
+-- a ClusterQueue that is not active (kueue_cluster_queue_status: pending, its flavor or admission
+-- check missing; terminated, being deleted) admits nothing: of its quota only what it still holds
+-- (reserved, else used: workloads admitted before, running to their end) is capacity, busy, none of it
+-- idle or lent (known: a cluster whose queues are all inactive and hold nothing has 0 GPUs); its
+-- pending GPUs are still demand; a queue without a status (an older Kueue, a day written before it
+-- was read) counts as before
 k AS (
-    SELECT * FROM kueue_rows, params p
+    SELECT * REPLACE (
+        CASE WHEN {inactive}
+             THEN least(nominal_quota, greatest(coalesce(resource_reservation, resource_usage, 0.0),
+                                                coalesce(resource_usage, 0.0)))
+             ELSE nominal_quota END AS nominal_quota)
+    FROM kueue_rows, params p
     WHERE scope = 'cluster_queue'
       AND epoch_us(sample_utc) >= p.s_us AND epoch_us(sample_utc) < p.e_us
 ),
@@ -657,10 +678,15 @@ per_cluster AS (
 ),
 -- every cluster of the window in every hour of the window: a cluster no scrape stands for in an hour
 -- (its collector down, or every collector) has unknown figures and coverage 0 there, not a silent
--- share of nothing or no row
+-- share of nothing or no row; a configured source without a row in the window (every scrape file
+-- empty or unreadable: every curl failed) is one such cluster in every hour
 cluster_hours AS (
     SELECT h.h_start, c.cluster
-    FROM scrape_hours h CROSS JOIN (SELECT DISTINCT cluster FROM per_scrape) c
+    FROM scrape_hours h CROSS JOIN (
+        SELECT DISTINCT cluster FROM per_scrape
+        UNION ALL
+        SELECT NULL FROM params WHERE configured AND NOT EXISTS (SELECT 1 FROM per_scrape)
+    ) c
 ),
 all_clusters AS (
     SELECT ch.h_start, ch.cluster, pc.* EXCLUDE (h_start, cluster)
@@ -986,6 +1012,7 @@ def compute_demand_capacity(
     kueue_params: list | None = None,
     kueue_gpus_per_workload: float | None = None,
     kueue_resources: Sequence[str] = (KUEUE_GPU_RESOURCE,),
+    kueue_configured: bool = False,
     efficiency_from_sql: str | None = None,
     efficiency_params: list | None = None,
     top_n: int = TOP_N,
@@ -996,7 +1023,9 @@ def compute_demand_capacity(
     ``jobs_from_sql`` -- clean jobs of the window's days and the :data:`JOBS_LOOKBACK_DAYS` before;
     ``states_from_sql`` -- ``metrics/gpu_states`` of the window's days; optional ``kueue_from_sql``
     -- ``clean/kueue_demand`` rows (adds ``source = 'kueue'`` rows; ``kueue_resources``: the
-    Kubernetes resource names counted as GPUs, :func:`kueue_gpu_resources`); optional
+    Kubernetes resource names counted as GPUs, :func:`kueue_gpu_resources`; ``kueue_configured``: a
+    Kueue source is configured for the window, so a window without a Kueue row -- every scrape file
+    empty or unreadable -- has its hours Unknown, coverage 0, rather than no Kueue row); optional
     ``efficiency_from_sql`` with ``hour_start_utc, device_class, efficiency_gap_pp``.
     Hours are ``start_utc + k h``; the top contributors cover the whole window (call per day).
     """
@@ -1023,14 +1052,18 @@ def compute_demand_capacity(
                 f"CREATE OR REPLACE TEMP TABLE kueue_rows AS SELECT * FROM {kueue_from_sql}",
                 kueue_params or [],
             )
+            if "cluster_queue_status" not in _columns(con, "kueue_rows", []):  # rows of an earlier version
+                con.execute("ALTER TABLE kueue_rows ADD COLUMN cluster_queue_status VARCHAR")
             kp = {"start": start_utc, "end": end_utc, "hour_us": hour_us}
             gres = _gpu_resource_sql(_checked_resources(kueue_resources))
             parts.append(
                 con.sql(
                     _KUEUE_SQL.format(all=ALL_DEVICES, gpu_resource=gres, scrape_demand=_SCRAPE_DEMAND,
-                                      weights=_SCRAPE_WEIGHTS_SQL.format(src="k"), **_KUEUE_SUMS)
+                                      inactive=_INACTIVE_QUEUE, weights=_SCRAPE_WEIGHTS_SQL.format(src="k"),
+                                      **_KUEUE_SUMS)
                     .replace("{gpu_resource}", gres),
-                    params={**kp, "gpus_per_workload": kueue_gpus_per_workload},
+                    params={**kp, "gpus_per_workload": kueue_gpus_per_workload,
+                            "configured": bool(kueue_configured)},
                 ).to_arrow_table()
             )
             tops.append(

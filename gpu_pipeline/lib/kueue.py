@@ -58,7 +58,12 @@ HA replicas
 ``cohort`` is the ``cohort`` label where the metric has one, else the ClusterQueue's
 ``parent_cohort`` from ``kueue_cluster_queue_info`` in the same scrape; ``root_cohort`` (ClusterQueue
 rows) that metric's ``root_cohort``: in a tree of cohorts a queue may borrow from any queue under
-the same root. A LocalQueue row's
+the same root. ``cluster_queue_status`` (ClusterQueue rows) is the status that
+``kueue_cluster_queue_status{cluster_queue, status}`` reports at 1 in the same scrape (``active``,
+``pending``: its flavor or admission check missing, ``terminated``: being deleted); a queue that is
+not active admits nothing, so the demand counts of its quota only the GPUs it still holds. Null when the scrape
+has no status at 1 for the queue (an older Kueue); a second status at 1 is counted as
+``conflicting_samples``, the first kept. A LocalQueue row's
 ``cluster_queue`` is filled when any LocalQueue metric of the scrape carries a ``cluster_queue``
 label for it (``kueue_local_queue_admission_fair_sharing_usage``, ...); Kueue's default metrics do
 not say which ClusterQueue a LocalQueue points to. NaN reads as null
@@ -89,7 +94,7 @@ SCOPES: tuple[str, ...] = ("cluster_queue", "local_queue", "cohort")
 KUEUE_DEMAND = TableSpec(
     layer="clean",
     name="kueue_demand",
-    version=2,
+    version=3,
     description=(
         "Kubernetes demand and capacity from Kueue /metrics scrapes: per scrape, one row per queue "
         "(and status), per queue x flavor x resource, and per queue wait histogram (admission, quota "
@@ -111,6 +116,9 @@ KUEUE_DEMAND = TableSpec(
                "label or the ClusterQueue's parent_cohort from kueue_cluster_queue_info"),
             _f("root_cohort", pa.string(), "The root of the ClusterQueue's cohort tree (root_cohort of "
                "kueue_cluster_queue_info in the same scrape; null without it): quota is lent within it"),
+            _f("cluster_queue_status", pa.string(), "The ClusterQueue's status in the same scrape "
+               "(kueue_cluster_queue_status at 1: active, pending, terminated; scope cluster_queue; null "
+               "without it): a queue that is not active admits nothing: of its quota only what it holds is capacity"),
             _f("status", pa.string(), "Pending status on queue rows of per-status metrics: active (in "
                "the admission queue) or inadmissible (failed an admission attempt); null otherwise"),
             _f("priority_class", pa.string(), "Priority class of counter / histogram rows with "
@@ -200,6 +208,8 @@ KUEUE_METRICS: dict[str, KueueMetric] = {
 }
 #: Read for the ClusterQueue -> parent cohort join only.
 CLUSTER_QUEUE_INFO = "kueue_cluster_queue_info"
+#: Read for each ClusterQueue's status (the one at 1), an attribute of its rows (``cluster_queue_status``).
+CLUSTER_QUEUE_STATUS = "kueue_cluster_queue_status"
 _UNLIMITED_WHEN_INF = frozenset({"borrowing_limit", "lending_limit"})
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -238,6 +248,7 @@ class KueueScrape:
     row_cohort: dict[RowKey, str] = field(default_factory=dict)
     cq_cohort: dict[str, str] = field(default_factory=dict)
     cq_root: dict[str, str] = field(default_factory=dict)
+    cq_status: dict[str, str] = field(default_factory=dict)  # ClusterQueue -> its status at 1
     lq_cluster_queue: dict[tuple[str, str], str] = field(default_factory=dict)
     counters: Counter[str] = field(default_factory=Counter)
 
@@ -346,6 +357,7 @@ class _Plan(NamedTuple):
 
     skip: str | None
     info: tuple[str, str, str | None] | None = None  # (cluster_queue, parent, root cohort) of a ClusterQueue info sample
+    cq_status: tuple[str, str] | None = None  # (cluster_queue, status) of a ClusterQueue status sample
     key: RowKey | None = None
     cell: str | None = None
     component: str | None = None  # histogram part: bucket, sum or count
@@ -365,6 +377,11 @@ def _plan(name: str, labels: Mapping[str, str], by_priority_class: bool) -> _Pla
     if name == CLUSTER_QUEUE_INFO:
         cq, parent = labels.get("cluster_queue"), labels.get("parent_cohort")
         return _Plan("", info=(cq, parent, labels.get("root_cohort") or None) if cq and parent else None)
+    if name == CLUSTER_QUEUE_STATUS:
+        cq, status = labels.get("cluster_queue"), labels.get("status")
+        if not cq or not status:
+            return _Plan("samples_missing_labels")
+        return _Plan("", cq_status=(cq, status))
     if name.endswith("_created"):
         return _Plan("created_samples")
     hit = _lookup(name)
@@ -447,6 +464,10 @@ def parse_kueue_scrape(path_or_text: str | Path, sample_utc: dt.datetime, *, clu
                 scrape.cq_cohort.setdefault(cq, parent)
                 if root is not None:
                     scrape.cq_root.setdefault(cq, root)
+            elif plan.cq_status is not None and float(sample.value) == 1:  # the current status: 1, the others 0
+                cq, status = plan.cq_status
+                if scrape.cq_status.setdefault(cq, status) != status:
+                    c["conflicting_samples"] += 1
             continue
         key, cell, ident = plan.key, plan.cell, plan.ident
         value = float(sample.value)
@@ -559,6 +580,7 @@ def kueue_demand(scrapes: Iterable[KueueScrape]) -> KueueResult:
             "sample_utc": s.sample_utc, "cluster": s.cluster, "kind": key.kind, "scope": key.scope,
             "cluster_queue": cq, "namespace": key.namespace, "local_queue": key.local_queue,
             "cohort": cohort, "root_cohort": s.cq_root.get(cq) if cq and key.scope != _LQ else None,
+            "cluster_queue_status": s.cq_status.get(cq) if cq and key.scope == _CQ else None,
             "status": key.status, "priority_class": key.priority_class,
             "resource": key.resource, "flavor": key.flavor, "source_file": s.source_file,
         }
@@ -633,6 +655,7 @@ def parse_kueue_scrapes(items: Iterable[tuple], *, cluster: str | None = None,
 
 __all__ = [
     "CLUSTER_QUEUE_INFO",
+    "CLUSTER_QUEUE_STATUS",
     "KUEUE_DEMAND",
     "KUEUE_METRICS",
     "KueueMetric",

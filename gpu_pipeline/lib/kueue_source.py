@@ -14,6 +14,10 @@ and the line, and counted (``scrapes_unreadable``; a baseline one ``baseline_scr
 without a row: it is the day before's): half a scrape would read as queues without workloads. The
 day's other scrapes are kept, and the one before it stands for the time (as across any missed
 scrape).
+
+``inactive_cluster_queues`` counts the day's ClusterQueues that a scrape of the day reports not
+active (``kueue_cluster_queue_status``: pending, terminated): the demand counts of their quota only
+the GPUs they still hold.
 """
 
 from __future__ import annotations
@@ -120,6 +124,12 @@ def clean_scrapes(raw: pa.Table, cluster: str | None = None) -> tuple[pa.Table, 
             continue
         read.append(r)
     rows = read
+    # the day's ClusterQueues that were not active in a scrape (pending, terminated): of their quota the
+    # demand counts only what they still hold
+    inactive = {(s.cluster, cq) for s, r in zip(scrapes, rows, strict=True) if r["in_window"]
+                for cq, status in s.cq_status.items() if status != "active"}
+    if inactive:
+        counters["inactive_cluster_queues"] = len(inactive)
     result = kueue_demand(scrapes)
     first = min(r["scrape_utc"] for r in rows if r["in_window"]) if any(r["in_window"] for r in rows) else None
     table = result.table

@@ -392,6 +392,9 @@ def all_tables() -> dict[str, TableSpec]:
 SCHEMA_CHANGES: list[tuple[str, int, str]] = [
     ("*", 1, "initial schemas"),
     ("clean/kueue_demand", 2, "root_cohort added (days written before read it as null)"),
+    ("clean/kueue_demand", 3, "cluster_queue_status added (kueue_cluster_queue_status): the demand leaves a "
+     "ClusterQueue that is not active out of the capacity (days written before read it as null: every "
+     "queue's quota counts, as before)"),
     ("clean/jobs", 2, "status_entered_utc added: the demand ends a held or removed job's wait at it (days "
      "written before read it as null and end the wait at record_utc)"),
     ("clean/jobs", 3, "require_gpus and requirements added (RequireGPUs, Requirements as text): the demand "

@@ -10,6 +10,7 @@ from gpu_pipeline.defs.resources import DataStoreResource, KueueResource
 from gpu_pipeline.lib.demand import DEMAND_CAPACITY, DEMAND_TOP_CONTRIBUTORS
 from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
 from gpu_pipeline.lib.kueue import KUEUE_DEMAND, parse_kueue_scrapes
+from gpu_pipeline.lib.kueue_source import QUARANTINE_KUEUE_DEMAND
 from gpu_pipeline.lib.schemas import GPU_STATES, JOBS, conform
 from gpu_pipeline.lib.store import Store
 
@@ -172,3 +173,41 @@ def test_a_job_that_names_its_device_is_that_devices_demand_and_unreadable_ones_
     assert rows[("Tesla T4", 10)]["demand_gpus"] == 2.0 and rows[("Tesla T4", 10)]["idle_gpus"] == 1.0
     assert rows[("NVIDIA A100", 10)]["demand_gpus"] == 0.0
     assert rows[("ALL", 10)]["demand_gpus"] == 3.0
+
+
+def test_a_configured_kueue_day_of_empty_scrape_files_has_24_unknown_kueue_hours(tmp_path):
+    """Raw, clean and demand of a day whose every Kueue scrape file is empty (each ``curl`` failed):
+    the raw check passes on the files, clean/kueue_demand is empty, and metrics/demand_capacity has
+    the day's 24 Kueue hours as Unknown, coverage 0 (it had no Kueue row). Not configured (and no
+    Kueue data that day), the day has no Kueue row."""
+    from gpu_pipeline.defs.clean.kueue_demand import kueue_demand
+    from gpu_pipeline.defs.raw.kueue_scrapes import kueue_scrapes
+
+    scrapes = tmp_path / "scrapes"
+    scrapes.mkdir()
+    for h in range(24):
+        (scrapes / f"kueue-{DAY:%Y%m%d}T{h:02d}0000Z.prom").write_text("")
+    store = Store(tmp_path / "data")
+    store.write_partition(GPU_STATES, DAY.isoformat(), GPU_STATES.empty())
+    store.write_partition(GPU_HOURLY_EFFICIENCY, DAY.isoformat(), GPU_HOURLY_EFFICIENCY.empty())
+    store.write_partition(JOBS, DAY.isoformat(), JOBS.empty())
+    resources = {"data_store": DataStoreResource(data_root=str(store.root)),
+                 "kueue": KueueResource(scrape_dir=str(scrapes), cluster="k8s")}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([kueue_scrapes, kueue_demand, demand_capacity], partition_key=DAY.isoformat(),
+                                instance=instance, resources=resources)
+        assert result.success
+    assert store.read_table(KUEUE_DEMAND, DAY.isoformat()).num_rows == 0
+    rows = [r for r in store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist() if r["source"] == "kueue"]
+    assert len(rows) == 24
+    assert {(r["severity"], r["capacity_coverage"], r["demand_gpus"], r["idle_gpus"]) for r in rows} == {
+        ("Unknown", 0.0, None, None)}
+    assert _materialize(Store(tmp_path / "data"), KueueResource()).success
+    assert [r for r in store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist() if r["source"] == "kueue"] == []
+    # not configured now, but the day's scrapes set aside as unreadable say it had a Kueue source
+    store.write_partition(QUARANTINE_KUEUE_DEMAND, DAY.isoformat(), conform(pa.Table.from_pylist(
+        [{"source_table": "raw/kueue_scrapes", "reason": "unreadable scrape: cut mid-line",
+          "source_file": "kueue-0.prom", "row_json": "{}"}]), QUARANTINE_KUEUE_DEMAND))
+    assert _materialize(Store(tmp_path / "data"), KueueResource()).success
+    rows = [r for r in store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist() if r["source"] == "kueue"]
+    assert len(rows) == 24 and {r["severity"] for r in rows} == {"Unknown"}

@@ -1156,3 +1156,82 @@ def test_a_job_held_or_removed_while_running_has_no_wait_after_its_run():
     r = demand_from_tables(jobs([held]), states(4), DAY, END)
     assert [x[1] for x in reasons(r)] == ["first_run"]
     assert sum(h["demand_gpus"] for h in hourly(r).values()) == pytest.approx(2 * 0.5)
+
+
+# -- Kueue: a ClusterQueue that is not active (kueue_cluster_queue_status) ----------------------
+
+
+def _status_scrape(queues: dict[str, tuple[int, int, int, str | None]], cohort: str = "team") -> str:
+    """A scrape of ClusterQueues ``name: (quota, usage, pending GPUs, status)`` in one cohort; a status
+    None leaves the queue's ``kueue_cluster_queue_status`` samples out."""
+    lines = []
+    for cq, (quota, usage, pending, status) in queues.items():
+        flavored = f'cluster_queue="{cq}",cohort="{cohort}",flavor="a100",replica_role="leader",resource="nvidia.com/gpu"'
+        lines += [f"kueue_cluster_queue_nominal_quota{{{flavored}}} {quota}",
+                  f"kueue_cluster_queue_resource_usage{{{flavored}}} {usage}",
+                  f'kueue_cluster_queue_resource_pending{{cluster_queue="{cq}",replica_role="leader",'
+                  f'resource="nvidia.com/gpu"}} {pending}']
+        if status is not None:
+            lines += [f'kueue_cluster_queue_status{{cluster_queue="{cq}",replica_role="leader",status="{s}"}} '
+                      f'{int(s == status)}' for s in ("pending", "active", "terminated")]
+    return "\n".join(lines) + "\n"
+
+
+def test_kueue_an_inactive_cluster_queues_quota_is_no_capacity():
+    """cq-a is active (8 GPUs of quota, 2 used, 4 pending); cq-b, in its cohort, is pending (its
+    flavor or admission check missing: it admits nothing) with 8 GPUs of quota and 3 pending: its
+    quota is neither idle nor total capacity (it read 14 idle of 16, DCR 0.5, Healthy), while its
+    pending GPUs are still demand. A cluster whose only queue is inactive has 0 GPUs of capacity
+    (known, not Unknown); a scrape without the status metric (or a day written before it was read)
+    counts every queue's quota as before."""
+    def hour(queues, drop_status_column=False):
+        kueue = parse_kueue_scrapes([(at(10), _status_scrape(queues))], cluster="k8s").table
+        if drop_status_column:
+            kueue = kueue.drop_columns(["cluster_queue_status"])
+        return kueue_hour(demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END, kueue=kueue), 10)
+
+    row = hour({"cq-a": (8, 2, 4, "active"), "cq-b": (8, 0, 3, "pending")})
+    assert (row["idle_gpus"], row["busy_gpus"], row["total_gpus"], row["demand_gpus"]) == (6.0, 2.0, 8.0, 7.0)
+    assert row["dcr"] == pytest.approx(7 / 6) and row["severity"] == "Warning"
+    assert row["capacity_coverage"] == 1.0
+    # a terminating (terminated) queue cannot admit either
+    assert hour({"cq-a": (8, 2, 4, "active"), "cq-b": (8, 0, 3, "terminated")})["total_gpus"] == 8.0
+    # the GPUs an inactive queue still holds (workloads admitted before, running to their end) stay
+    # busy capacity, none of its quota idle: 8 + 5 total, 2 + 5 busy, 6 idle
+    held = hour({"cq-a": (8, 2, 4, "active"), "cq-b": (8, 5, 3, "terminated")})
+    assert (held["idle_gpus"], held["busy_gpus"], held["total_gpus"]) == (6.0, 7.0, 13.0)
+    only = hour({"cq-b": (8, 0, 3, "pending")})
+    assert (only["idle_gpus"], only["busy_gpus"], only["total_gpus"], only["demand_gpus"]) == (0.0, 0.0, 0.0, 3.0)
+    assert (only["dcr_capped"], only["severity"], only["capacity_coverage"]) == (True, "Critical", 1.0)
+    for old in (hour({"cq-a": (8, 2, 4, None), "cq-b": (8, 0, 3, None)}),
+                hour({"cq-a": (8, 2, 4, "active"), "cq-b": (8, 0, 3, "pending")}, drop_status_column=True)):
+        assert (old["idle_gpus"], old["busy_gpus"], old["total_gpus"], old["demand_gpus"]) == (14.0, 2.0, 16.0, 7.0)
+
+
+# -- Kueue: a configured source whose day has no readable scrape ---------------------------------
+
+
+def test_kueue_a_configured_day_of_empty_scrape_files_is_24_unknown_hours(tmp_path):
+    """Every ``curl`` of the day failed: its scrape files are empty (and one cut mid-line is set
+    aside), so ``clean/kueue_demand`` has no row. With the Kueue source configured the day's Kueue
+    hours are Unknown with coverage 0 (they had no row at all, while a day with one readable scrape
+    had 23 Unknown hours); without a configured source the day has no Kueue row."""
+    from gpu_pipeline.lib.kueue_source import clean_scrapes, raw_scrapes
+
+    for m in range(0, 60, 10):
+        (tmp_path / f"kueue-20250806T10{m:02d}00Z.prom").write_text("")
+    (tmp_path / "kueue-20250806T110000Z.prom").write_text('kueue_pending_workloads{cluster_queue="cq",status')
+    table, counters, quarantine = clean_scrapes(raw_scrapes(tmp_path, DAY, END), "k8s")
+    assert (table.num_rows, counters["scrapes"], quarantine.num_rows) == (0, 6, 1)
+    r = demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END, kueue=table, kueue_configured=True)
+    rows = hourly(r, source="kueue")
+    assert sorted(rows) == list(range(24))
+    assert all((x["demand_gpus"], x["idle_gpus"], x["total_gpus"], x["pending_jobs"], x["dcr"], x["severity"],
+                x["capacity_coverage"]) == (None, None, None, None, None, "Unknown", 0.0) for x in rows.values())
+    assert _kueue_top(r) == {}
+    assert hourly(demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END, kueue=table), source="kueue") == {}
+    # configured, with readable scrapes: as before (the flag adds no phantom cluster of unknown hours)
+    rows = hourly(demand_from_tables(JOBS.empty(), GPU_STATES.empty(), DAY, END, kueue_configured=True,
+                                     kueue=pa.Table.from_pylist(_scrape_rows(at(10), 3.0), schema=KUEUE_DEMAND.schema)),
+                  source="kueue")
+    assert len(rows) == 24 and rows[10]["demand_gpus"] == 3.0 and rows[10]["capacity_coverage"] == 1.0

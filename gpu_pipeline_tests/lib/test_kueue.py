@@ -52,7 +52,7 @@ def test_schema_rows_and_counters(both) -> None:
     assert set(t.column("cluster").to_pylist()) == {"k8s-a"}
     assert both.files == [str(S0), str(S1)]
     c = both.counters
-    assert c["scrapes"] == 2 and c["samples"] == 270 and c["unmapped_samples"] == 30
+    assert c["scrapes"] == 2 and c["samples"] == 270 and c["unmapped_samples"] == 18  # 6 status samples each are read
     assert c["unlimited_values"] == 4 and c["nan_values"] == 2
     for k in ("follower_samples", "duplicate_samples", "conflicting_samples", "samples_missing_labels",
               "counter_resets", "non_integer_counts", "infinite_values"):
@@ -323,3 +323,52 @@ def test_every_documented_demand_metric_is_mapped() -> None:
         if m.column in ("pending_workloads", "pending_scheduling_hashes"):
             need = need | {"status"}
         assert need <= labels, (name, need - labels)
+
+
+# ----------------------------------------------------------------------------------------------
+# ClusterQueue status (kueue_cluster_queue_status): an inactive queue cannot admit
+# ----------------------------------------------------------------------------------------------
+
+def _status_text(statuses: dict[str, dict[str, float]], role: str = "leader") -> str:
+    """A scrape with each ClusterQueue's quota (8 GPUs) and ``kueue_cluster_queue_status`` samples."""
+    lines = ["# TYPE kueue_cluster_queue_nominal_quota gauge"]
+    for cq in statuses:
+        lines.append(f'kueue_cluster_queue_nominal_quota{{cluster_queue="{cq}",flavor="a100",replica_role="{role}",'
+                     f'resource="nvidia.com/gpu"}} 8')
+    lines.append("# TYPE kueue_cluster_queue_status gauge")
+    for cq, values in statuses.items():
+        for status, v in values.items():
+            lines.append(f'kueue_cluster_queue_status{{cluster_queue="{cq}",replica_role="{role}",'
+                         f'status="{status}"}} {v:g}')
+    return "\n".join(lines) + "\n"
+
+
+def test_cluster_queue_status_is_read_onto_the_queues_rows(both) -> None:
+    """The fixture's queues are both active: every ClusterQueue row says so (the status samples are
+    read, no longer unmapped); LocalQueue and cohort rows have none."""
+    t = both.table
+    cq_rows = [r for r in t.to_pylist() if r["scope"] == "cluster_queue"]
+    assert cq_rows and {r["cluster_queue_status"] for r in cq_rows} == {"active"}
+    assert {r["cluster_queue_status"] for r in t.to_pylist() if r["scope"] != "cluster_queue"} == {None}
+    text = _status_text({"cq-a": {"active": 1, "pending": 0, "terminated": 0},
+                         "cq-b": {"active": 0, "pending": 1, "terminated": 0},
+                         "cq-c": {"active": 0, "pending": 0, "terminated": 1},
+                         "cq-d": {"active": 0, "pending": 0, "terminated": 0}})  # none at 1: unknown
+    res = parse_kueue_scrapes([(T0, text)], cluster="k8s")
+    got = {r["cluster_queue"]: r["cluster_queue_status"] for r in res.table.to_pylist()}
+    assert got == {"cq-a": "active", "cq-b": "pending", "cq-c": "terminated", "cq-d": None}
+    assert res.counters["unmapped_samples"] == 0 and res.counters["conflicting_samples"] == 0
+    # a queue with two statuses at 1 (a broken exporter): the first is kept, the second counted
+    two = parse_kueue_scrapes([(T0, _status_text({"q": {"pending": 1, "active": 1}}))])
+    assert one(two.table, cluster_queue="q")["cluster_queue_status"] == "pending"
+    assert two.counters["conflicting_samples"] == 1
+    # a follower replica's status is dropped with its other samples
+    follower = parse_kueue_scrapes([(T0, _status_text({"q": {"pending": 1}}, role="follower"))])
+    assert follower.rows == 0 and follower.counters["follower_samples"] == 2
+
+
+@needs_docs
+def test_cluster_queue_status_is_the_documented_metric() -> None:
+    from gpu_pipeline.lib.kueue import CLUSTER_QUEUE_STATUS
+    doc_type, labels = documented()[CLUSTER_QUEUE_STATUS]
+    assert doc_type == "gauge" and {"cluster_queue", "status"} <= labels

@@ -172,3 +172,22 @@ def test_a_scrape_cut_in_its_last_value_is_set_aside_whole(tmp_path):
     (q,) = quarantine.to_pylist()
     assert q["source_file"].endswith("kueue-20250804T100100Z.prom") and "ends mid-line" in q["reason"]
     assert q["source_row"] == 2
+
+
+def _status_scrape(statuses: dict[str, str]) -> str:
+    return "# TYPE kueue_cluster_queue_status gauge\n" + "".join(
+        f'kueue_cluster_queue_status{{cluster_queue="{cq}",replica_role="leader",status="{s}"}} {int(s == status)}\n'
+        for cq, status in statuses.items() for s in ("pending", "active", "terminated"))
+
+
+def test_the_days_inactive_cluster_queues_are_counted(tmp_path):
+    """cq-b is pending in two of the day's scrapes and cq-c terminated in one (their quota is no
+    capacity): the day counts 2 inactive queues; a queue inactive only in the baseline scrape of the
+    day before is not the day's."""
+    day = dt.datetime(2025, 8, 4, tzinfo=UTC)
+    (tmp_path / "kueue-20250803T235900Z.prom").write_text(_status_scrape({"cq-a": "active", "cq-d": "pending"}))
+    (tmp_path / "kueue-20250804T100000Z.prom").write_text(_status_scrape({"cq-a": "active", "cq-b": "pending"}))
+    (tmp_path / "kueue-20250804T100100Z.prom").write_text(
+        _status_scrape({"cq-a": "active", "cq-b": "pending", "cq-c": "terminated"}))
+    _, counters, _ = clean_scrapes(raw_scrapes(tmp_path, day, day + dt.timedelta(days=1)), "k8s")
+    assert counters["inactive_cluster_queues"] == 2

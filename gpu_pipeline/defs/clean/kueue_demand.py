@@ -28,6 +28,9 @@ def kueue_demand(
         for path in quarantine["source_file"].to_pylist():
             context.log.warning(f"{day}: Kueue scrape {path} set aside as unreadable (quarantine/kueue_demand)")
         store.write_partition(QUARANTINE_KUEUE_DEMAND, day, quarantine)
+        if counters.get("inactive_cluster_queues"):
+            context.log.info(f"{day}: {counters['inactive_cluster_queues']} Kueue ClusterQueue(s) not active in a "
+                             "scrape (pending, terminated): of their quota only the GPUs they hold count as capacity")
         result = store.write_partition(SPEC, day, table)
         return DayOutcome(day=day, result=result, metrics={k: float(v) for k, v in counters.items()})
 

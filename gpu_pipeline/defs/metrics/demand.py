@@ -27,6 +27,7 @@ from gpu_pipeline.lib.demand import (
     efficiency_by_class_sql,
 )
 from gpu_pipeline.lib.efficiency import GPU_HOURLY_EFFICIENCY
+from gpu_pipeline.lib.kueue_source import QUARANTINE_KUEUE_DEMAND
 from gpu_pipeline.lib.schemas import GPU_STATES
 
 CAP_KEY, TOP_KEY = table_key(DEMAND_CAPACITY), table_key(DEMAND_TOP_CONTRIBUTORS)
@@ -53,9 +54,13 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
         # the pool's GPUs only: telemetry-only hosts (a render farm outside HTCondor) have
         # efficiency rows but are not the capacity these rows compare demand with
         pool_eff = f"(SELECT * FROM {eff_sql} WHERE gpu_id IN (SELECT gpu_id FROM {st_sql}))"
+        # a day of a Kueue source (configured, or with scrapes set aside that day) has its Kueue hours
+        # even when no scrape of the day was readable (every curl failed): Unknown, coverage 0, as
+        # metrics/coverage has its Kueue row at 0 %
+        kueue_configured = kueue.enabled or store.row_count(QUARANTINE_KUEUE_DEMAND, day) > 0
         res = demand_for_day(store, day, start, end, efficiency_from_sql=efficiency_by_class_sql(pool_eff),
                              efficiency_params=[*eff_params, *st_params], kueue_gpus_per_workload=gpus_per_workload,
-                             kueue_resources=gpu_resources)
+                             kueue_resources=gpu_resources, kueue_configured=kueue_configured)
         dcr, share = res.capacity["dcr"], res.top["share"]
         bad[day] = int(pc.sum(pc.invert(pc.is_finite(pc.fill_null(dcr, 0.0)))).as_py() or 0) + int(
             pc.sum(pc.or_(pc.less(share, -1e-9), pc.greater(share, 1 + 1e-9))).as_py() or 0)
