@@ -8,7 +8,12 @@ runs that overlap the day; malformed documents go to ``quarantine/jobs`` with th
 
 Offline files are chosen by the date in their name (``...YYYY-MM-DD...``): from the day before the
 window to ``lookahead_days`` after it, because a job's record is written when it leaves the queue,
-days after a run that overlaps the window (files without a date are always read).
+days after a run that overlaps the window (files without a date are always read). A name that
+carries two dates (``..._2025-08-01_2025-08-07...``, or two ``YYYYMMDD`` as in
+``history-20250801-20250807.json``) names the days of a range, an export covering them: every day
+of the range reads it (with the same look-around) and counts its documents as its own; such a day
+also reads the files named from the range's first day on, which hold the later records of the runs
+it shows open (see :func:`select_files`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from gpu_pipeline.lib.jobs_fast import FastRows, fast_rows, outside_window_ids
 from gpu_pipeline.lib.schemas import JOBS, QUARANTINE_JOBS, RAW_JOB_DOCUMENTS, conform
 
 _DATE_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
+_COMPACT_DATE_RE = re.compile(r"(?<!\d)((?:19|20)\d{6})(?!\d)")  # YYYYMMDD of 1900-2099, alone
 _JOB_SUFFIXES = (".ndjson", ".jsonl", ".json")
 
 
@@ -61,16 +67,25 @@ def _raw_table(rows: list[tuple[str, str, int, str, str | None]]) -> pa.Table:
 
 
 def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, lookahead_days: int) -> list[Path]:
+    """The job-record files a window reads: those named for a day from the day before it to
+    ``lookahead_days`` after it (a range-named file: one of its days), and those named for no date.
+    Where a range-named file is read, the files named from the range's first day on are read too:
+    its ``condor_q`` snapshots may show a run open that a record written after them, in a file of a
+    day between, closes (not read, the open run ran on every day of the range after it)."""
     if not files_dir.is_dir():
         raise FileNotFoundError(f"{files_dir}: job-record directory does not exist")
     lo = start_utc.date() - dt.timedelta(days=1)
     hi = end_utc.date() + dt.timedelta(days=lookahead_days)
-    picked = []
+    named: list[tuple[Path, tuple[dt.date, dt.date] | None]] = []
     for p in sorted(files_dir.rglob("*")):
         if not p.name.lower().removesuffix(".gz").endswith(_JOB_SUFFIXES) or p.is_dir():
             continue
-        day = _named_date(p)
-        if day is not None and not lo <= day <= hi:
+        named.append((p, _named_days(p)))
+    # the first day of the ranges read: the records written since then may close their open runs
+    lo = min([lo, *(days[0] for _, days in named if days and days[0] < days[1] and days[0] <= hi and lo <= days[1])])
+    picked = []
+    for p, days in named:
+        if days is not None and not (days[0] <= hi and lo <= days[1]):
             continue
         if not p.is_file():  # a dangling link, a link loop, a pipe the day would read: not skipped unseen
             raise FileNotFoundError(f"{p}: a job-record file name, but not a readable file "
@@ -79,11 +94,22 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
     return picked
 
 
-def _named_date(path: Path) -> dt.date | None:
-    """The date a job-record file is named for (``...YYYY-MM-DD...``), or None."""
-    m = _DATE_RE.search(path.name)
+def _named_days(path: Path) -> tuple[dt.date, dt.date] | None:
+    """The days a job-record file is named for, (first, last), or None: one date (``...YYYY-MM-DD...``)
+    is that day; two or more (``..._2025-08-01_2025-08-07...``) the days from the earliest to the
+    latest, a range. A name without an ISO date may name a range with two ``YYYYMMDD`` dates
+    (``history-20250801-20250807.json``, years 1900-2099); one such number alone is no date (as
+    before: it may be anything), nor is a number that is no date."""
+    days = [d for d in (_date(m, "%Y-%m-%d") for m in _DATE_RE.findall(path.name)) if d is not None]
+    if not days:
+        compact = [d for d in (_date(m, "%Y%m%d") for m in _COMPACT_DATE_RE.findall(path.name)) if d is not None]
+        days = compact if len(compact) >= 2 else []
+    return (min(days), max(days)) if days else None
+
+
+def _date(text: str, fmt: str) -> dt.date | None:
     try:
-        return dt.date.fromisoformat(m.group(1)) if m else None
+        return dt.datetime.strptime(text, fmt).date()
     except ValueError:
         return None
 
@@ -102,7 +128,8 @@ class FileDocsCache:
     """The rows of job-record files already read in this process, by path, size and modification
     time (a file rewritten in between is read again). Every day reads the files from the day before
     to ``lookahead_days`` after it, so a range run with one cache reads each file once instead of
-    up to ``lookahead_days + 2`` times. Only the files of the latest day are kept."""
+    up to ``lookahead_days + 2`` times (a range-named file's more). Only the files of the latest day
+    are kept."""
 
     def __init__(self) -> None:
         self._tables: dict[tuple[str, int, int], pa.Table] = {}
@@ -167,10 +194,10 @@ def _readable(raw: pa.Table) -> pa.ChunkedArray:
 def documents_of_the_day(raw: pa.Table, day: dt.date) -> int:
     """The raw documents that are the partition day's own: every one from Elasticsearch (its query asks
     for the documents of runs overlapping the day) and, from files, those of the files named for the
-    day (its date as the partition names it) or for no date. The files of the days before and after
-    it, which a day reads for the later records of its runs (and, where the partition's zone is not
-    UTC, for the hours of its window on another date), hold none of its own: with the day's file gone
-    (rotated away) they alone are no day."""
+    day (its date as the partition names it; a range-named file: one of its days) or for no date.
+    The files of the days before and after it, which a day reads for the later records of its runs
+    (and, where the partition's zone is not UTC, for the hours of its window on another date), hold
+    none of its own: with the day's file gone (rotated away) they alone are no day."""
     if not raw.num_rows:
         return 0
     n = 0
@@ -178,8 +205,8 @@ def documents_of_the_day(raw: pa.Table, day: dt.date) -> int:
         if source == "elasticsearch":
             n += count
             continue
-        named = _named_date(Path(origin))
-        if named is None or named == day:
+        named = _named_days(Path(origin))
+        if named is None or named[0] <= day <= named[1]:
             n += count
     return n
 
@@ -194,8 +221,10 @@ def _close_open_runs(table: pa.Table, candidates: pa.Table) -> tuple[pa.Table, i
     """:func:`~gpu_pipeline.lib.jobs.close_superseded_runs` of the day's rows, with every document of
     the same jobs the day read (``candidates``: the raw documents with their job where read plainly)
     as the later records that may close an open run -- those outside the day too: a job's history
-    record of the 5th closes its ``condor_q`` snapshot's run in the partition of the 7th. Those
-    records' rows are not kept."""
+    record of the 5th closes its ``condor_q`` snapshot's run in the partition of the 7th, and a
+    record of the same run from another source (an epoch document, an export's final ad) closes it
+    on the day after it ended, which reads the day's files. Those records' rows are not kept; a
+    record the day does not read (a file named beyond its look-ahead) closes nothing here."""
     open_run = pc.and_(pc.is_null(table["run_end_utc"]), pc.is_valid(table["run_start_utc"])) if table.num_rows else None
     if open_run is None or not pc.any(open_run).as_py():
         return table, 0

@@ -1011,10 +1011,16 @@ def _ts_scalar(t: Any) -> pa.Scalar:
 
 def close_superseded_runs(table: pa.Table) -> tuple[pa.Table, int]:
     """A run still open in its record (a ``condor_q`` snapshot of the job running: ``run_end_utc``
-    null) that a later record of the job shows to be over -- that record is of a later run -- ends
-    at that record's ``LastVacateTime`` when it lies within the open run (from its start to the later
-    run's start), else at the later run's start. Left open, the run ran on every day after (the
-    open end overlaps them) and was never an eviction. Returns the table and how many runs it closed."""
+    null) that a later record of the job shows to be over. A later record (``record_utc`` after the
+    open row's) of the same run that ends it -- an adstash epoch document of the run, the job's
+    final history ad from another source: another key, so neither superseded the other -- ends it
+    at that record's end (the latest such record's). The same run is the one that started at the
+    open run's start with the same ``run_index`` or, across doc kinds, the same ``num_job_starts``
+    (an epoch is numbered by its shadow start, which may be ahead of the job starts). Else, when
+    the job's latest record is of a later run, the open run ends at that record's
+    ``LastVacateTime`` when it lies within the open run (from its start to the later run's start),
+    else at the later run's start. Left open, the run ran on every day after (the open end overlaps
+    them) and was never an eviction. Returns the table and how many runs it closed."""
     if table.num_rows < 2 or not pc.any(pc.is_null(table["run_end_utc"])).as_py():
         return table, 0
     con = db_connect()
@@ -1027,13 +1033,24 @@ def close_superseded_runs(table: pa.Table) -> tuple[pa.Table, int]:
                 SELECT global_job_id, arg_max(run_index, record_utc) AS k, arg_max(run_start_utc, record_utc) AS k_start,
                        arg_max(last_vacate_utc, record_utc) AS k_vacate, max(record_utc) AS k_record
                 FROM _runs WHERE record_utc IS NOT NULL GROUP BY global_job_id
+            ),
+            same_run AS (
+                SELECT o._i, arg_max(c.run_end_utc, (c.record_utc, c.run_end_utc)) AS s_end
+                FROM _runs o JOIN _runs c
+                  ON c.global_job_id = o.global_job_id AND c.run_start_utc = o.run_start_utc
+                 AND (c.run_index = o.run_index OR c.num_job_starts = o.num_job_starts)
+                WHERE o.run_end_utc IS NULL AND o.run_start_utc IS NOT NULL AND c.run_end_utc IS NOT NULL
+                  AND c.record_utc IS NOT NULL AND (o.record_utc IS NULL OR c.record_utc > o.record_utc)
+                GROUP BY o._i
             )
-            SELECT CASE WHEN r.run_end_utc IS NULL AND r.run_start_utc IS NOT NULL AND r.run_index < l.k
-                             AND l.k_start > r.run_start_utc AND (r.record_utc IS NULL OR r.record_utc < l.k_record)
+            SELECT CASE WHEN r.run_end_utc IS NOT NULL OR r.run_start_utc IS NULL THEN r.run_end_utc
+                        WHEN s.s_end IS NOT NULL THEN s.s_end
+                        WHEN r.run_index < l.k AND l.k_start > r.run_start_utc
+                             AND (r.record_utc IS NULL OR r.record_utc < l.k_record)
                         THEN CASE WHEN l.k_vacate >= r.run_start_utc AND l.k_vacate <= l.k_start THEN l.k_vacate
                                   ELSE l.k_start END
-                        ELSE r.run_end_utc END AS run_end
-            FROM _runs r LEFT JOIN latest l USING (global_job_id)
+                        END AS run_end
+            FROM _runs r LEFT JOIN latest l USING (global_job_id) LEFT JOIN same_run s ON s._i = r._i
             ORDER BY r._i
         """).to_arrow_table()
     finally:

@@ -738,6 +738,157 @@ def test_the_days_own_job_documents_are_those_of_its_file_undated_files_and_elas
     assert documents_of_the_day(raw(rows), day) == 4
 
 
+def _day(day: str) -> tuple[dt.datetime, dt.datetime]:
+    start = dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC)
+    return start, start + dt.timedelta(days=1)
+
+
+def _at(day: int, h: float) -> int:
+    return int((dt.datetime(2025, 8, day, tzinfo=dt.UTC) + dt.timedelta(hours=h)).timestamp())
+
+
+@pytest.mark.parametrize("name", ["condor_history-2025-08-01_2025-08-07.json", "history-20250801-20250807.json"])
+def test_a_job_file_named_for_a_date_range_is_read_by_every_day_of_the_range(tmp_path, name):
+    """An export covering a week, named for its first and last day: every day of the range reads it
+    (with the look-around: from the look-ahead before its first day to the day after its last)
+    and counts its documents as its own; other days do not. The ISO range was read only around its
+    first date (the jobs of the 3rd to the 7th were missing, those days had no document of their
+    own); the compact one was an undated file, every day's own documents, the 20th's too."""
+    from gpu_pipeline.lib.job_source import clean_job_documents, documents_of_the_day, raw_docs_from_files
+
+    ads = [{"GlobalJobId": f"s#{i}.0#1", "JobStatus": 4, "NumJobStarts": 1, "QDate": _at(i, 9),
+            "JobCurrentStartDate": _at(i, 10), "CompletionDate": _at(i, 12), "RequestGPUs": 1} for i in range(1, 8)]
+    (tmp_path / name).write_text(json.dumps(ads))
+    (tmp_path / "jobs-2025-08-20.ndjson").write_text(json.dumps(dict(
+        ads[0], GlobalJobId="s#20.0#1", QDate=_at(20, 9), JobCurrentStartDate=_at(20, 10), CompletionDate=_at(20, 12))) + "\n")
+    # (a UTC day's window ends at the next midnight: its look-ahead reaches lookahead_days after that)
+    for day, read, own, jobs in (("2025-07-23", False, 0, []), ("2025-07-24", True, 0, []),
+                                 ("2025-08-01", True, 7, ["s#1.0#1"]), ("2025-08-05", True, 7, ["s#5.0#1"]),
+                                 ("2025-08-07", True, 7, ["s#7.0#1"]), ("2025-08-08", True, 0, []),
+                                 ("2025-08-09", False, 0, []), ("2025-08-20", False, 1, ["s#20.0#1"])):
+        s, e = _day(day)
+        raw = raw_docs_from_files(tmp_path, s, e, 7)
+        assert (name in [Path(f).name for f in raw.files]) is read, day
+        assert documents_of_the_day(raw.table, s.date()) == own, day
+        assert clean_job_documents(raw.table, s, e).table["global_job_id"].to_pylist() == jobs, day
+    # single dates as before: the day before to the look-ahead, the day's own on its day
+    from gpu_pipeline.lib.job_source import select_files
+
+    s, e = _day("2025-08-21")
+    assert [p.name for p in select_files(tmp_path, s, e, 7)] == ["jobs-2025-08-20.ndjson"]
+    assert select_files(tmp_path, *_day("2025-08-22"), 7) == []
+
+
+def test_a_day_reading_a_range_file_reads_the_records_written_since_its_first_day(tmp_path):
+    """A week of ``condor_q -json`` snapshots in one file (its range), the job's final record in the
+    file of the 4th, when its run ended. The 6th reads the week's file, whose snapshot shows the
+    job running: it reads the files named since the range's first day too (not counted as its own
+    documents), else the snapshot's open run ran on the 6th and 7th, its closing record unread."""
+    from gpu_pipeline.lib.job_source import clean_job_documents, documents_of_the_day, raw_docs_from_files
+
+    gj = "ap1#3.0#1754000000"
+    snap = {"GlobalJobId": gj, "JobStatus": 2, "NumJobStarts": 1, "QDate": _at(2, 9), "JobCurrentStartDate": _at(2, 10),
+            "ServerTime": _at(3, 12), "RemoteHost": "slot1_1@gpu01", "RequestGPUs": 1}
+    final = {k: v for k, v in snap.items() if k not in ("ServerTime", "RemoteHost")}
+    final.update(JobStatus=4, CompletionDate=_at(4, 6), RecordTime=_at(4, 6), LastRemoteHost="slot1_1@gpu01")
+    (tmp_path / "condor_q-2025-08-01_2025-08-07.json").write_text(json.dumps([snap]))
+    (tmp_path / "history-2025-08-04.ndjson").write_text(json.dumps(final) + "\n")
+    (tmp_path / "history-2025-07-30.ndjson").write_text(json.dumps(dict(final, GlobalJobId="x#1.0#1")) + "\n")
+    for day, ends in (("2025-08-03", [(gj, _at(4, 6))] * 2), ("2025-08-06", []), ("2025-08-07", [])):
+        s, e = _day(day)
+        raw = raw_docs_from_files(tmp_path, s, e, 7)
+        assert [Path(f).name for f in raw.files] == ["condor_q-2025-08-01_2025-08-07.json", "history-2025-08-04.ndjson"]
+        assert documents_of_the_day(raw.table, s.date()) == 1, day  # the week's file only
+        got = clean_job_documents(raw.table, s, e).table
+        assert [(r["global_job_id"], int(r["run_end_utc"].timestamp())) for r in got.to_pylist()] == ends, day
+
+
+def _snapshot_and_closer(closer_kind: str) -> tuple[dict, dict, str]:
+    """A ``condor_q -json`` ad of run 0 running since 11:00 (on the 5th, ServerTime 12:00), and the
+    record of that same run from another source that ends it: an adstash epoch document (it
+    completed at 15:00), or the job's final history ad (CompletionDate) or a vacated run's
+    (LastVacateTime, back to idle)."""
+    gj = "ap1#10.0#1754380800"
+    snap = {"GlobalJobId": gj, "ClusterId": 10, "ProcId": 0, "JobStatus": 2, "NumJobStarts": 1, "NumShadowStarts": 1,
+            "QDate": _at(5, 10), "JobStartDate": _at(5, 11), "JobCurrentStartDate": _at(5, 11), "ServerTime": _at(5, 12),
+            "CompletionDate": 0, "RemoteHost": "slot1_1@gpu01", "RequestGPUs": 1, "AssignedGPUs": "GPU-aaaaaaaa"}
+    same = {k: snap[k] for k in ("GlobalJobId", "ClusterId", "ProcId", "QDate", "JobStartDate", "JobCurrentStartDate",
+                                 "NumJobStarts", "NumShadowStarts", "RequestGPUs", "AssignedGPUs")}
+    if closer_kind == "epoch":
+        return snap, dict(same, EpochAdType="EPOCH", EpochWriteDate=_at(5, 15), JobStatus=4, CompletionDate=_at(5, 15),
+                          StartdName="gpu01", StartdSlot="slot1_1"), "ndjson"
+    if closer_kind == "completed":
+        return snap, dict(same, JobStatus=4, CompletionDate=_at(5, 15), RecordTime=_at(5, 15),
+                          EnteredCurrentStatus=_at(5, 15), LastRemoteHost="slot1_1@gpu01"), "elasticsearch"
+    return snap, dict(same, JobStatus=1, LastVacateTime=_at(5, 15), RecordTime=_at(5, 15), CompletionDate=0,
+                      EnteredCurrentStatus=_at(5, 15), LastRemoteHost="slot1_1@gpu01"), "es_export"
+
+
+@pytest.mark.parametrize("mode", ["by_dates", "full"])
+@pytest.mark.parametrize("closer_kind", ["epoch", "completed", "vacated"])
+def test_a_later_record_of_the_same_run_from_another_source_closes_the_open_run(monkeypatch, mode, closer_kind):
+    """The snapshot's run is ended by a later record of the same run from another source (another
+    key: source or doc_kind differ, so neither superseded the other). The open row stayed open: on
+    its day beside the closed one, and on the next day alone (its open end overlaps it), where the
+    job ran all day for a reader of that partition. It ends at the record's end, on both days."""
+    import numpy as np
+
+    from gpu_pipeline.lib import job_source
+    from gpu_pipeline.lib.job_source import clean_job_documents
+    from gpu_pipeline.lib.jobs import canonical_json
+
+    snap, closer, source = _snapshot_and_closer(closer_kind)
+    raw = job_source._raw_table([("condor_history", "q", 0, canonical_json(snap), None),
+                                 (source, "h", 0, canonical_json(closer), None)])
+    if mode == "full":
+        monkeypatch.setattr(job_source, "outside_window_ids",
+                            lambda texts, w: (np.zeros(len(texts), bool), pa.nulls(len(texts), pa.string())))
+    kind = "epoch" if closer_kind == "epoch" else "job"
+    got = clean_job_documents(raw, *_day("2025-08-05"))
+    assert sorted((r["source"], r["doc_kind"], r["run_index"], int(r["run_end_utc"].timestamp()))
+                  for r in got.table.to_pylist()) == sorted([("condor_history", "job", 0, _at(5, 15)),
+                                                            (source, kind, 0, _at(5, 15))])
+    assert got.runs_closed_by_later_record == 1
+    nxt = clean_job_documents(raw, *_day("2025-08-06"))
+    assert nxt.table.num_rows == 0 and nxt.runs_closed_by_later_record == 1  # closed, then outside the day
+    # the closing record alone: as before
+    alone = clean_job_documents(raw.slice(1), *_day("2025-08-05"))
+    assert alone.table["run_end_utc"].to_pylist() == got.table.filter(pa.compute.equal(got.table["source"], source))[
+        "run_end_utc"].to_pylist()
+
+
+def test_only_a_later_ended_record_of_the_same_run_closes_an_open_one():
+    """A record of the same run closes it only when it is later than the snapshot and ends the run.
+    The run is the one that started at the snapshot's start: an epoch is numbered by its shadow
+    start (one whose executable never started leaves NumJobStarts as it was), so its run_index may
+    be another than the job ad's of the same run -- the same start and NumJobStarts say it is the
+    same run; the epoch of another run (another start) ends nothing here."""
+    from gpu_pipeline.lib.jobs import close_superseded_runs
+
+    snap, epoch, _ = _snapshot_and_closer("epoch")
+
+    def ends(*docs_by_source):
+        rows = pa.concat_tables([normalize_docs([d], s).table for s, d in docs_by_source])
+        closed, n = close_superseded_runs(rows)
+        return [None if t is None else int(t.timestamp()) for t in closed["run_end_utc"].to_pylist()], n
+
+    assert ends(("condor_history", snap), ("ndjson", epoch)) == ([_at(5, 15)] * 2, 1)
+    # a later snapshot of the same run, still running: nothing ends it
+    later_snap = dict(snap, ServerTime=_at(5, 14))
+    assert ends(("condor_history", snap), ("ndjson", later_snap)) == ([None, None], 0)
+    # the record is earlier than the snapshot (the snapshot says it ran on after it): left open
+    early = dict(epoch, EpochWriteDate=_at(5, 11.5), CompletionDate=_at(5, 11.5))
+    assert ends(("condor_history", snap), ("ndjson", early)) == ([None, _at(5, 11.5)], 0)
+    # run 0 numbered by its shadow start 2 as an epoch (a shadow start that never ran before it):
+    # the same run (start, NumJobStarts)
+    shadowed = dict(epoch, NumShadowStarts=2)
+    assert ends(("condor_history", dict(snap, NumShadowStarts=2)), ("ndjson", shadowed)) == ([_at(5, 15)] * 2, 1)
+    # that failed shadow start's own epoch (index 0 too, another start, no run end of the snapshot's run)
+    failed = dict(epoch, NumShadowStarts=1, JobCurrentStartDate=_at(5, 10.5), EpochWriteDate=_at(5, 12.5),
+                  CompletionDate=0, JobStatus=1, NumJobStarts=0)
+    assert ends(("condor_history", snap), ("ndjson", failed)) == ([None, _at(5, 12.5)], 0)
+
+
 def test_requirement_expressions_are_kept_as_text():
     """RequireGPUs and Requirements are kept as the expression's text, however they were written:
     condor_q/condor_history's "/Expr(...)/", adstash's <Attr>_EXPR text, a literal; the Python rules
