@@ -398,3 +398,67 @@ def test_a_partition_that_cannot_be_read_whole_is_not_kept(tmp_path):
     data[middle:middle + 64] = bytes(64)  # a data page damaged, the footer intact
     path.write_bytes(bytes(data))
     assert store.kept_partition(RAW_JOB_DOCUMENTS, DAY) is None
+
+
+def test_a_condor_q_run_closed_by_another_sources_record_is_closed_on_every_day(tmp_path, store_res):
+    """Files mode, two sources: a ``condor_q -json`` snapshot of a job running since 11:00 on the 5th
+    (condor_history file) and the adstash epoch document of that run, completed at 15:00 (NDJSON).
+    The two rows have other keys (source, doc_kind): the snapshot's open row stayed open on the 5th
+    and, alone, on the 6th (which reads the 5th's files); the efficiency of the 7th, reading the 6th's
+    records as its look-around, then had the job run on its GPU all day. Closed at 15:00, the 6th has
+    no row of the job and no later day counts it."""
+    from gpu_pipeline.defs.metrics.efficiency import efficiency
+    from gpu_pipeline.lib.efficiency import JOB_EFFICIENCY
+    from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS, GPU_SAMPLES, GPU_STATES, conform
+
+    d = tmp_path / "jobs"
+    d.mkdir()
+    gj = "ap1#10.0#1754380800"
+    snap = {"GlobalJobId": gj, "JobStatus": 2, "NumJobStarts": 1, "NumShadowStarts": 1, "Owner": "alice",
+            "QDate": epoch("2025-08-05T10:00:00"), "JobCurrentStartDate": epoch("2025-08-05T11:00:00"),
+            "ServerTime": epoch("2025-08-05T12:00:00"), "RemoteHost": "slot1_1@gpu01", "RequestGPUs": 1,
+            "AssignedGPUs": "GPU-aaaaaaaa"}
+    ended = dict(snap, JobStatus=4, EpochAdType="EPOCH", EpochWriteDate=epoch("2025-08-05T15:00:00"),
+                 CompletionDate=epoch("2025-08-05T15:00:00"))
+    del ended["ServerTime"]
+    (d / "condor_q-2025-08-05.json").write_text(json.dumps([snap]))
+    (d / "epochs-2025-08-05.ndjson").write_text(json.dumps(ended) + "\n")
+    for day in ("05", "06", "07", "08"):  # another job each day: every day has documents of its own
+        (d / f"jobs-2025-08-{day}.ndjson").write_text(json.dumps(job_doc(
+            f"s#{day}.0#1", epoch(f"2025-08-{day}T01:00:00"), epoch(f"2025-08-{day}T02:00:00"))) + "\n")
+    res = {"data_store": store_res, "job_records": JobRecordsResource(files_dir=str(d))}
+    store = Store(tmp_path / "data")
+    days = ["2025-08-05", "2025-08-06", "2025-08-07", "2025-08-08"]
+    closed = {}
+    for day in days:
+        result, checks, _ = run([job_documents, jobs], res, partition_key=day)
+        assert result.success and all(checks.values()), day
+        (md,) = [m.event_specific_data.materialization.metadata for m in result.get_asset_materialization_events()
+                 if m.asset_key.to_user_string() == "clean/jobs"]
+        closed[day] = md["runs_closed_by_later_record"].value
+    # the efficiency of the 7th (it reads the job records of the 6th to the 8th): the GPU was idle and
+    # unclaimed after 15:00 on the 5th; no run of the job
+    for day in days:
+        lo = dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC)
+        ts = [lo + dt.timedelta(minutes=m) for m in range(0, 1440, 5)]
+        gpu = {"gpu_id": "GPU-aaaaaaaa", "host": "gpu01"}
+        store.write_partition(GPU_SAMPLES, day, conform(pa.Table.from_pylist([
+            {**gpu, "sample_utc": t, "source": "nvidia-smi", "device_name": "NVIDIA A100-SXM4-40GB", "util_pct": 0.0,
+             "power_w": 55.0, "power_limit_w": 400.0} for t in ts]), GPU_SAMPLES))
+        store.write_partition(GPU_STATES, day, conform(pa.Table.from_pylist([
+            {**gpu, "bucket_start_utc": t, "state": "idle_shared", "n_slot_rows": 1} for t in ts]), GPU_STATES))
+        store.write_partition(CLEAN_SLOT_SNAPSHOTS, day, conform(pa.Table.from_pylist([
+            {**gpu, "snapshot_utc": t, "slot_name": "slot1_1@gpu01", "tier": "shared", "is_backfill_slot": False,
+             "slot_state": "Unclaimed"} for t in ts]), CLEAN_SLOT_SNAPSHOTS))
+    with dg.instance_for_test() as instance:
+        assert dg.materialize([efficiency], resources={"data_store": store_res}, partition_key="2025-08-07",
+                              instance=instance).success
+    assert [r["global_job_id"] for r in store.read_table(JOB_EFFICIENCY, "2025-08-07").to_pylist()
+            if r["global_job_id"] == gj] == []
+    rows = {day: sorted((r["source"], r["doc_kind"], r["run_end_utc"]) for r in store.read_table(JOBS, day).to_pylist()
+                        if r["global_job_id"] == gj) for day in days}
+    end = dt.datetime(2025, 8, 5, 15, tzinfo=dt.UTC)
+    assert rows == {"2025-08-05": [("condor_history", "job", end), ("ndjson", "epoch", end)],
+                    "2025-08-06": [], "2025-08-07": [], "2025-08-08": []}
+    # the 6th reads the 5th's files: the snapshot's run closed there too, then outside the day
+    assert closed == {"2025-08-05": 1, "2025-08-06": 1, "2025-08-07": 0, "2025-08-08": 0}
