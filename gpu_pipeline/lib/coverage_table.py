@@ -87,7 +87,7 @@ COVERAGE_COLUMNS = {
 }
 
 
-def _snapshot_coverage(slots: pa.Table, day_start: dt.datetime, day_end: dt.datetime) -> Coverage:
+def snapshot_coverage(slots: pa.Table, day_start: dt.datetime, day_end: dt.datetime) -> Coverage:
     """The pool's snapshots against their cadence: a snapshot written in parts seconds apart (two
     collectors writing one archive) is one snapshot, at its first part's time
     (:func:`~gpu_pipeline.lib.states.snapshot_firsts`), as the states take it."""
@@ -128,7 +128,7 @@ def coverage_rows(
         return {"day_start_utc": day_start, "source": source, "rows_quarantined": n_q,
                 "quarantine_reasons": reasons, "rows_in": rows_in.get(source)}
 
-    cov = _snapshot_coverage(slots, day_start, day_end)
+    cov = snapshot_coverage(slots, day_start, day_end)
     out.append({**base("slot_snapshots"), "series": cov.series, "samples": cov.samples,
                 "expected_samples": cov.expected, "coverage_pct": 100 * cov.coverage, "cadence_s": cov.cadence_s,
                 "gaps": cov.gaps, "longest_gap_s": cov.longest_gap_s, "gpus_in_snapshots": len(snap_gpus)})

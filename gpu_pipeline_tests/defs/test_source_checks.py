@@ -462,3 +462,54 @@ def test_a_condor_q_run_closed_by_another_sources_record_is_closed_on_every_day(
                     "2025-08-06": [], "2025-08-07": [], "2025-08-08": []}
     # the 6th reads the 5th's files: the snapshot's run closed there too, then outside the day
     assert closed == {"2025-08-05": 1, "2025-08-06": 1, "2025-08-07": 0, "2025-08-08": 0}
+
+
+def _five_minute_rows(day_start: dt.datetime, hours: float) -> list[dict]:
+    """A GPU's slot row every 5 minutes for ``hours`` from ``day_start`` (naive local time text)."""
+    return [slot_row((day_start + dt.timedelta(minutes=5 * k)).strftime("%Y-%m-%d %H:%M:%S.000000"), "slot1",
+                     "GPU-aaaaaaaa", "Unclaimed") for k in range(int(hours * 12))]
+
+
+def test_a_rotated_month_archive_keeps_the_whole_day_and_fails_coverage(tmp_path, store_res):
+    """A UTC day of an archive kept in local time (Chicago, UTC-5 in November) reads its first 5 hours
+    from the October file. Run once with both months: 288 snapshots, coverage passes. Then the October
+    file is rotated away and the day re-run: the partition an earlier run wrote is kept (it was replaced
+    by the 228 snapshots of November alone), and the coverage check fails naming the missing month. A
+    first run without the October file writes what there is and fails coverage (228 of 288: 79 %)."""
+    arch = tmp_path / "arch"
+    write_gpu_state_db(arch / "gpu_state_2025-10.db", _five_minute_rows(dt.datetime(2025, 10, 31, 19), 5))
+    write_gpu_state_db(arch / "gpu_state_2025-11.db", _five_minute_rows(dt.datetime(2025, 11, 1), 19))
+    res = {"data_store": store_res,
+           "condor_archive": CondorArchiveResource(archive_dir=str(arch), source_timezone="America/Chicago")}
+    store = Store(store_res.data_root)
+    from gpu_pipeline.lib.schemas import RAW_CONDOR_SLOT_SNAPSHOTS
+
+    def snapshots() -> int:
+        return len(set(store.read_table(RAW_CONDOR_SLOT_SNAPSHOTS, "2025-11-01", ["snapshot_utc"])
+                       .column("snapshot_utc").to_pylist()))
+
+    def evaluation(result):
+        return {e.check_name: e for e in result.get_asset_check_evaluations()}["coverage"]
+
+    with dg.instance_for_test() as instance:
+        def materialize():
+            return dg.materialize([condor_slot_snapshots], resources=res, partition_key="2025-11-01",
+                                  instance=instance, raise_on_error=False)
+        first = materialize()
+        assert first.success and evaluation(first).passed and snapshots() == 288
+        (arch / "gpu_state_2025-10.db").rename(tmp_path / "rotated.db")
+        again = materialize()
+        ev = evaluation(again)
+        assert again.success and snapshots() == 288  # kept: not replaced by November's 228
+        assert ev.passed is False and ev.severity == dg.AssetCheckSeverity.WARN
+        assert ev.metadata["missing_months_by_day"].value == {"2025-11-01": ["2025-10"]}
+        assert ev.metadata["days_kept_as_written_before"].value == ["2025-11-01"]
+    store_res2 = DataStoreResource(data_root=str(tmp_path / "fresh"))
+    store = Store(store_res2.data_root)
+    res["data_store"] = store_res2
+    with dg.instance_for_test() as instance:
+        fresh = dg.materialize([condor_slot_snapshots], resources=res, partition_key="2025-11-01",
+                               instance=instance, raise_on_error=False)
+        ev = evaluation(fresh)
+    assert fresh.success and snapshots() == 228
+    assert ev.passed is False and ev.metadata["below_threshold"].value == {"2025-11-01": pytest.approx(228 / 288, abs=1e-4)}

@@ -7,6 +7,7 @@ from gpu_pipeline.defs.common import (
     daily_table_asset,
     gate_check,
     kept_days,
+    log_kept,
     materialize_result,
     run_days,
     table_key,
@@ -15,6 +16,7 @@ from gpu_pipeline.defs.common import (
 )
 from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
 from gpu_pipeline.lib.condor_archive import LATER_COLUMNS, read_window, rejected_rows
+from gpu_pipeline.lib.coverage_table import snapshot_coverage
 from gpu_pipeline.lib.schemas import QUARANTINE_CONDOR_RAW as QUARANTINE_RAW
 from gpu_pipeline.lib.schemas import RAW_CONDOR_SLOT_SNAPSHOTS as SPEC
 from gpu_pipeline.lib.schemas import conform
@@ -26,6 +28,17 @@ HAS_SNAPSHOTS = dg.AssetCheckSpec(
     blocking=True,
     description="Every day of the run has at least one slot snapshot (a run whose every day is empty stops "
                 "downstream; in a range with good days it fails as a warning naming the empty days).",
+)
+
+#: Share of the day's expected snapshots (from the archive's own cadence) below which a day fails ``coverage``.
+MIN_COVERAGE = 0.8
+COVERAGE = dg.AssetCheckSpec(
+    "coverage",
+    asset=KEY,
+    description=f"Snapshots seen >= {MIN_COVERAGE:.0%} of those the archive's observed cadence makes expected over "
+                "the day, and every month archive the day's window needs is there (a UTC day of a local-time "
+                "archive reads hours of the local day before). A warning, not blocking: the states mark the "
+                "buckets no snapshot covers (na, no_snapshot), so the day's seen hours still give metrics.",
 )
 
 SCHEMA_DRIFT = dg.AssetCheckSpec(
@@ -52,7 +65,7 @@ def drift_check(outcomes: list[DayOutcome]) -> dg.AssetCheckResult:
     )
 
 
-@daily_table_asset(SPEC, kinds={"htcondor", "sqlite", "parquet"}, check_specs=[HAS_SNAPSHOTS, SCHEMA_DRIFT])
+@daily_table_asset(SPEC, kinds={"htcondor", "sqlite", "parquet"}, check_specs=[HAS_SNAPSHOTS, COVERAGE, SCHEMA_DRIFT])
 def condor_slot_snapshots(
     context: dg.AssetExecutionContext,
     data_store: DataStoreResource,
@@ -72,9 +85,17 @@ def condor_slot_snapshots(
 
         # an archive that gives nothing for the day (no snapshot, no row set aside) keeps what an
         # earlier run wrote (and its quarantine), rather than emptying the day; rows it cannot read are
-        # written to the quarantine as always, which says why the day has none
-        result = write_unless_empty(context, store, SPEC, day, not read.snapshots and not read.rejected, write,
-                                    "the archive gives nothing for the day")
+        # written to the quarantine as always, which says why the day has none. So does one that gives
+        # part of it because a month file the window needs is gone (retention), where the earlier run
+        # wrote more rows: a re-run does not replace a whole day with its other month's hours.
+        kept = None
+        if read.missing_months and (before := store.kept_partition(SPEC, day)) is not None \
+                and before.rows > read.table.num_rows:
+            kept = before
+            log_kept(context, SPEC, day, f"no archive for month(s) {read.missing_months}", kept)
+        result = kept or write_unless_empty(context, store, SPEC, day, not read.snapshots and not read.rejected,
+                                            write, "the archive gives nothing for the day")
+        cov = snapshot_coverage(store.read_table(SPEC, day, ["snapshot_utc"]) if kept else read.table, start, end)
         details = {"source_files": read.files, "read_paths": read.read_paths}
         if read.missing_months:
             details["missing_months"] = read.missing_months
@@ -88,7 +109,9 @@ def condor_slot_snapshots(
         return DayOutcome(
             day=day,
             result=result,
-            metrics={"snapshots": read.snapshots, "rows_unparseable_timestamp": read.unparseable_timestamps},
+            metrics={"snapshots": read.snapshots, "rows_unparseable_timestamp": read.unparseable_timestamps,
+                     "snapshot_coverage_pct": round(100.0 * cov.coverage, 2), "snapshot_cadence_s": cov.cadence_s or 0.0,
+                     "snapshot_gaps": float(cov.gaps)},
             details=details,
         )
 
@@ -96,4 +119,21 @@ def condor_slot_snapshots(
     empty = [o.day for o in outcomes if not o.metrics.get("snapshots")]
     check = gate_check(HAS_SNAPSHOTS, outcomes, "days_without_snapshots", empty,
                        days_kept_as_written_before=kept_days(outcomes))
-    return materialize_result(SPEC, outcomes, check_results=[check, drift_check(outcomes)])
+    return materialize_result(SPEC, outcomes, check_results=[check, coverage_check(outcomes), drift_check(outcomes)])
+
+
+def coverage_check(outcomes: list[DayOutcome]) -> dg.AssetCheckResult:
+    """``coverage`` over the run's days: fails (WARN) naming the days below :data:`MIN_COVERAGE` and those
+    missing a month archive their window needs (a day kept as an earlier run wrote it is measured on
+    what it keeps)."""
+    covs = {o.day: o.metrics["snapshot_coverage_pct"] / 100.0 for o in outcomes}
+    missing = {o.day: o.details["missing_months"] for o in outcomes if (o.details or {}).get("missing_months")}
+    low = {d: round(c, 4) for d, c in covs.items() if c < MIN_COVERAGE}
+    return dg.AssetCheckResult(
+        check_name=COVERAGE.name, asset_key=KEY, passed=not low and not missing,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"below_threshold": dg.MetadataValue.json(low), "coverage_by_day": dg.MetadataValue.json(covs),
+                  "missing_months_by_day": dg.MetadataValue.json(missing),
+                  "days_kept_as_written_before": dg.MetadataValue.json(kept_days(outcomes))},
+    )
+
