@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import dagster as dg
 
 from gpu_pipeline.defs.partitions import daily_partitions
+from gpu_pipeline.defs.raw.job_documents import KEY as JOB_DOCUMENTS_KEY
 from gpu_pipeline.lib.envutil import whole_number_env
 
 daily_pipeline = dg.define_asset_job(
@@ -43,24 +44,48 @@ nightly_schedule = dg.build_schedule_from_partitioned_job(
 )
 
 
-LATE_RECORDS_DAYS = 3
+#: The variable of the days a job-record file is read after its day (files mode), which is also how many
+#: complete days the late-records run re-runs (a record written up to that many days late is read).
+ENV_LOOKAHEAD = "GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS"
+DEFAULT_LOOKAHEAD_DAYS = 7
+
+
+def late_records_days(environ: Mapping[str, str] = os.environ) -> int:
+    """How many complete days ``late_records_rerun`` re-runs: the job records' look-ahead
+    (``GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS``, default 7; at least 1). A job is recorded when it leaves the
+    queue, so a day's records keep arriving for as long as its jobs run; a nightly run reads the files up
+    to that many days after its day, and so does this re-run for every day it covers."""
+    return max(1, whole_number_env(ENV_LOOKAHEAD, DEFAULT_LOOKAHEAD_DAYS, "days", "the day's own files only",
+                                   environ))
+
+
+#: What a late job record changes: the job records and everything that reads them (evictions, job
+#: efficiency, demand, coverage, their plots). The slot snapshots, the telemetry and the states they do
+#: not touch are not read again.
+late_records_pipeline = dg.define_asset_job(
+    name="late_records_pipeline",
+    selection=dg.AssetSelection.assets(JOB_DOCUMENTS_KEY).downstream(),
+    partitions_def=daily_partitions,
+    description="The job records and every asset downstream of them, for a day or a range of days.",
+)
 
 
 @dg.schedule(
     cron_schedule="45 5 * * *",
-    job=daily_pipeline,
+    job=late_records_pipeline,
     name="late_records_rerun",
     description=(
-        f"Re-materializes the last {LATE_RECORDS_DAYS} complete days at 05:45 (partition time zone) as ONE "
-        "range run, so job records that reach Elasticsearch late (a job is recorded when it leaves the "
-        "queue) are picked up. Re-runs replace partitions; they never append."
+        "Re-materializes the job records and everything downstream of them for the last "
+        f"{ENV_LOOKAHEAD} (default {DEFAULT_LOOKAHEAD_DAYS}) complete days at 05:45 (partition time zone) as ONE "
+        "range run, so job records that arrive late (a job is recorded when it leaves the queue) are picked "
+        "up. Re-runs replace partitions; they never append."
     ),
     execution_timezone=daily_partitions.timezone,
     default_status=dg.DefaultScheduleStatus.STOPPED,
 )
 def late_records_rerun(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
     keys = daily_partitions.get_partition_keys(current_time=context.scheduled_execution_time)
-    last = keys[-LATE_RECORDS_DAYS:]
+    last = keys[-late_records_days():]
     if not last:  # the partitions' first day is not complete yet
         return dg.SkipReason("no complete day yet: the partitions start today")
     return dg.RunRequest(

@@ -231,18 +231,34 @@ def test_multi_assets_are_subsettable_for_ui_backfills(defs, tmp_path, monkeypat
     assert not store.plot_file("allocation_over_day", days[0]).exists()
 
 
-def test_late_records_schedule_reruns_the_last_three_days_as_one_range(defs):
+def test_late_records_schedule_reruns_the_job_records_chain_over_the_look_ahead_as_one_range(defs, monkeypatch):
+    """The re-run covers the days a record may still arrive for (the job records' look-ahead, 7 days by
+    default) and only what a job record changes: the job records and their downstream, not the slot
+    snapshots, the telemetry or the states."""
     schedule = defs.resolve_schedule_def("late_records_rerun")
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
-    with dg.instance_for_test() as instance:
-        ctx = dg.build_schedule_context(
-            instance=instance, scheduled_execution_time=dt.datetime(2025, 8, 7, 5, 45, tzinfo=dt.UTC))
-        data = schedule.evaluate_tick(ctx)
-    assert len(data.run_requests) == 1
-    tags = data.run_requests[0].tags
-    assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
-        "2025-08-04", "2025-08-06")
-    assert tags["dagster/max_runtime"] == "14400"
+    job = defs.resolve_job_def(schedule.job_name)
+    selected = {k.to_user_string() for k in job.asset_layer.executable_asset_keys}
+    assert {"raw/job_documents", "clean/jobs", "metrics/evictions", "metrics/job_efficiency",
+            "metrics/demand_capacity", "metrics/coverage"} <= selected
+    assert not selected & {"raw/condor_slot_snapshots", "raw/gpu_telemetry", "clean/slot_snapshots",
+                           "metrics/gpu_states", "metrics/allocation_daily"}
+
+    def tick(when: dt.datetime):
+        with dg.instance_for_test() as instance:
+            return schedule.evaluate_tick(dg.build_schedule_context(instance=instance, scheduled_execution_time=when))
+
+    def days(data):
+        (request,) = data.run_requests
+        return request.tags["dagster/asset_partition_range_start"], request.tags["dagster/asset_partition_range_end"]
+
+    data = tick(dt.datetime(2025, 8, 20, 5, 45, tzinfo=dt.UTC))
+    assert days(data) == ("2025-08-13", "2025-08-19")
+    assert data.run_requests[0].tags["dagster/max_runtime"] == "14400"
+    monkeypatch.setenv("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", "2")
+    assert days(tick(dt.datetime(2025, 8, 20, 5, 45, tzinfo=dt.UTC))) == ("2025-08-18", "2025-08-19")
+    monkeypatch.setenv("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", "0")  # the day's own files: the last day
+    assert days(tick(dt.datetime(2025, 8, 20, 5, 45, tzinfo=dt.UTC))) == ("2025-08-19", "2025-08-19")
     # on the partitions' first day no day is complete: a skip, not an error (last[0] of no days)
     first = dt.datetime.combine(dt.date.fromisoformat(defs.resolve_job_def("daily_pipeline").partitions_def
                                                       .get_first_partition_key()), dt.time(5, 45), dt.UTC)
