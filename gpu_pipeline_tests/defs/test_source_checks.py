@@ -513,3 +513,35 @@ def test_a_rotated_month_archive_keeps_the_whole_day_and_fails_coverage(tmp_path
         ev = evaluation(fresh)
     assert fresh.success and snapshots() == 228
     assert ev.passed is False and ev.metadata["below_threshold"].value == {"2025-11-01": pytest.approx(228 / 288, abs=1e-4)}
+
+
+def test_gpu_hours_conserved_fails_for_one_gpus_bucket_twice_and_anothers_missing(tmp_path, store_res, monkeypatch):
+    """The check holds every GPU to one row per bucket: a table where one GPU has a bucket twice and
+    another lacks one has the right total (GPUs x buckets) and must still fail, naming a GPU."""
+    import gpu_pipeline.defs.metrics.gpu_states as asset_module
+    from gpu_pipeline.lib.schemas import GPU_STATES
+
+    real = asset_module.states_for_day
+
+    def broken(store, day, start, end):
+        t = real(store, day, start, end).sort_by([("gpu_id", "ascending"), ("bucket_start_utc", "ascending")])
+        rows = t.to_pylist()
+        a = [r for r in rows if r["gpu_id"] == "GPU-aaaaaaaa"]
+        b = [r for r in rows if r["gpu_id"] == "GPU-bbbbbbbb"]
+        return pa.Table.from_pylist(a + [a[0]] + b[1:], schema=GPU_STATES.schema)
+
+    ts = "2025-08-05 10:00:01.000000"
+    write_gpu_state_db(tmp_path / "arch" / "gpu_state_2025-08.db",
+                       [slot_row(ts, "slot1", "GPU-aaaaaaaa", "Unclaimed"), slot_row(ts, "slot1", "GPU-bbbbbbbb", "Claimed")])
+    res = {"data_store": store_res, "condor_archive": CondorArchiveResource(archive_dir=str(tmp_path / "arch"))}
+    from gpu_pipeline.defs.metrics.gpu_states import gpu_states
+
+    _, checks, _ = run([condor_slot_snapshots, slot_snapshots, gpu_states], res)
+    assert checks["gpu_hours_conserved"] is True
+    monkeypatch.setattr(asset_module, "states_for_day", broken)
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([condor_slot_snapshots, slot_snapshots, gpu_states], resources=res, partition_key=DAY,
+                                instance=instance, raise_on_error=False)
+        (ev,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "gpu_hours_conserved"]
+    assert ev.passed is False
+    assert "2 of 2 GPUs" in ev.metadata["violations"].value[DAY]

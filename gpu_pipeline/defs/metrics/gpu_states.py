@@ -21,7 +21,8 @@ KEY = table_key(SPEC)
 CONSERVATION = dg.AssetCheckSpec(
     "gpu_hours_conserved",
     asset=KEY,
-    description="Every GPU has exactly one row per bucket of the day (sum of states = GPUs x day length).",
+    description="Every GPU has exactly one row per bucket of the day: as many rows as buckets, each bucket once "
+                "(so the states' GPU-hours are GPUs x day length, none counted twice and none missing).",
 )
 
 
@@ -36,9 +37,17 @@ def gpu_states(context: dg.AssetExecutionContext, data_store: DataStoreResource)
         table = states_for_day(store, day, start, end)
         result = store.write_partition(SPEC, day, table)
         n_buckets = bucket_count(start, end, BUCKET)
-        gpus = len(pc.unique(table.column("gpu_id")))
-        if table.num_rows != gpus * n_buckets:
-            bad_days[day] = f"{table.num_rows} rows != {gpus} GPUs x {n_buckets} buckets"
+        per_gpu = table.group_by("gpu_id").aggregate([("bucket_start_utc", "count"),
+                                                      ("bucket_start_utc", "count_distinct")])
+        gpus = per_gpu.num_rows
+        # each GPU on its own: one GPU's bucket twice and another's missing add up to the right total
+        off = pc.or_(pc.not_equal(per_gpu["bucket_start_utc_count"], n_buckets),
+                     pc.not_equal(per_gpu["bucket_start_utc_count_distinct"], n_buckets))
+        if gpus and (n_off := int(pc.sum(off).as_py() or 0)):
+            example = per_gpu.filter(off).slice(0, 1).to_pylist()[0]
+            bad_days[day] = (f"{n_off} of {gpus} GPUs without exactly one row per bucket of {n_buckets} (e.g. "
+                             f"{example['gpu_id']}: {example['bucket_start_utc_count']} rows, "
+                             f"{example['bucket_start_utc_count_distinct']} buckets)")
         counts = dict(zip(*pc.value_counts(table.column("state")).flatten(), strict=True)) if table.num_rows else {}
         counts = {str(k): int(v) for k, v in zip(counts.keys(), counts.values(), strict=True)}
         metrics = {"gpus": gpus, "buckets": n_buckets}
