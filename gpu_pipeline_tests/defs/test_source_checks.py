@@ -545,3 +545,30 @@ def test_gpu_hours_conserved_fails_for_one_gpus_bucket_twice_and_anothers_missin
         (ev,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "gpu_hours_conserved"]
     assert ev.passed is False
     assert "2 of 2 GPUs" in ev.metadata["violations"].value[DAY]
+
+
+def test_a_tier_without_capacity_has_no_allocation_kpi_not_zero(tmp_path, store_res):
+    """Every priority GPU Drained all day: the priority tier had no capacity, its allocation is null in
+    the table, and the day's materialization shows no priority KPI (a 0 % there read as nothing
+    allocated); the shared tier's is 100 %."""
+    ts = "2025-08-05 10:00:01.000000"
+    write_gpu_state_db(tmp_path / "arch" / "gpu_state_2025-08.db", [
+        slot_row(ts, "slot1", "GPU-aaaaaaaa", "Drained", host="p01", projects="Lab"),
+        slot_row(ts, "slot1_1", "GPU-bbbbbbbb", "Claimed", host="s01", job="s#1.0#1")])
+    res = {"data_store": store_res, "condor_archive": CondorArchiveResource(archive_dir=str(tmp_path / "arch"))}
+    from gpu_pipeline.defs.metrics.allocation import allocation
+    from gpu_pipeline.defs.metrics.gpu_states import gpu_states
+
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([condor_slot_snapshots, slot_snapshots, gpu_states, allocation], resources=res,
+                                partition_key=DAY, instance=instance, raise_on_error=False)
+        (md,) = [m.event_specific_data.materialization.metadata for m in result.get_asset_materialization_events()
+                 if m.event_specific_data.materialization.asset_key.to_user_string() == "metrics/allocation_daily"]
+    assert result.success
+    from gpu_pipeline.lib.allocation import ALLOCATION_DAILY
+
+    daily = {r["tier"]: r for r in Store(store_res.data_root).read_table(ALLOCATION_DAILY, DAY).to_pylist()
+             if r["device_name"] == "ALL"}
+    assert daily["priority"]["allocation_pct"] is None
+    assert "priority_allocation_pct" not in md
+    assert md["shared_allocation_pct"].value == 100.0

@@ -39,8 +39,10 @@ def allocation(context: dg.AssetExecutionContext, data_store: DataStoreResource)
         bad[day] = int(pc.sum(pc.or_(pc.less(pct, 0), pc.greater(pct, 100))).as_py() or 0) + int(
             pc.sum(pc.greater(buckets["claimed_gpus"], buckets["total_gpus"])).as_py() or 0)
         total = daily.filter(pc.and_(pc.equal(daily["tier"], "TOTAL"), pc.equal(daily["device_name"], "ALL")))
-        kpis = {f"{r['tier'].lower()}_allocation_pct": r["allocation_pct"] or 0.0
-                for r in daily.filter(pc.equal(daily["device_name"], "ALL")).to_pylist()}
+        # a tier without capacity all day (every priority host drained) has no allocation: no KPI, not 0 %
+        kpis = {f"{r['tier'].lower()}_allocation_pct": r["allocation_pct"]
+                for r in daily.filter(pc.equal(daily["device_name"], "ALL")).to_pylist()
+                if r["allocation_pct"] is not None}
         kpis["avg_claimed_gpus"] = total["avg_claimed_gpus"][0].as_py() if total.num_rows else 0.0
         return {
             BUCKETS_KEY: outcome(day, store.write_partition(ALLOCATION_BUCKETS, day, buckets), buckets),
