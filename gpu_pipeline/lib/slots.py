@@ -35,11 +35,12 @@ _SHORT_RE = re.compile(r"^(?:GPUs_)?GPU[-_]([0-9a-fA-F]{8})(?:[-_][0-9a-fA-F-]+)
 def normalize_gpu_id(raw: str | None) -> str | None:
     """``GPU-0667ce7c`` from any of its spellings; a ClassAd reference (``GPUs_MIG_0caf1ce3_fcd4_...``,
     ``GPUs_GPU_MIG_3167``) as its device's id (``MIG-0caf1ce3-fcd4-...``, ``GPU-MIG-3167``, as the
-    collector, the job ads and NVML name it); other MIG and other ids unchanged; blank -> None."""
+    collector, the job ads and NVML name it); other MIG and other ids unchanged; blank -> None, and so is
+    a list of several ids (``GPU-aaaaaaaa,GPU-bbbbbbbb``: a row is one slot and one GPU)."""
     if raw is None:
         return None
     s = raw.strip().strip("{}").strip()
-    if not s:
+    if not s or "," in s:
         return None
     if "MIG" in s.upper():
         return s[len("GPUs_"):].replace("_", "-") if s.startswith("GPUs_") else s
@@ -86,6 +87,7 @@ _MISSING_NAME = "missing slot Name"
 _NO_HOST = "no host (Machine empty and Name has no '@')"
 _MISSING_STATE = "missing State"
 _NO_GPU = "no GPU id in AssignedGPUs"
+_SEVERAL_GPUS = "several GPU ids in AssignedGPUs (a row is one slot and one GPU)"
 _NON_UTF8 = "non-UTF-8 bytes in "
 
 
@@ -267,14 +269,16 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
             dense_rank() OVER (ORDER BY v) AS no""")
         name = _per_value(con, names, f"""
             trim(v) AS slot_name, coalesce(lower(v) LIKE '%backfill%', false) AS backfill,
-            coalesce(v, '') = '' AS missing, contains(coalesce(v, ''), '{_BAD}') AS bad,
+            coalesce(trim(v), '') = '' AS missing, contains(coalesce(v, ''), '{_BAD}') AS bad,
             dense_rank() OVER (ORDER BY trim(v)) AS no""")
-        gpu_ids = pa.array([normalize_gpu_id(g) for g in assigned.to_pylist()], pa.string())
+        assigned_list = assigned.to_pylist()
+        gpu_ids = pa.array([normalize_gpu_id(g) for g in assigned_list], pa.string())
+        several = np.array([g is not None and "," in g for g in assigned_list], dtype=bool)
         gpu = _per_value(con, gpu_ids, f"""
             v AS gpu_id, v IS NULL AS missing, contains(coalesce(v, ''), '{_BAD}') AS bad,
             dense_rank() OVER (ORDER BY v) AS no""")
         state = _per_value(con, states, f"""
-            trim(v) AS slot_state, coalesce(v, '') = '' AS missing, contains(coalesce(v, ''), '{_BAD}') AS bad""")
+            trim(v) AS slot_state, coalesce(trim(v), '') = '' AS missing, contains(coalesce(v, ''), '{_BAD}') AS bad""")
         project = _per_value(con, projects, """
             coalesce(trim(v), '') AS prioritized_projects, coalesce(trim(v), '') <> '' AS prioritized""")
         # the device name and the free text: nullif(trim(...), ''), once per distinct value
@@ -290,7 +294,8 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
            "AssignedGPUs": gpu["bad"][assigned_code], "State": state["bad"][state_code]}
     any_bad = bad["Name"] | bad["Machine"] | bad["AssignedGPUs"] | bad["State"]
     missing = [(_MISSING_NAME, name["missing"][name_code]), (_NO_HOST, host["missing"][row_host]),
-               (_MISSING_STATE, state["missing"][state_code]), (_NO_GPU, gpu["missing"][assigned_code])]
+               (_MISSING_STATE, state["missing"][state_code]), (_SEVERAL_GPUS, several[assigned_code]),
+               (_NO_GPU, gpu["missing"][assigned_code])]
     flagged = any_bad.copy()
     for _, mask in missing:
         flagged |= mask
@@ -472,9 +477,10 @@ def clean_slot_rows(
                          CASE WHEN contains(h.host, '{_BAD}') THEN 'Machine' END,
                          CASE WHEN contains(g.gpu_id, '{_BAD}') THEN 'AssignedGPUs' END,
                          CASE WHEN contains(r."State", '{_BAD}') THEN 'State' END)
-                     WHEN coalesce(r."Name", '') = '' THEN {_sql_text(_MISSING_NAME)}
+                     WHEN coalesce(trim(r."Name"), '') = '' THEN {_sql_text(_MISSING_NAME)}
                      WHEN coalesce(h.host, '') = '' THEN {_sql_text(_NO_HOST)}
-                     WHEN coalesce(r."State", '') = '' THEN {_sql_text(_MISSING_STATE)}
+                     WHEN coalesce(trim(r."State"), '') = '' THEN {_sql_text(_MISSING_STATE)}
+                     WHEN g.gpu_id IS NULL AND contains(coalesce(g.assigned, ''), ',') THEN {_sql_text(_SEVERAL_GPUS)}
                      WHEN g.gpu_id IS NULL THEN {_sql_text(_NO_GPU)}
                    END AS reason
             FROM raw_rows r

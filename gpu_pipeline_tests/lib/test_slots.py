@@ -150,6 +150,10 @@ _RESULT_FIELDS = ("rows_in", "rows_out", "gpus", "duplicate_keys", "excluded_by_
                   "quarantined_by_reason", "usage_out_of_range_nulled")
 
 
+#: GPU ids of the quirky rows that every rule keeps
+_PLAIN_IDS = ("GPU-aaaa0001", "GPU-0667CE7C", "GPUs_GPU_b156e653")
+
+
 def _quirky_rows(seed, n=400, repeat_key=False):
     """Raw rows with every spelling the rules treat differently: names with spaces and odd cases of
     'backfill', no '@', missing Machine, GPU ids in each form, MIG ids, replacement characters,
@@ -159,10 +163,11 @@ def _quirky_rows(seed, n=400, repeat_key=False):
 
     rng = random.Random(seed)
     names = ["slot1_1@gpu01", " slot1_2@gpu01 ", "backfill1_1@gpu02", "slot1_BackFill@gpu03", "BACKFİLL@gpu04",
-             "slot1@gpu05", "noat", "", None, "slot1_1@gpu\ufffd6", "slot1_9@gpu07"]
+             "slot1@gpu05", "noat", "", None, "slot1_1@gpu\ufffd6", "slot1_9@gpu07", "   "]
     machines = {"slot1_9@gpu07": ["gpu07", "gpu07b"]}  # one slot name on two hosts
     gpus = ["GPU-0667CE7C", "GPUs_GPU_b156e653", "GPU-b156e653-784d-a422-e6df-726e913aa35d", "GPU-aaaa0001",
-            "MIG-4f2b6d2e-1c3a-5e7f-9a0b-123456789abc", "GPU-MIG-abc", " GPU-cccc0002 ", "", None, "GPU-\ufffd"]
+            "MIG-4f2b6d2e-1c3a-5e7f-9a0b-123456789abc", "GPU-MIG-abc", " GPU-cccc0002 ", "", None, "GPU-\ufffd",
+            "GPU-aaaa0001,GPU-cccc0002", "GPU-aaaa0001, GPU-cccc0002"]
     rows, seen = [], set()
     snaps = [T + dt.timedelta(minutes=5 * k) for k in range(6)]
     while len(rows) < n:
@@ -174,7 +179,7 @@ def _quirky_rows(seed, n=400, repeat_key=False):
         seen.add(key)
         rows.append({
             "snapshot_utc": snap, "Name": name, "Machine": machine, "AssignedGPUs": gpu,
-            "State": rng.choice(["Claimed", " Unclaimed ", "", None, "Owner", "Drain\ufffd"]),
+            "State": rng.choice(["Claimed", " Unclaimed ", "", None, "Owner", "Drain\ufffd", "  "]),
             "PrioritizedProjects": rng.choice(["", "  ", None, "ChemLab", " Lab "]),
             "GPUs_DeviceName": rng.choice(["NVIDIA A100", " H100 ", "", None]),
             "GPUs_GlobalMemoryMb": rng.choice([81920.0, 0.5, 2.5, -0.5, -2.5, 1.4999999999999998, None, 0.49999999999999994]),
@@ -184,7 +189,7 @@ def _quirky_rows(seed, n=400, repeat_key=False):
             "PreventJobsReason": rng.choice([None, "", "draining ", "x"]),
         })
     if repeat_key:
-        rows.append(dict(next(r for r in rows if r["Name"] == "slot1_1@gpu01" and r["AssignedGPUs"] == "GPU-aaaa0001"
+        rows.append(dict(next(r for r in rows if r["Name"] == "slot1_1@gpu01" and r["AssignedGPUs"] in _PLAIN_IDS
                                and r["State"] == "Claimed"), State="Owner"))
     base = {"timestamp_local": "x", "source_file": "f.db"}
     return conform(pa.Table.from_pylist([{**base, "source_rowid": i, **r} for i, r in enumerate(rows)]),
@@ -218,6 +223,9 @@ def test_columnar_cleaning_gives_the_sql_path_s_table_and_counts():
                 assert getattr(a, f) == getattr(b, f), (seed, f)
             assert a.rows_out > 50 and a.quarantine.num_rows > 10 and a.excluded_by_host
             assert a.usage_out_of_range_nulled > 0 and "non-UTF-8 bytes in Name" in a.quarantined_by_reason
+            assert {"several GPU ids in AssignedGPUs (a row is one slot and one GPU)", "missing State",
+                    "missing slot Name"} <= set(a.quarantined_by_reason)
+            assert not {"", None} & set(a.table.column("slot_state").to_pylist())
             mem = a.table.column("gpu_memory_mib").to_pylist()
             assert {1, 3, -1, -3, 0}.issuperset({m for m in mem if m is not None and abs(m) < 10})
             assert {1, 3, -3}.issubset(set(mem))  # halves away from zero
@@ -266,7 +274,7 @@ def test_what_the_columnar_path_leaves_to_sql_gives_the_same_result():
     assert res.duplicate_keys == 1 and res.rows_out == clean_slot_rows(_quirky_rows(1)).rows_out + 1
     not_castable = _quirky_rows(2)
     i = next(i for i, r in enumerate(not_castable.to_pylist()) if r["Name"] == "slot1_1@gpu01" and r["State"] == "Claimed"
-             and r["AssignedGPUs"] == "GPU-aaaa0001")
+             and r["AssignedGPUs"] in _PLAIN_IDS)
     memory = not_castable.column("GPUs_GlobalMemoryMb").to_pylist()
     memory[i] = float("inf")
     not_castable = not_castable.set_column(not_castable.schema.get_field_index("GPUs_GlobalMemoryMb"),
@@ -277,3 +285,22 @@ def test_what_the_columnar_path_leaves_to_sql_gives_the_same_result():
 
     with pytest.raises(duckdb.Error):
         clean_slot_rows(not_castable)
+
+
+def test_a_row_naming_several_gpus_or_a_blank_state_is_quarantined_not_a_phantom_gpu():
+    """A row whose AssignedGPUs is a list (a collector that did not explode it) was a GPU named
+    ``GPU-aaaaaaaa,GPU-bbbbbbbb``; a State of spaces was a slot in state ''. Both are set aside with
+    their reason, on both cleaning paths."""
+    rows = [{"snapshot_utc": T, "Name": "slot1_1@gpu01", "Machine": "gpu01", "AssignedGPUs": gpus, "State": state,
+             "PrioritizedProjects": "", "GPUs_DeviceName": "NVIDIA A100", "timestamp_local": "x",
+             "source_file": "f.db", "source_rowid": i}
+            for i, (gpus, state) in enumerate([("GPU-aaaaaaaa", "Claimed"), ("GPU-aaaaaaaa,GPU-bbbbbbbb", "Claimed"),
+                                               ("GPU-cccccccc", "   ")])]
+    raw = conform(pa.Table.from_pylist(rows), RAW_CONDOR_SLOT_SNAPSHOTS)
+    for columnar in (True, False):
+        r = clean_slot_rows(raw, columnar=columnar)
+        assert r.table.column("gpu_id").to_pylist() == ["GPU-aaaaaaaa"], columnar
+        assert r.gpus == 1
+        assert r.quarantined_by_reason == {"several GPU ids in AssignedGPUs (a row is one slot and one GPU)": 1,
+                                           "missing State": 1}, columnar
+    assert normalize_gpu_id("GPU-aaaaaaaa, GPU-bbbbbbbb") is None
