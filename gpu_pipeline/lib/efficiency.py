@@ -7,7 +7,10 @@ Seed definitions (exact; users compare with them)
     ``efficiency_class``: util < 10 Idle; util >= 70 and PIF >= 0.75 Efficient; util >= 70 and
     PIF < 0.60 Bottlenecked; util >= 40 and PIF >= 0.50 Moderate; else Inefficient.
     A null utilization gives a null class; a known utilization >= 10 with no power (absent or NaN) gives
-    a null PIF, RFU and class -- never a made-up 0. ``achievable_tflops`` comes from the spec table
+    a null PIF, RFU and class -- never a made-up 0. A power reading at or below 0 W is no power
+    reading (no powered board reads 0 W: it is a broken exporter's 0, DESIGN 5.7), for PIF, RFU,
+    energy and held-idle alike, the utilization staying as read; such readings of the sources read
+    are counted (``zero_power_readings``). ``achievable_tflops`` comes from the spec table
     (:mod:`gpu_pipeline.lib.gpu_specs`; unknown model: 400 W / 100 TFLOPS, ``spec_known = false``).
 
 ``max_power_w``
@@ -49,27 +52,37 @@ Samples and time weighting
 
 Energy
     Per segment: the energy counter delta (DCGM ``TOTAL_ENERGY_CONSUMPTION``, mJ) when both ends have
-    it, it did not go backwards (reset), it moved unless the power read was 0 (a counter stuck while
-    the board drew power), both ends are of one source, and the implied power is at most 2x the max
-    power; else the
-    trapezoid ``mean power x duration``. The counter is preferred because it integrates the board's
-    own power between samples; ``energy_source`` says which was used (``counter`` / ``power`` /
-    ``mixed``). A counter that lags the power readings -- unmoved from one sample to the next while
-    the power read above 0 (or read none), then moving on at a later sample of the same source by at
-    least :data:`STALL_CATCH_UP` of what the power says the stall drew (a counter updated less often
-    than the samples are taken) -- is read as moving evenly between the reading it stayed at and the
-    one it moved to (``counter_readings_interpolated``): the segments of the stall took the
-    trapezoid power while the segment where it moved took the counter's whole step, so the stall's
-    energy was counted twice (up to 1.5 times the energy when it moved every other sample). Not
-    across a hole (an interval over 3x the shortest of the stall's), and not from the GPU's first
-    sample read (the stall may have begun before it).
+    it, it moved (not backwards, a reset; and not unmoved: a counter stuck while the board drew
+    power, or, with no power read, no energy read -- unknown, not 0 kWh), both ends are of one
+    source, and the implied power is at most 2x the max power; else the
+    trapezoid ``mean power x duration`` (null without a power reading). The counter is preferred
+    because it integrates the board's own power between samples; ``energy_source`` says which was
+    used (``counter`` / ``power`` / ``mixed``). A counter that lags the power readings -- unmoved
+    from one sample to the next while the power read above 0 (or read none), then moving on at a
+    later sample of the same source by at least :data:`STALL_CATCH_UP` of the trapezoid power's
+    energy over the whole span the step covers, from the sample it stalled at to the one it moved
+    at (the intervals with a power reading; with none read over the span there is nothing to
+    compare, and the counter is all there is) (a counter updated less often than the samples are
+    taken) -- is read as moving evenly between the reading it stayed at and the one it moved to
+    (``counter_readings_interpolated``): the segments of the stall took the trapezoid power while the
+    segment where it moved took the counter's whole step, so the stall's energy was counted twice
+    (up to 1.5 times the energy when it moved every other sample). Not across a hole (an interval
+    over 3x the shortest of the stall's), and not from the GPU's first sample read (the stall may
+    have begun before it). A stall the counter steps on from that is not so read (a step under
+    that share: the counter resumed without counting the stall; a hole; the first sample read)
+    leaves the step's segment the trapezoid power too, where that segment has a power reading: the
+    step may hold the stall's energy, which its segments took from the power (compared with the
+    power at the stall's two ends only, a step over a falling power was refused and counted twice,
+    +17 % on a board swinging 350 W / 60 W).
 
 Held but idle
     A GPU whose 5-minute state (``metrics/gpu_states``; a sample takes the state of the bucket it falls
     in, buckets being 5-minute aligned) is Claimed (``busy_*``) while its power stays
     near idle -- every sample ``power_w <= 1.3 x idle_power_w(model)`` or ``PIF <= 0.2`` (against the
-    sampled limit, else TDP) -- for at least 30 continuous minutes (same job, no gap over 3x cadence;
-    samples with no power reading neither extend nor break a run). Each sample stands for one cadence
+    sampled limit, else TDP) -- for at least 30 continuous minutes (same job, no gap over 3x cadence
+    between samples; samples with no power reading -- after the GPU's first one -- neither extend
+    nor break a run, however many in a row: the gaps are measured between all samples, a power
+    reading above idle breaks it). Each sample stands for one cadence
     (up to the next sample), so the run ``[first, last + cadence)`` must last >= 1800 s. Utilization is
     deliberately not used: a held GPU may show a little utilization from a process that only holds
     memory. Samples up to one hour before and after the window are read (when the caller passes them:
@@ -96,12 +109,18 @@ Jobs
     One row per GPU job run overlapping the window (a run with ``request_gpus = 0`` and no GPU
     list is a CPU job, and has none), from ``clean/jobs``: the ``epoch`` row of
     ``(global_job_id, run_index)`` when there is one, else its ``job`` row (latest ``record_utc``).
-    The run is clipped to the window (``clipped_start`` / ``clipped_end``; a run with no end yet is
-    clipped at the window end). Its GPUs are ``assigned_gpus`` (MIG ids counted in ``mig_devices``,
+    The run is clipped to the window (``clipped_start`` / ``clipped_end``). A run whose record has no
+    end (a queue snapshot's, which a later record of the job superseded, or one still running) ends
+    at the earliest of: the job's next run's start, the job's ``last_vacate_utc`` on or after the
+    run's start (any of its records), the start of another job's run listing one of its GPUs --
+    else it is clipped at the window end. That end bounds its held-idle runs too (a run record
+    without an end does not hold the GPU). Its GPUs are ``assigned_gpus`` (MIG ids counted in ``mig_devices``,
     not measured). ``sample_coverage`` = covered GPU-time / (GPUs x clipped run time); a run without
     telemetry has coverage 0 and null metrics. Means are time-weighted over its GPUs; ``rfu_pct`` is
     capability-weighted (sum realized / sum achievable over its GPUs' covered time); ``held_idle_s``
-    is the GPU-time of held-idle runs whose state names this job.
+    is the GPU-time of held-idle runs whose state names this job. In the hourly table, ``held_idle_s``
+    and ``held_but_idle`` are null (as ``state_busy_share``) for a GPU-hour without any
+    ``gpu_states`` row and without held-idle time (a telemetry-only host): unknown, not "not held".
 
 Fleet RFU
     ``100 x sum(realized_tflops x power_coverage_s) / sum(achievable_tflops x power_coverage_s)``
@@ -205,10 +224,11 @@ GPU_HOURLY_EFFICIENCY = TableSpec(
                nullable=False),
             _f("util_coverage_s", pa.float64(), "Of coverage_s, the time with a utilization reading (s): "
                "util_pct's weight in daily and fleet means"),
-            _f("power_coverage_s", pa.float64(), "Of coverage_s, the time with a power reading (s): the "
-               "weight of the hour's RFU in the fleet RFU"),
+            _f("power_coverage_s", pa.float64(), "Of coverage_s, the time with a power reading (s; a reading "
+               "at or below 0 W is none): the weight of the hour's RFU in the fleet RFU"),
             _f("util_pct", pa.float64(), "Time-weighted mean GPU utilization (%)"),
-            _f("power_w", pa.float64(), "Time-weighted mean power draw (W)"),
+            _f("power_w", pa.float64(), "Time-weighted mean power draw (W); a reading at or below 0 W is none "
+               "(a broken exporter's 0), not an idle GPU"),
             _f("max_power_w", pa.float64(), "Denominator of PIF: sampled power limit, else spec TDP (W)",
                nullable=False),
             _f("max_power_source", pa.string(), "sampled_limit, spec or default", nullable=False),
@@ -219,14 +239,15 @@ GPU_HOURLY_EFFICIENCY = TableSpec(
             _f("rfu_pct", pa.float64(), "Realized FLOPs utilization clip(100 x realized / achievable, 0, 100)"),
             _f("efficiency_gap_pp", pa.float64(), "util_pct - rfu_pct (percentage points)"),
             _f("efficiency_class", pa.string(), _CLASS_DOC),
-            _f("energy_kwh", pa.float64(), "Energy in the hour: counter deltas, else trapezoid power (kWh)"),
+            _f("energy_kwh", pa.float64(), "Energy in the hour: counter deltas, else trapezoid power (kWh); "
+               "null where neither was read (a counter that did not move, without a power reading)"),
             _f("energy_source", pa.string(), "counter, power or mixed"),
             _f("spec_known", pa.bool_(), "The model is in the spec table", nullable=False),
             _f("state_busy_share", pa.float64(), "Share of the hour's 5-minute states that are busy_* "
                "(null without gpu_states)"),
             _f("held_idle_s", pa.float64(), "Time of the hour inside held-but-idle runs (s; null without "
-               "gpu_states)"),
-            _f("held_but_idle", pa.bool_(), "held_idle_s >= 1800 (null without gpu_states)"),
+               "gpu_states, or for an hour without any gpu_states row of the GPU and without held time)"),
+            _f("held_but_idle", pa.bool_(), "held_idle_s >= 1800 (null where held_idle_s is)"),
         ]
     ),
 )
@@ -250,8 +271,9 @@ JOB_EFFICIENCY = TableSpec(
             _f("gpus", pa.int32(), "Whole GPUs in assigned_gpus", nullable=False),
             _f("mig_devices", pa.int32(), "MIG devices in assigned_gpus (not measured)", nullable=False),
             _f("run_start_utc", TS, "Run start, clipped to the day", nullable=False),
-            _f("run_end_utc", TS, "Run end, clipped to the day (the day end while still running)",
-               nullable=False),
+            _f("run_end_utc", TS, "Run end, clipped to the day. A run whose record has no end ends at the "
+               "job's next run's start, its LastVacateTime on or after the run's start, or the start of another "
+               "job's run on its GPUs, whichever is first; else at the day end", nullable=False),
             _f("clipped_start", pa.bool_(), "The run started before the day", nullable=False),
             _f("clipped_end", pa.bool_(), "The run ended after the day or has not ended", nullable=False),
             _f("duration_s", pa.float64(), "Clipped run duration (s)", nullable=False),
@@ -451,6 +473,8 @@ def _trap(col: str) -> str:
 
 
 _NUM = "CASE WHEN isnan(CAST({c} AS DOUBLE)) OR {c} < 0 THEN NULL ELSE CAST({c} AS DOUBLE) END"
+#: A power reading at or below 0 W is none: no powered board reads it (a broken exporter's 0).
+_POWER = "CASE WHEN isnan(CAST({c} AS DOUBLE)) OR {c} <= 0 THEN NULL ELSE CAST({c} AS DOUBLE) END"
 _MIG = ("(mig_profile IS NOT NULL OR mig_instance_id IS NOT NULL OR gpu_id LIKE 'MIG-%' "
         "OR gpu_id LIKE 'GPU-MIG-%' OR contains(gpu_id, '/'))")
 _MIG_R = _MIG.replace("mig_", "r.mig_").replace("gpu_id", "r.gpu_id")
@@ -611,6 +635,8 @@ def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group
                count(*) FILTER (WHERE isfinite(util_pct) AND util_pct >= 0) > 0 AS has_util,
                (max(epoch_us(sample_utc)) - min(epoch_us(sample_utc))) // 60000000 AS span_min,
                count(*) FILTER (WHERE epoch_us(sample_utc) >= {s_us} AND epoch_us(sample_utc) < {e_us}) AS n_window,
+               count(*) FILTER (WHERE epoch_us(sample_utc) >= {s_us} AND epoch_us(sample_utc) < {e_us}
+                                AND power_w <= 0) AS n_zero_power,
                mode(host) AS host, mode(device_name) AS device_name
         FROM {samples_sql}
         WHERE sample_utc >= ? AND sample_utc < ? AND gpu_id IS NOT NULL
@@ -670,6 +696,11 @@ def _stage_sources(con, samples_sql, params, lo, hi, s_us, e_us, counters, group
         FROM _eff_srch h JOIN _eff_src src USING (gpu_id)
         """
     )
+    # power readings at or below 0 W of the sources read (read as none)
+    counters["zero_power_readings"] = float(con.execute(
+        "SELECT coalesce(sum(c.n_zero_power), 0) FROM _eff_count c "
+        "JOIN _eff_srch h ON h.gpu_id = c.gpu_id AND h.h = c.h AND h.source = c.source WHERE NOT c.is_mig"
+    ).fetchall()[0][0])
     for t in ("_eff_count", "_eff_srch"):
         con.execute(f"DROP TABLE {t}")
     return _gid_groups([n for (n,) in con.execute("SELECT n FROM _eff_src ORDER BY gid").fetchall()],
@@ -702,7 +733,7 @@ def _picked_samples_sql(samples_sql: str, gid_where: str, *extra: str, group_of:
     grp = f"{group_of} AS grp, " if group_of else ""
     return f"""
         SELECT {"p.grp, " if group_of else ""}p.gid, {"".join(c + ", " for c in extra)}epoch_us(r.sample_utc) AS t, p.sc,
-               {_NUM.format(c="r.util_pct")} AS util, {_NUM.format(c="r.power_w")} AS power,
+               {_NUM.format(c="r.util_pct")} AS util, {_POWER.format(c="r.power_w")} AS power,
                {_PLIMIT} AS plimit, {_NUM.format(c="r.energy_mj")} AS energy_mj
         FROM {samples_sql} r
         JOIN (SELECT {grp}gid, gpu_id, h, source, sc FROM _eff_srch2 WHERE {gid_where}) p
@@ -766,7 +797,7 @@ def _stage_samples(con, samples_sql, params, lo, hi, s_us, e_us, states_sql, sta
             SELECT gid, t, util, power, plimit, energy_mj, stall_interpolated,
                    lead(t) OVER w AS nt, lead(util) OVER w AS util1, lead(power) OVER w AS power1,
                    lead(plimit) OVER w AS plimit1,
-                   CASE WHEN lead(sc) OVER w = sc THEN lead(energy_mj) OVER w END AS energy1,
+                   CASE WHEN lead(sc) OVER w = sc AND NOT step_dropped THEN lead(energy_mj) OVER w END AS energy1,
                    count(power) OVER (w ROWS UNBOUNDED PRECEDING) AS pn, lead(t) OVER w - t AS d
             FROM ({_STALLS_SQL.format(src=_KEEP_READINGS_SQL.format(src=one_per_time), catch_up=STALL_CATCH_UP,
                                       gap=GAP_FACTOR)})
@@ -964,26 +995,31 @@ def _repeated_readings(same_gpu: np.ndarray, sc: np.ndarray, util: np.ndarray, p
 
 
 def _stalled_counter(same_gpu: np.ndarray, sc: np.ndarray, t: np.ndarray, energy: np.ndarray,
-                     power: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     power: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The energy counter readings (rows in (GPU, time) order, NaN where null) with each stall that
-    the counter moves on from read as moving evenly (see the module docstring), and the rows whose
-    readings were so replaced. A stalled sample has the previous sample's reading, of the same GPU
-    and source, the power at both above 0 or unknown. A run of stalls is replaced when the sample
-    after it is of the same GPU and source with a higher reading (``e_k + (e_next - e_k) (t - t_k) /
-    (t_next - t_k)``, ``k`` the sample the run stalled at), the step gives at least
-    :data:`STALL_CATCH_UP` of the power known at the stall's ends, every interval from ``k`` to the
-    next is within :data:`GAP_FACTOR` of the shortest (no hole is read into), and ``k`` is not the
-    GPU's first sample read (the stall may have begun before it). :data:`_STALLS_SQL` in SQL."""
+    the counter moves on from read as moving evenly (see the module docstring), the rows whose
+    readings were so replaced, and the rows whose segment to the next sample must not take the
+    counter's step. A stalled sample has the previous sample's reading, of the same GPU and source,
+    the power at both above 0 or unknown. A run of stalls is replaced when the sample after it is of
+    the same GPU and source with a higher reading (``e_k + (e_next - e_k) (t - t_k) / (t_next -
+    t_k)``, ``k`` the sample the run stalled at), the step gives at least :data:`STALL_CATCH_UP` of
+    the trapezoid power over the whole span it covers, ``t_k`` to ``t_next`` (the intervals with a
+    power reading at either end), every interval from ``k`` to the next is within
+    :data:`GAP_FACTOR` of the shortest (no hole is read into), and ``k`` is not the GPU's first
+    sample read (the stall may have begun before it). A run the counter steps on from but that is
+    not so replaced leaves its step (the last stalled sample's segment) to the power where that
+    segment has a power reading: the stall's segments took the power, and the step may hold their
+    energy again. :data:`_STALLS_SQL` in SQL."""
     n = len(energy)
     stalled = np.zeros(n, dtype=bool)
     none = np.zeros(0, dtype=np.int64)
     if n < 3:
-        return energy, none
+        return energy, none, none
     with np.errstate(invalid="ignore"):
         drawing = ~(power <= 0)  # above 0, or unknown
         stalled[1:] = (same_gpu & (sc[1:] == sc[:-1]) & (energy[1:] == energy[:-1]) & drawing[1:] & drawing[:-1])
     if not stalled.any():
-        return energy, none
+        return energy, none, none
     edge = np.diff(np.r_[0, stalled.astype(np.int8), 0])
     first, last = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1) - 1  # each run of stalls
     k, nxt = first - 1, last + 1
@@ -991,65 +1027,91 @@ def _stalled_counter(same_gpu: np.ndarray, sc: np.ndarray, t: np.ndarray, energy
     d = np.r_[0, np.diff(t), 0]  # d[i]: the interval to sample i from the one before
     bounds = np.ravel(np.column_stack((first, at + 1)))  # each run's intervals: d[first .. next]
     d_max, d_min = np.maximum.reduceat(d, bounds)[::2], np.minimum.reduceat(d, bounds)[::2]
-    p_k, p_last = power[k], power[last]
-    known = np.where(np.isnan(p_k), p_last, np.where(np.isnan(p_last), p_k, (p_k + p_last) / 2))
-    # the counter caught up: its step over the run gives at least STALL_CATCH_UP of the power read at
-    # the stall's ends (a counter that resumed without counting the stall steps by one interval's)
+    # the trapezoid power of each interval (to sample i from the one before; one end unknown: the
+    # other's), and the span's mean over the intervals that have one
+    p0, p1 = np.r_[np.nan, power[:-1], np.nan], np.r_[power, np.nan]
+    trap = np.where(np.isnan(p0), p1, np.where(np.isnan(p1), p0, (p0 + p1) / 2))
+    read = ~np.isnan(trap)
+    span_j = np.add.reduceat(np.where(read, trap * d, 0.0), bounds)[::2]
+    span_us = np.add.reduceat(np.where(read, d, 0), bounds)[::2]
+    # the counter caught up: its step over the run gives at least STALL_CATCH_UP of the power's energy
+    # over the same span (a counter that resumed without counting the stall steps by one interval's)
     with np.errstate(invalid="ignore", divide="ignore"):
+        known = span_j / span_us
         step_w = (energy[at] - energy[k]) / 1000.0 / ((t[at] - t[k]) / 1e6)
-        moves = ((nxt < n) & np.r_[same_gpu, False][last] & (sc[at] == sc[k]) & (energy[at] > energy[k])
-                 & np.r_[False, same_gpu][k] & (d_max <= GAP_FACTOR * d_min)
-                 & (step_w >= STALL_CATCH_UP * known))
+        steps = ((nxt < n) & np.r_[same_gpu, False][last] & (sc[at] == sc[k]) & (energy[at] > energy[k]))
+        # (no power read over the span: nothing to compare the step with, the counter is all there is)
+        moves = (steps & np.r_[False, same_gpu][k] & (d_max <= GAP_FACTOR * d_min)
+                 & (np.isnan(known) | (step_w >= STALL_CATCH_UP * known)))
+    # a step not read as the stall's catch-up: its segment takes the power where it has a reading
+    dropped = last[steps & ~moves & ~(np.isnan(power[last]) & np.isnan(power[at]))]
     if not moves.any():
-        return energy, none
+        return energy, none, dropped
     run_of = np.repeat(np.arange(len(first)), last - first + 1)  # per stalled sample (in order), its run
     pick = moves[run_of]
     rows, run = np.flatnonzero(stalled)[pick], run_of[pick]
     kk, nn = k[run], nxt[run]
     out = energy.copy()
     out[rows] = energy[kk] + (energy[nn] - energy[kk]) * (t[rows] - t[kk]) / (t[nn] - t[kk])
-    return out, rows
+    return out, rows, dropped
 
 
-#: A stalled counter's step at the sample it moves on at, over the stall, as a share of the power read
-#: at the stall's ends, from which the step is read as the stall's energy (else the counter resumed
-#: without counting the stall, whose segments keep the trapezoid power).
+#: A stalled counter's step at the sample it moves on at, as a share of the trapezoid power's energy
+#: over the span the step covers (from the sample the counter stalled at to that one), from which the
+#: step is read as the stall's energy (else the counter resumed without counting the stall, whose
+#: segments, and the step's, keep the trapezoid power).
 STALL_CATCH_UP = 0.75
 
 #: :func:`_stalled_counter` in SQL, over a subquery ``{src}`` (gid, t, sc, power, energy_mj, ...; one
-#: row per GPU and time), with the column ``stall_interpolated``; ``{catch_up}``: STALL_CATCH_UP,
-#: ``{gap}``: GAP_FACTOR. ``g`` numbers a GPU's runs: a sample that is no stall and the stalls after it.
+#: row per GPU and time), with the columns ``stall_interpolated`` and ``step_dropped`` (the segment to
+#: the next sample takes no counter delta); ``{catch_up}``: STALL_CATCH_UP, ``{gap}``: GAP_FACTOR.
+#: ``g`` numbers a GPU's runs: a sample that is no stall and the stalls after it; ``tj`` / ``tus``:
+#: the trapezoid power x the interval from the sample before, and that interval, where it has a power.
 _STALLS_SQL = """
-    SELECT * EXCLUDE (stalled, prev_t, prev_power, d, g, d_max, d_min, an, nx, energy_mj, catch_up),
+    SELECT * EXCLUDE (stalled, prev_t, prev_power, d, g, d_max, d_min, an, nx, energy_mj, catch_up, steps,
+                      tj, tus, g_j, g_us, g_last),
            CASE WHEN catch_up THEN an.e + (nx.e - an.e) * (t - an.t) / (nx.t - an.t) ELSE energy_mj END AS energy_mj,
-           catch_up AS stall_interpolated
+           catch_up AS stall_interpolated,
+           coalesce(steps AND NOT catch_up AND t = g_last AND (power IS NOT NULL OR nx.p IS NOT NULL),
+                    false) AS step_dropped
     FROM (
-        SELECT *, coalesce(stalled AND NOT an.first AND nx.s = sc AND nx.e > an.e
+        SELECT *, coalesce(steps AND NOT an.first
                            AND greatest(d_max, nx.d) <= {gap} * least(d_min, nx.d)
-                           AND (nx.e - an.e) / 1000.0 / ((nx.t - an.t) / 1e6)
-                               >= {catch_up} * coalesce((an.p + nx.pp) / 2, an.p, nx.pp), false) AS catch_up
+                           AND coalesce((nx.e - an.e) / 1000.0 / ((nx.t - an.t) / 1e6)
+                                        >= {catch_up} * ((coalesce(g_j, 0) + coalesce(nx.tj, 0))
+                                                         / nullif(coalesce(g_us, 0) + coalesce(nx.tus, 0), 0)),
+                                        true),
+                           false) AS catch_up
         FROM (
-            SELECT *,
-                   last_value(CASE WHEN NOT stalled
-                                   THEN struct_pack(t := t, e := energy_mj, p := power, first := prev_t IS NULL) END
-                              IGNORE NULLS)
-                       OVER (PARTITION BY gid ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS an,
-                   first_value(CASE WHEN NOT stalled
-                                    THEN struct_pack(t := t, e := energy_mj, s := sc, pp := prev_power, d := d) END
-                               IGNORE NULLS)
-                       OVER (PARTITION BY gid ORDER BY t ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS nx,
-                   max(CASE WHEN stalled THEN d END) OVER (PARTITION BY gid, g) AS d_max,
-                   min(CASE WHEN stalled THEN d END) OVER (PARTITION BY gid, g) AS d_min
+            SELECT *, coalesce(stalled AND nx.s = sc AND nx.e > an.e, false) AS steps
             FROM (
-                SELECT *, sum(CASE WHEN stalled THEN 0 ELSE 1 END) OVER (PARTITION BY gid ORDER BY t
-                                                                         ROWS UNBOUNDED PRECEDING) AS g
+                SELECT *,
+                       last_value(CASE WHEN NOT stalled
+                                       THEN struct_pack(t := t, e := energy_mj, first := prev_t IS NULL) END
+                                  IGNORE NULLS)
+                           OVER (PARTITION BY gid ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS an,
+                       first_value(CASE WHEN NOT stalled
+                                        THEN struct_pack(t := t, e := energy_mj, s := sc, p := power, d := d,
+                                                         tj := tj, tus := tus) END
+                                   IGNORE NULLS)
+                           OVER (PARTITION BY gid ORDER BY t ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS nx,
+                       max(CASE WHEN stalled THEN d END) OVER (PARTITION BY gid, g) AS d_max,
+                       min(CASE WHEN stalled THEN d END) OVER (PARTITION BY gid, g) AS d_min,
+                       sum(CASE WHEN stalled THEN tj END) OVER (PARTITION BY gid, g) AS g_j,
+                       sum(CASE WHEN stalled THEN tus END) OVER (PARTITION BY gid, g) AS g_us,
+                       max(t) OVER (PARTITION BY gid, g) AS g_last
                 FROM (
-                    SELECT *, coalesce(lag(sc) OVER w = sc AND lag(energy_mj) OVER w = energy_mj
-                                       AND coalesce(power > 0, true) AND coalesce(lag(power) OVER w > 0, true),
-                                       false) AS stalled,
-                           lag(t) OVER w AS prev_t, lag(power) OVER w AS prev_power, t - lag(t) OVER w AS d
-                    FROM ({src})
-                    WINDOW w AS (PARTITION BY gid ORDER BY t)))))"""
+                    SELECT *, sum(CASE WHEN stalled THEN 0 ELSE 1 END) OVER (PARTITION BY gid ORDER BY t
+                                                                             ROWS UNBOUNDED PRECEDING) AS g,
+                           coalesce((prev_power + power) / 2, prev_power, power) * d AS tj,
+                           CASE WHEN coalesce(prev_power, power) IS NOT NULL THEN d END AS tus
+                    FROM (
+                        SELECT *, coalesce(lag(sc) OVER w = sc AND lag(energy_mj) OVER w = energy_mj
+                                           AND coalesce(power > 0, true) AND coalesce(lag(power) OVER w > 0, true),
+                                           false) AS stalled,
+                               lag(t) OVER w AS prev_t, lag(power) OVER w AS prev_power, t - lag(t) OVER w AS d
+                        FROM ({src})
+                        WINDOW w AS (PARTITION BY gid ORDER BY t))))))"""
 
 
 def _in_order(table: pa.Table, name: str, order: np.ndarray) -> np.ndarray:
@@ -1089,13 +1151,14 @@ def _stage_next_values(con, group_sql: str, params: list, window: tuple[int, int
         gid, t, sc = gid[keep], t[keep], sc[keep]
         ordered = {name: values[keep] for name, values in ordered.items()}
         same_gpu = gid[1:] == gid[:-1]
-    ordered["energy_mj"], moved = _stalled_counter(same_gpu, sc, t, ordered["energy_mj"], ordered["power"])
+    ordered["energy_mj"], moved, dropped = _stalled_counter(same_gpu, sc, t, ordered["energy_mj"], ordered["power"])
     interpolated = int(np.count_nonzero((t[moved] >= window[0]) & (t[moved] < window[1])))
     n = len(gid)
     last = np.ones(n, dtype=bool)  # a GPU's last sample: no next one
     last[:-1] = ~same_gpu
-    other_source = np.zeros(n, dtype=bool)  # the next sample is another source's: no counter delta
-    other_source[:-1] = sc[1:] != sc[:-1]
+    no_delta = np.zeros(n, dtype=bool)  # no counter delta to the next sample: it is another source's,
+    no_delta[:-1] = sc[1:] != sc[:-1]
+    no_delta[dropped] = True  # or this is a stall's step not read as its catch-up
     del sc
     columns: dict[str, pa.Array] = {"gid": pa.array(gid)}
     nexts: dict[str, pa.Array] = {"lc": _neighbour_cadence(t, last)}
@@ -1109,7 +1172,7 @@ def _stage_next_values(con, group_sql: str, params: list, window: tuple[int, int
         missing = np.isnan(values)  # the values are NaN only where null (_NUM, _PLIMIT)
         columns[name] = pa.array(values, mask=missing)
         nexts[next_name] = pa.array(following, mask=last | np.isnan(following)
-                                    | (other_source if name == "energy_mj" else False))
+                                    | (no_delta if name == "energy_mj" else False))
         if name == "power":  # count(power) over the GPU's rows so far
             have = ~missing
             running = np.cumsum(have)
@@ -1124,7 +1187,7 @@ def _seg_sql() -> str:
     GAP_FACTOR x cadence, each covering ``[a, b)`` with the trapezoid values and its energy."""
     return f"""
         SELECT gid, a, b, len_s, util, power, plimit,
-               CASE WHEN e0 IS NOT NULL AND e1 IS NOT NULL AND (e1 > e0 OR (e1 = e0 AND coalesce(power, 0) = 0))
+               CASE WHEN e0 IS NOT NULL AND e1 IS NOT NULL AND e1 > e0
                          AND (e1 - e0) / 1000.0 / len_s <= {COUNTER_MAX_POWER_FACTOR} * coalesce(plimit, tdp_w)
                     THEN (e1 - e0) / 1000.0 END AS energy_counter_j,
                power * len_s AS energy_power_j
@@ -1218,11 +1281,13 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_held AS
         WITH low AS (
+            -- candidates (cand), and the samples with no power reading after the GPU's first
+            -- reading, which only carry the time between samples (neither extend nor break a run)
             SELECT s.gid, s.t, s.nt, s.power, s.pn, greatest(cad.cadence_us, s.lc) AS cadence_us,
-                   (s.t // {bucket_us}) * {bucket_us} AS bt
+                   (s.t // {bucket_us}) * {bucket_us} AS bt, s.power IS NOT NULL AS cand
             FROM _eff_samples s JOIN _eff_gpu g USING (gid) {_CADENCE_JOIN.format(s="s")}
-            WHERE s.power IS NOT NULL AND cad.cadence_us IS NOT NULL
-              AND (s.power <= {HELD_IDLE_POWER_FACTOR} * g.idle_power_w
+            WHERE cad.cadence_us IS NOT NULL
+              AND ((s.power IS NULL AND s.pn > 0) OR s.power <= {HELD_IDLE_POWER_FACTOR} * g.idle_power_w
                    OR s.power / coalesce(s.plimit, g.tdp_w) <= {HELD_IDLE_PIF_MAX})
         ), st AS (
             SELECT g.gid, epoch_us(x.bucket_start_utc) AS bt, min(x.global_job_id) AS job
@@ -1232,21 +1297,26 @@ def _stage_held(con, states_sql, states_params, s_us, e_us, have_jobs=False):
         ){bound}, {"c1" if have_jobs else "c"} AS (
             SELECT low.*, st.job, {job_end} AS job_end FROM low JOIN st USING (gid, bt){clip}{records}
         ), y AS (
-            SELECT *, lag(pn) OVER w AS ppn, lag(t) OVER w AS pt, lag(job) OVER w AS pjob,
-                   lag(job_end) OVER w AS pjob_end, lag(cadence_us) OVER w AS pcadence_us
+            SELECT *, lag(t) OVER w AS pt, lag(cadence_us) OVER w AS pcadence_us,
+                   last_value(CASE WHEN cand THEN struct_pack(pn := pn, job := job, job_end := job_end) END
+                              IGNORE NULLS) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS pc
             FROM c WINDOW w AS (PARTITION BY gid ORDER BY t)
         ), z AS (
             SELECT *,
-                   -- the interval from the sample before is that sample's: judged by its cadence
-                   sum(CASE WHEN ppn = pn - 1 AND t - pt <= {GAP_FACTOR} * pcadence_us
-                                 AND job IS NOT DISTINCT FROM pjob AND job_end IS NOT DISTINCT FROM pjob_end
+                   -- the interval from the sample before (a candidate or a sample without power) is
+                   -- that sample's: judged by its cadence; the power readings, the job and its run
+                   -- go on from the candidate before
+                   sum(CASE WHEN t - pt <= {GAP_FACTOR} * pcadence_us
+                                 AND (pc.pn = pn - 1 OR NOT cand)
+                                 AND job IS NOT DISTINCT FROM pc.job AND job_end IS NOT DISTINCT FROM pc.job_end
                             THEN 0 ELSE 1 END)
                        OVER (PARTITION BY gid ORDER BY t ROWS UNBOUNDED PRECEDING) AS grp,
                    CAST(least(t + least(cadence_us, coalesce(nt - t, cadence_us)), coalesce(job_end, {_NO_END}))
                         AS BIGINT) AS t_end
             FROM y
         ), runs AS (
-            SELECT gid, grp, any_value(job) AS job, min(t) AS t0, max(t_end) AS t1, count(*) AS n,
+            SELECT gid, grp, any_value(job) FILTER (WHERE cand) AS job, min(t) FILTER (WHERE cand) AS t0,
+                   max(t_end) FILTER (WHERE cand) AS t1, count(*) FILTER (WHERE cand) AS n,
                    {exact_avg('power', f't >= {s_us} AND t < {e_us}')} AS p_day, {exact_avg('power')} AS p_all
             FROM z GROUP BY gid, grp
         )
@@ -1301,9 +1371,12 @@ def _hourly(con, s_us, e_us, states_sql, states_params) -> pa.Table:
         held = """
             LEFT JOIN st_h USING (gpu_id, h) LEFT JOIN held_h USING (gpu_id, h)"""
         params = list(states_params)
+    # an hour without a state row (a telemetry-only host, or past the GPU's states) and without held
+    # time is unknown, as its state_busy_share, not "not held"
+    no_state = "st_h.state_busy_share IS NULL AND held_h.held_idle_s IS NULL"
     cols_states = (
-        "st_h.state_busy_share, coalesce(held_h.held_idle_s, 0.0) AS held_idle_s, "
-        f"coalesce(held_h.held_idle_s, 0.0) >= {HELD_IDLE_HOUR_S} AS held_but_idle"
+        f"st_h.state_busy_share, CASE WHEN NOT ({no_state}) THEN coalesce(held_h.held_idle_s, 0.0) END AS held_idle_s, "
+        f"CASE WHEN NOT ({no_state}) THEN coalesce(held_h.held_idle_s, 0.0) >= {HELD_IDLE_HOUR_S} END AS held_but_idle"
         if have_states
         else "CAST(NULL AS DOUBLE) AS state_busy_share, CAST(NULL AS DOUBLE) AS held_idle_s, "
              "CAST(NULL AS BOOLEAN) AS held_but_idle"
@@ -1386,19 +1459,46 @@ def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _eff_jobruns_all AS
-        WITH ranked AS (
+        WITH base AS (
+            SELECT * FROM {jobs_sql}
+        ), ranked AS (
             SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot, request_gpus,
                    epoch_us(run_start_utc) AS rs,
                    CASE WHEN run_end_utc IS NOT NULL THEN epoch_us(run_end_utc) END AS re,
                    row_number() OVER (PARTITION BY global_job_id, run_index
                                       ORDER BY (doc_kind = 'epoch') DESC, record_utc DESC NULLS LAST,
                                                run_end_utc DESC NULLS LAST) AS rn
-            FROM {jobs_sql}
+            FROM base
             WHERE run_start_utc IS NOT NULL
+        ), chosen AS (
+            SELECT * EXCLUDE (rn),
+                   -- the job's next run's start (strictly later)
+                   min(rs) OVER (PARTITION BY global_job_id ORDER BY rs
+                                 RANGE BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_rs
+            FROM ranked WHERE rn = 1
+        ), vacated AS (  -- per open run: the job's earliest LastVacateTime on or after its start
+            SELECT o.global_job_id, o.run_index, min(epoch_us(b.last_vacate_utc)) AS vac
+            FROM chosen o JOIN base b ON b.global_job_id = o.global_job_id AND epoch_us(b.last_vacate_utc) >= o.rs
+            WHERE o.re IS NULL GROUP BY ALL
+        ), run_gpu AS (
+            SELECT global_job_id, run_index, rs, re, trim(unnest(string_split(assigned_gpus, ','))) AS gpu
+            FROM chosen WHERE nullif(trim(assigned_gpus), '') IS NOT NULL
+        ), taken AS (  -- per open run: the first start of another job's run on one of its GPUs
+            SELECT o.global_job_id, o.run_index, min(x.rs) AS other_rs
+            FROM run_gpu o JOIN run_gpu x ON x.gpu = o.gpu AND x.global_job_id <> o.global_job_id AND x.rs > o.rs
+            WHERE o.re IS NULL AND o.gpu <> '' GROUP BY ALL
+        ), ended AS (
+            -- an open run (no end: a queue snapshot's, which a later record of the job superseded)
+            -- ends at the earliest of the job's next run, its vacate, another job on its GPU
+            SELECT c.* EXCLUDE (re, next_rs),
+                   CASE WHEN c.re IS NOT NULL THEN c.re ELSE least(c.next_rs, v.vac, tk.other_rs) END AS re
+            FROM chosen c
+            LEFT JOIN vacated v USING (global_job_id, run_index)
+            LEFT JOIN taken tk USING (global_job_id, run_index)
         )
         SELECT global_job_id, run_index, host, assigned_gpus, is_backfill_slot AS is_backfill, request_gpus, rs, re
-        FROM ranked
-        WHERE rn = 1 AND rs < {e_us + look_us} AND (re IS NULL OR (re > {s_us - look_us} AND re >= rs))
+        FROM ended
+        WHERE rs < {e_us + look_us} AND (re IS NULL OR (re > {s_us - look_us} AND re >= rs))
         """,
         list(jobs_params),
     )

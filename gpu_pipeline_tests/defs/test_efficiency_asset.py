@@ -108,16 +108,18 @@ def test_the_job_records_of_the_days_around_bound_held_idle_runs_across_midnight
     ]
 
 
-def test_a_day_without_power_readings_has_no_made_up_zero_in_the_metadata(tmp_path):
+@pytest.mark.parametrize("power", [None, 0.0], ids=["null", "zero_watts"])
+def test_a_day_without_power_readings_has_no_made_up_zero_in_the_metadata(tmp_path, power):
     """No power read all day: the fleet RFU and energy are unknown, so the daily table's metadata
-    leaves them out (it charted them as 0); the sample counters are there."""
+    leaves them out (it charted them as 0); the sample counters are there. A 0 W reading (a broken
+    exporter's) is no power reading either, and is counted."""
     store = Store(tmp_path / "data")
     day = dt.date(2025, 8, 5)
     noon = dt.datetime(2025, 8, 5, 12, tzinfo=UTC)
     _write_inputs(store, [day], {GPU: ("s#1.0#1", noon, noon)})
     samples = store.read_table(GPU_SAMPLES, day.isoformat())
     samples = samples.set_column(samples.schema.get_field_index("power_w"), "power_w",
-                                 pa.nulls(samples.num_rows, pa.float64()))
+                                 pa.array([power] * samples.num_rows, pa.float64()))
     store.write_partition(GPU_SAMPLES, day.isoformat(), samples)
     with dg.instance_for_test() as instance:
         result = dg.materialize([efficiency], resources={"data_store": DataStoreResource(data_root=str(store.root))},
@@ -129,6 +131,7 @@ def test_a_day_without_power_readings_has_no_made_up_zero_in_the_metadata(tmp_pa
     assert "rfu_pct_fleet" not in meta and "energy_kwh" not in meta
     assert meta["util_pct"].value > 80
     assert meta["samples_in_window"].value == 1440 and meta["samples_dropped_other_source"].value == 0
+    assert meta["zero_power_readings"].value == (1440 if power == 0.0 else 0)
 
 
 def test_a_mig_board_is_not_a_gpu_missing_from_the_snapshots(tmp_path):

@@ -665,10 +665,11 @@ def test_a_counter_that_stops_while_the_board_draws_power_is_not_read_as_no_ener
     frozen = series(g, at(10), 61, power_w=300.0, util_pct=90.0, energy_mj=5e9)
     r = hour_row(run(samples_table(frozen)), g, 10)
     assert (r["energy_kwh"], r["energy_source"]) == (pytest.approx(0.3), "power")
-    # at 0 W a still counter is right, and is read
+    # 0 W is no power reading (no powered board reads it): a still counter with it is no energy read,
+    # unknown -- not 0 kWh from the counter
     off = series(g, at(10), 61, power_w=0.0, util_pct=0.0, energy_mj=5e9)
     r = hour_row(run(samples_table(off)), g, 10)
-    assert (r["energy_kwh"], r["energy_source"]) == (0.0, "counter")
+    assert (r["energy_kwh"], r["energy_source"]) == (None, None)
 
 
 @pytest.mark.parametrize("window_query", [False, True])
@@ -1520,3 +1521,214 @@ def test_a_stall_that_began_before_the_samples_read_is_left_as_read(window_query
         res = run(samples_table(rows), day=day)
         energy = [r["energy_kwh"] for r in res.hourly.to_pylist() if r["coverage_s"]]
         assert energy and all(e == pytest.approx(0.25, rel=1e-3) for e in energy), (day, energy)
+
+
+@pytest.mark.parametrize("window_query", [False, True])
+def test_a_lagging_counter_whose_power_drops_at_the_step_is_not_counted_twice(window_query, monkeypatch):
+    """A counter updated every 30 s, sampled every 15 s (still at every other sample), on a board
+    whose power swings 350 W <-> 60 W in 45-s phases. Where the power fell over the stall's last
+    interval (350 -> 60 -> 60 W), its catch-up step was compared with the power at the stall's two
+    ends only (205 W) and rejected; the stall then took the power's energy and the next segment the
+    counter's whole step: 0.239 kWh an hour where 0.205. The counter here is the exact trapezoid of
+    the readings, so the hour's truth is its own difference."""
+    import numpy as np
+
+    if window_query:
+        _window_query_only(monkeypatch)
+    g = "GPU-aaaaaaaa"
+
+    def power(i: int) -> float:  # fresh readings (never the same twice in a row)
+        return (350.0, 350.0, 350.0, 60.0, 60.0, 60.0)[i % 6] + (i % 7) * 0.013
+
+    n = 4 * 75 + 1  # 09:45 .. 11:00 every 15 s
+    true = np.r_[5e9, 5e9 + np.cumsum([(power(i - 1) + power(i)) / 2 * 15_000.0 for i in range(1, n)])]
+    rows = series(g, at(9, 45), n, step_s=15, device="NVIDIA H100 80GB HBM3", util_pct=80.0, power_limit_w=700.0,
+                  power_w=power, energy_mj=lambda i: float(true[i - i % 2]))
+    res = run(samples_table(rows))
+    r = hour_row(res, g, 10)
+    assert r["energy_kwh"] == pytest.approx((true[300] - true[60]) / 3.6e9, rel=1e-9)  # 10:00 .. 11:00
+    assert r["energy_source"] == "counter"
+    # a counter that reads 0.6 of the power: each stall's step is too small to be its catch-up, so
+    # its whole span (the stall and the step) takes the power's energy -- never the power for the
+    # stall plus the counter's two intervals for the step (0.275 kWh an hour where 0.25)
+    low = series(g, at(9, 45), n, step_s=15, util_pct=80.0, power_limit_w=400.0,
+                 power_w=lambda i: 250.0 + (i % 3 - 1) * 0.01,
+                 energy_mj=lambda i: 1e9 + (i - i % 2) * 15 * 150_000.0)
+    r = hour_row(run(samples_table(low)), g, 10)
+    assert r["energy_kwh"] == pytest.approx(250 * 3600 / 3.6e6, rel=1e-6)
+    assert r["energy_source"] == "power"
+
+
+@pytest.mark.parametrize("bound", ["vacated", "next_run", "other_job", "none"])
+def test_an_open_job_run_ends_where_the_records_end_it(bound):
+    """Run 0 of job s#1 is known only from a queue snapshot (running since 10:00 on GPU A, no end).
+    It took all of GPU A's telemetry to midnight, another job's run on A included. It now ends at
+    the earliest of: the job's LastVacateTime on or after its start ("vacated": 11:00), the job's
+    next run's start ("next_run": 11:30), another job's run starting on its GPU ("other_job": s#2
+    at 12:00; run 0's own LastVacateTime of 09:30 belongs to an earlier run), else the day's end.
+    GPU A: 300 W / 95 % 10:00-11:00 and 12:00-13:00, 60 W / 0 % otherwise, 09:00-17:00."""
+    ga, gb, job = "GPU-0000000a", "GPU-0000000b", "s#1.0#1"
+
+    def busy(m: int) -> bool:  # minutes from 09:00
+        return 60 <= m < 120 or 180 <= m < 240
+
+    rows = series(ga, at(9), 8 * 60 + 1, power_w=lambda m: 300.0 if busy(m) else 60.0,
+                  util_pct=lambda m: 95.0 if busy(m) else 0.0, power_limit_w=400.0)
+    rows += series(gb, at(11, 30), 3 * 60 + 1, power_w=350.0, util_pct=90.0, power_limit_w=400.0)
+    runs = [{"global_job_id": job, "run_index": 0, "doc_kind": "job", "job_status": 2, "run_start_utc": at(10),
+             "run_end_utc": None, "record_utc": at(10, 30), "assigned_gpus": ga, "request_gpus": 1.0,
+             "last_vacate_utc": at(9, 30) if bound == "other_job" else None}]
+    if bound in ("vacated", "next_run"):
+        runs.append({"global_job_id": job, "run_index": 1, "doc_kind": "job", "job_status": 4,
+                     "run_start_utc": at(14) if bound == "vacated" else at(11, 30), "run_end_utc": at(15),
+                     "record_utc": at(15), "assigned_gpus": gb, "request_gpus": 1.0,
+                     "last_vacate_utc": at(11) if bound == "vacated" else None})
+    if bound != "none":
+        runs.append({"global_job_id": "s#2.0#1", "run_index": 0, "doc_kind": "job", "run_start_utc": at(12),
+                     "run_end_utc": at(13), "record_utc": at(13), "assigned_gpus": ga, "request_gpus": 1.0})
+    # (vacated) the slot state still names the job until 12:00 (a stale snapshot), GPU A at idle power
+    # 11:00-12:00: the run's end bounds the held-idle run too (none), as a closed record would
+    states = states_table([(ga, at(10), at(12), "busy_shared", job)]) if bound == "vacated" else None
+    res = run(samples_table(rows), states=states, jobs=jobs_table(runs))
+    (r0,) = [j for j in res.jobs.to_pylist() if (j["global_job_id"], j["run_index"]) == (job, 0)]
+    end_min = {"vacated": 120, "next_run": 150, "other_job": 180, "none": 15 * 60}[bound]
+    assert r0["run_end_utc"] == at(9) + dt.timedelta(minutes=end_min)
+    assert r0["clipped_end"] == (bound == "none")
+    assert r0["duration_s"] == (end_min - 60) * 60.0
+    # the trapezoid over GPU A's minutes from 10:00 to the end (samples end at 17:00)
+    last = min(end_min, 8 * 60)
+
+    def trap_mean(v) -> float:
+        return sum((v(m) + v(m + 1)) / 2 for m in range(60, last)) / (last - 60)
+
+    power = trap_mean(lambda m: 300.0 if busy(m) else 60.0)
+    assert r0["power_w"] == pytest.approx(power)
+    assert r0["util_pct"] == pytest.approx(trap_mean(lambda m: 95.0 if busy(m) else 0.0))
+    assert r0["energy_kwh"] == pytest.approx(power * (last - 60) * 60 / 3.6e6)
+    assert r0["sample_coverage"] == pytest.approx((last - 60) / (end_min - 60))
+    if bound == "vacated":
+        # 298 W of 400 (the 10:59-11:00 segment reads 180 W): PIF 0.745, Moderate
+        assert r0["efficiency_class"] == efficiency_class(r0["util_pct"], power / 400.0) == "Moderate"
+        assert r0["held_idle_s"] == 0.0 and res.held_idle.num_rows == 0
+
+
+def test_a_zero_watt_reading_is_no_power_reading():
+    """No powered board reads 0 W (an A100-40GB idles at 52 W): 0 W is a broken exporter's reading
+    (DESIGN 5.7: not an idle GPU). GPU1, claimed 09:50-11:10, reads 0 % and 0 W every minute: it was
+    Idle with PIF 0, 0 kWh and a held-idle interval of 80 minutes; its power is now unknown (no PIF,
+    energy or held-idle), its utilization as read. GPU2 reads 200 W every other minute and 0 W in
+    between: 200 W over the hour (the trapezoid takes the known end), not 100 W."""
+    g1, g2, job = "GPU-00000a00", "GPU-00000a01", "s#7.0#1"
+    rows = series(g1, at(9, 50), 80, util_pct=0.0, power_w=0.0, power_limit_w=400.0)
+    rows += series(g2, at(10), 61, util_pct=90.0, power_w=lambda i: 0.0 if i % 2 else 200.0, power_limit_w=400.0)
+    states = states_table([(g1, at(9, 50), at(11, 10), "busy_shared", job)])
+    jobs = jobs_table([{"global_job_id": job, "run_start_utc": at(9, 50), "run_end_utc": at(11, 10),
+                        "assigned_gpus": g1}])
+    res = run(samples_table(rows), states=states, jobs=jobs)
+    for h in (9, 10, 11):
+        r = hour_row(res, g1, h)
+        assert (r["power_w"], r["pif"], r["rfu_pct"], r["energy_kwh"], r["energy_source"]) == (None,) * 5, h
+        assert r["power_coverage_s"] == 0.0 and r["util_pct"] == 0.0 and r["efficiency_class"] == "Idle", h
+        assert (r["held_idle_s"], r["held_but_idle"]) == (0.0, False), h
+    assert res.held_idle.num_rows == 0
+    (j,) = res.jobs.to_pylist()
+    assert (j["power_w"], j["pif"], j["energy_kwh"], j["held_idle_s"]) == (None, None, None, 0.0)
+    r = hour_row(res, g2, 10)
+    assert (r["power_w"], r["pif"], r["power_coverage_s"]) == (pytest.approx(200.0), pytest.approx(0.5), 3600.0)
+    assert r["energy_kwh"] == pytest.approx(200 * 3600 / 3.6e6) and r["efficiency_class"] == "Bottlenecked"
+    # counted: GPU1's 80 readings and GPU2's 30 (10:01 .. 10:59, every other minute)
+    assert res.counters["zero_power_readings"] == 80 + 30
+
+
+@pytest.mark.parametrize("window_query", [False, True])
+def test_a_stuck_counter_without_power_is_unknown_energy_and_a_lagging_one_is_spread(window_query, monkeypatch):
+    """No power read (the DCGM power field missing), utilization known. A counter that never moves
+    again gave 0 kWh from the counter: its energy is unknown. A counter that moves at every other
+    sample (every 32 s, sampled every 16 s) is read as moving evenly, as where the power is read:
+    the stalled sample at 10:00 took 0 and the step after it the two intervals, so the hour 10:00
+    held 16 s of 09:59:44's energy (0.2511 kWh where 0.25)."""
+    if window_query:
+        _window_query_only(monkeypatch)
+    g = "GPU-000000c1"
+    stuck = series(g, at(10), 61, util_pct=50.0, energy_mj=1e6)
+    res = run(samples_table(stuck))
+    r = hour_row(res, g, 10)
+    assert (r["energy_kwh"], r["energy_source"], r["power_w"]) == (None, None, None)
+    assert {d["device_name"]: d["energy_kwh"] for d in res.daily.to_pylist()}["ALL"] is None
+    # 250 W: 16 s x 250 J/s = 4 kJ a sample; from 09:56 (10:00 is sample 15, stalled; 11:00 is 240)
+    lagging = series(g, at(9, 56), 15 + 225 + 30, step_s=16, util_pct=50.0,
+                     energy_mj=lambda i: 1e9 + (i - i % 2) * 4_000_000.0)
+    res = run(samples_table(lagging))
+    r = hour_row(res, g, 10)
+    assert (r["energy_kwh"], r["energy_source"]) == (pytest.approx(0.25, rel=1e-9), "counter")
+    assert r["power_w"] is None and r["coverage_s"] == pytest.approx(3600.0)
+    # the stalled samples 3, 5, .. 267 (1 stalled at the first sample read, 269 the last)
+    assert res.counters["counter_readings_interpolated"] == (267 - 3) // 2 + 1
+
+
+def test_a_gpu_hour_without_gpu_states_has_unknown_held_idle_time():
+    """gpu_states are given, but GPU2 (a telemetry-only host outside the pool) has none, nor has
+    GPU1 at 11:00 (its states end at 11:00, its samples at 11:00): their held-idle time is unknown
+    (null, as state_busy_share), not 0 s / False. GPU1 at 10:00 has states: 0 s, False."""
+    g1, g2 = "GPU-00000001", "GPU-00000002"
+    rows = series(g1, at(10), 61, power_w=300.0, util_pct=100.0, power_limit_w=400.0)
+    rows += series(g2, at(10), 61, power_w=40.0, util_pct=0.0, power_limit_w=400.0)
+    res = run(samples_table(rows), states=states_table([(g1, at(10), at(11), "busy_shared", "s#1.0#1")]))
+    cols = ("state_busy_share", "held_idle_s", "held_but_idle")
+    assert [hour_row(res, g1, 10)[c] for c in cols] == [1.0, 0.0, False]
+    for g, h in ((g2, 10), (g1, 11)):
+        assert [hour_row(res, g, h)[c] for c in cols] == [None, None, None], (g, h)
+    # the day's roll-up reads the intervals: none held, 0 GPU-hours (states were given)
+    assert [d["held_idle_gpu_hours"] for d in res.daily.to_pylist()] == [0.0, 0.0]
+
+
+def test_samples_without_a_power_reading_neither_extend_nor_break_a_held_idle_run():
+    """A job claims the GPU from 10:00 (the state, every minute a sample); 40 W from 10:00 to
+    10:39, then 300 W. Samples with no power reading inside the idle stretch -- one, or five in a
+    row (10:10-10:14) -- leave the run 10:00-10:40 (they broke it from three in a row on: the gap
+    between the power readings was measured instead of the one between samples). Samples missing
+    altogether for those five minutes (a hole of 6 minutes, over 3 cadences) still break it, and
+    unread samples after the last idle one do not extend it."""
+    g, job = "GPU-000000d1", "s#1.0#1"
+    states = states_table([(g, at(9, 50), at(10), "idle_shared", None), (g, at(10), at(11, 40), "busy_shared", job)])
+
+    def held(nulls=(), missing=(), idle=40):
+        rows = series(g, at(9, 50), 110, util_pct=0.0,
+                      power_w=lambda i: None if i - 10 in nulls else (40.0 if 10 <= i < 10 + idle else 300.0))
+        rows = [r for i, r in enumerate(rows) if i - 10 not in missing]
+        return [(h["start_utc"], h["end_utc"], h["samples"])
+                for h in run(samples_table(rows), states=states).held_idle.to_pylist()]
+
+    assert held() == [(at(10), at(10, 40), 40)]
+    assert held(nulls=(15,)) == [(at(10), at(10, 40), 39)]
+    assert held(nulls=(10, 11, 12)) == [(at(10), at(10, 40), 37)]
+    assert held(nulls=tuple(range(10, 15))) == [(at(10), at(10, 40), 35)]
+    assert held(missing=tuple(range(10, 15))) == []  # 10:00-10:10 and 10:15-10:40: each too short
+    # idle 10:00-10:29, no power read 10:30-10:34, then 300 W: the run ends at 10:30, not 10:35
+    assert held(nulls=tuple(range(30, 35)), idle=30) == [(at(10), at(10, 30), 30)]
+
+
+def test_the_window_query_reads_stalls_over_falling_power_and_without_power_as_the_numpy_staging_does(monkeypatch):
+    """The stalls above (power falling at the step, a step too small to be the catch-up, no power at
+    all, a counter stuck for good) and one whose step segment has no power reading (kept from the
+    counter), on four GPUs: the two stagings give the same tables and counters."""
+    def swing(i: int) -> float:
+        return (350.0, 350.0, 350.0, 60.0, 60.0, 60.0)[i % 6] + (i % 7) * 0.013
+
+    start = at(9, 45)
+    rows = series("GPU-aaaaaaa1", start, 301, step_s=15, power_w=swing, util_pct=80.0,
+                  energy_mj=lambda i: 1e9 + (i - i % 2) * 15 * 200_000.0)
+    rows += series("GPU-aaaaaaa2", start, 301, step_s=15, power_w=lambda i: 250.0 + (i % 3 - 1) * 0.01,
+                   util_pct=80.0, energy_mj=lambda i: 1e9 + (i - i % 2) * 15 * 150_000.0)
+    rows += series("GPU-aaaaaaa3", start, 301, step_s=16, util_pct=50.0,
+                   energy_mj=lambda i: 1e9 + (i - i % 2) * 4_000_000.0)
+    rows += series("GPU-aaaaaaa4", start, 301, step_s=15, util_pct=50.0, energy_mj=1e6,
+                   power_w=lambda i: None if i % 4 else 250.0 + i % 3)
+    rows += series("GPU-aaaaaaa5", start, 301, step_s=15, util_pct=50.0,
+                   power_w=lambda i: None if i % 4 in (1, 2) else 250.0 + i % 3,
+                   energy_mj=lambda i: 1e9 + (i - i % 4) * 15 * 100_000.0)
+    answers = _record_answers(monkeypatch)
+    fast = run(samples_table(rows))
+    assert answers == [True]
+    _window_query_only(monkeypatch)
+    _same_results(fast, run(samples_table(rows)))

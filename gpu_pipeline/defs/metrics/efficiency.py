@@ -35,7 +35,7 @@ SPECS = (GPU_HOURLY_EFFICIENCY, JOB_EFFICIENCY, HELD_IDLE_INTERVALS, EFFICIENCY_
 KEYS = [table_key(s) for s in SPECS]
 #: The samples the day's figures left out, and why; in the daily table's metadata.
 SAMPLE_COUNTERS = ("samples_in_window", "samples_dropped_other_source", "duplicate_samples_dropped",
-                   "repeated_readings_dropped",
+                   "repeated_readings_dropped", "zero_power_readings",
                    "mig_samples_on_boards", "mig_samples_skipped", "gaps_over_3x_cadence")
 DEPS = [SAMPLES_KEY, STATES_KEY, JOBS_KEY]
 SUBSET = dg.AssetCheckSpec(
