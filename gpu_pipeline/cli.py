@@ -106,7 +106,10 @@ def run_pipeline(start: dt.date, end: dt.date, instance=None) -> bool:  # noqa: 
         "dagster/asset_partition_range_end": end.isoformat(),
         "gpu_pipeline/launched_by": "cli",
     }
-    result = job.execute_in_process(instance=instance, tags=tags, raise_on_error=False)
+    # Dagster's console logger at INFO: the assets' own notes and warnings, the run's start, end and
+    # failures, without a DEBUG line per event (about 400 for a demo week) burying them
+    run_config = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+    result = job.execute_in_process(instance=instance, tags=tags, raise_on_error=False, run_config=run_config)
     return result.success
 
 
@@ -182,14 +185,25 @@ def _demo_dir_error(base: Path) -> str | None:
     return None
 
 
+def _command() -> str:
+    """How to call this command again: ``gpu-pipeline`` where the shell finds this installation's under
+    that name, else its path (the README's first command installs into a virtualenv it does not
+    activate: ``gpu-pipeline`` alone was "command not found")."""
+    exe = Path(sys.executable).with_name("gpu-pipeline")
+    found = shutil.which("gpu-pipeline")
+    if exe.is_file() and (found is None or Path(found).resolve() != exe.resolve()):
+        return shlex.quote(str(exe))
+    return "gpu-pipeline"
+
+
 def _next_steps(base: Path) -> list[str]:
     """What the demo prints after its run: commands on its folder, quoted for a POSIX shell (a folder
     name with a space, a quote or a ``#`` pastes back as it is)."""
-    where = shlex.quote(str(base))
+    where, cmd = shlex.quote(str(base)), _command()
     return ["Open the Dagster UI on these runs and assets:",
-            f"  gpu-pipeline ui --dir {where}        (then browse http://127.0.0.1:3000)",
+            f"  {cmd} ui --dir {where}        (then browse http://127.0.0.1:3000)",
             "Query the tables:",
-            f"  gpu-pipeline sql --dir {where} \"SELECT state, count(*) FROM metrics.gpu_states GROUP BY 1\""]
+            f"  {cmd} sql --dir {where} \"SELECT state, count(*) FROM metrics.gpu_states GROUP BY 1\""]
 
 
 def _env_line(key: str, value: str) -> str:
@@ -340,7 +354,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
         con = duckdb.connect(args.catalog)
         views = create_catalog(con, store)
         con.close()
-        print(f"wrote {args.catalog} with views: {', '.join(views)}")
+        # the spec table is copied into the file (a table); the others are views over the Parquet files
+        print(f"wrote {args.catalog} with {', '.join(views)} (views over the Parquet files; reference.gpu_specs "
+              "a table)")
         if empty := empty_tables(store):
             print(f"note: no partition yet, so empty in this file until it is written again: {', '.join(empty)}",
                   file=sys.stderr)

@@ -32,6 +32,9 @@ def test_materialize_a_range_from_a_dotenv_file(tmp_path):
                           cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "2025-08-05 .. 2025-08-06: SUCCESS" in proc.stdout
+    # the run's log at INFO: the assets' notes are there, no DEBUG line per event (about 400 for a demo week)
+    log = proc.stdout + proc.stderr
+    assert " - INFO - " in log and " - DEBUG - " not in log
     for day in ("2025-08-05", "2025-08-06"):
         t = pq.read_table(tmp_path / "data" / "metrics" / "gpu_states" / f"date={day}" / "part-0.parquet")
         assert t.num_rows == 2 * 288
@@ -262,7 +265,35 @@ def test_the_demos_printed_commands_paste_back_into_a_shell(tmp_path, name):
     from gpu_pipeline import cli
 
     base = tmp_path / name
-    ui, sql = (line.strip() for line in cli._next_steps(base) if line.startswith("  gpu-pipeline"))
-    assert shlex.split(ui)[:4] == ["gpu-pipeline", "ui", "--dir", str(base)]
-    assert shlex.split(sql) == ["gpu-pipeline", "sql", "--dir", str(base),
-                                "SELECT state, count(*) FROM metrics.gpu_states GROUP BY 1"]
+    cmd = cli._command()
+    ui, sql = (line.strip() for line in cli._next_steps(base) if line.startswith(f"  {cmd} "))
+    assert shlex.split(ui)[1:4] == ["ui", "--dir", str(base)]
+    assert shlex.split(sql)[1:] == ["sql", "--dir", str(base), "SELECT state, count(*) FROM metrics.gpu_states GROUP BY 1"]
+
+
+def test_the_demos_printed_commands_name_the_installed_command_where_the_shell_would_not_find_it(monkeypatch):
+    """The README's first command installs into a virtualenv it does not activate: the demo printed
+    ``gpu-pipeline ui ...``, which such a shell does not find. Off the PATH the command is its path;
+    on it, its name."""
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from gpu_pipeline import cli
+
+    exe = Path(sys.executable).with_name("gpu-pipeline")
+    assert exe.is_file()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert shlex.split(cli._command()) == [str(exe)]
+    monkeypatch.setenv("PATH", str(exe.parent))
+    assert cli._command() == "gpu-pipeline"
+
+
+def test_the_readme_counts_the_spec_tables_models():
+    """The README said 31 models when the table had 32."""
+    from pathlib import Path
+
+    from gpu_pipeline.lib.gpu_specs import spec_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"the spec table: {spec_table().num_rows} models" in readme
