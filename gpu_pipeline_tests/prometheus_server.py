@@ -137,6 +137,7 @@ class PrometheusServer:
     username: str | None = None  #: for the helper's own readiness / query requests
     password: str | None = None
     port: int = 0
+    extra_flags: Sequence[str] = ()  #: more command-line flags, e.g. ``--query.max-samples=5000``
     process: subprocess.Popen | None = field(default=None, repr=False)
     log_path: Path | None = None
 
@@ -166,7 +167,7 @@ class PrometheusServer:
             web = self.workdir / "web.yml"
             web.write_text(self.web_config)
             flags.append(f"--web.config.file={web}")
-        return flags
+        return flags + list(self.extra_flags)
 
     def start(self, ready_timeout_s: float = READY_TIMEOUT_S, attempts: int = 3) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

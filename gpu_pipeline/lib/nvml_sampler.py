@@ -20,11 +20,18 @@ One sample
     ``mig_profile`` from the MIG device's name (``"... MIG 1g.10gb"``), ``device_name`` the parent's
     model, memory from the MIG handle, utilization null (NVML does not report it per MIG device).
 
-    A field whose NVML call fails (NotSupported, NoPermission, GPU lost, ...) is null; only that
-    field, and the failure is counted per ``field:Error``. Errors that mean the driver itself is
-    gone (Uninitialized, DriverNotLoaded, LibraryNotFound, LibRmVersionMismatch), and any error of
+    A field whose NVML call fails (NotSupported, NoPermission, ...) is null; only that field, and
+    the failure is counted per ``field:Error``. Errors that mean the driver itself is gone
+    (Uninitialized, DriverNotLoaded, LibraryNotFound, LibRmVersionMismatch), and any error of
     ``nvmlDeviceGetCount``, abort the whole sample instead: a row of nulls would be wrong data.
-    A device whose handle or UUID cannot be read is skipped (no ``gpu_id``) and counted.
+    A device whose handle or UUID cannot be read is skipped (no ``gpu_id``) and counted
+    (``skipped`` / ``devices_skipped``, ``"device handle/UUID:Error"``). A GPU that answers any call
+    with GpuIsLost or ResetRequired (fallen off the bus, Xid 79, ...) is skipped for that sample
+    with its MIG devices, counted as ``"device:GpuIsLost"`` / ``"device:ResetRequired"``: its row
+    would be all nulls, and a row every interval would count as covered telemetry. A row whose
+    every measurement (utilization, memory, power, power limit, temperature, SM clock, energy; a
+    MIG device's are memory and the rest NVML refuses on MIG handles) failed, for any reason, is
+    dropped and counted as ``"device:no_measurement"`` for the same reason.
 
 The sampler process (:func:`run_sampler`)
     Samples every ``interval_s`` (drift-free schedule on a monotonic clock; intervals missed while a
@@ -110,6 +117,11 @@ _FATAL_CODES = frozenset({
     pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
     pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
 })
+# NVML errors that mean one GPU is gone (fallen off the bus, needs a reset): skip that device.
+_LOST_CODES = frozenset({
+    pynvml.NVML_ERROR_GPU_IS_LOST,
+    pynvml.NVML_ERROR_RESET_REQUIRED,
+})
 _MISSING_FUNCTION_CODES = frozenset({
     pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
     pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
@@ -129,6 +141,14 @@ class SamplerBusy(RuntimeError):
     """Another sampler process holds the host folder's lock."""
 
 
+class _DeviceLost(Exception):
+    """A device call answered GpuIsLost / ResetRequired: the device is left out of the sample."""
+
+    def __init__(self, error: pynvml.NVMLError):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _error_name(exc: BaseException) -> str:
     name = type(exc).__name__
     return name.removeprefix("NVMLError_") if isinstance(exc, pynvml.NVMLError) else name
@@ -136,6 +156,10 @@ def _error_name(exc: BaseException) -> str:
 
 def _is_fatal(exc: pynvml.NVMLError) -> bool:
     return getattr(exc, "value", None) in _FATAL_CODES
+
+
+def _is_lost(exc: pynvml.NVMLError) -> bool:
+    return getattr(exc, "value", None) in _LOST_CODES
 
 
 def unavailable_message(exc: BaseException) -> str:
@@ -185,7 +209,8 @@ class NvmlSession:
 
     ``open()`` runs ``nvmlInit`` (raising :class:`NvmlUnavailable`), ``sample()`` reads every
     device, ``close()`` runs ``nvmlShutdown``. ``field_errors`` counts the per-field failures that
-    became nulls (``"power:NotSupported"``), ``skipped`` the devices left out."""
+    became nulls (``"power:NotSupported"``), ``skipped`` the devices (and rows) left out, per
+    sample: ``"device handle/UUID:Error"``, ``"device:GpuIsLost"``, ``"device:no_measurement"`` ..."""
 
     def __init__(self) -> None:
         self.ready = False
@@ -220,12 +245,14 @@ class NvmlSession:
     # -- field access --------------------------------------------------------------------------
     def _field(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, or ``None`` when NVML refuses this one field (counted); a driver-level
-        error propagates and aborts the sample."""
+        error propagates and aborts the sample, a lost GPU raises :class:`_DeviceLost`."""
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
             if _is_fatal(exc):
                 raise
+            if _is_lost(exc):
+                raise _DeviceLost(exc) from exc
             key = f"{name}:{_error_name(exc)}"
             self.field_errors[key] += 1
             if key not in self._logged:
@@ -305,6 +332,18 @@ class NvmlSession:
             self._logged.add(key)
             log.warning("NVML %s failed (%s); that device is left out of the sample", what, exc)
 
+    def _measured(self, row: dict[str, Any]) -> bool:
+        """Whether the row has any measurement; a row whose every field failed is counted, not kept."""
+        if any(row[c] is not None for c in _FLOAT_COLUMNS):
+            return True
+        key = "device:no_measurement"
+        self.skipped[key] += 1
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning("NVML: every measurement of %s failed; the row is left out of the sample "
+                        "(see the field errors)", row["gpu_uuid"])
+        return False
+
     # -- the sample ----------------------------------------------------------------------------
     def sample_rows(self, host: str, when: dt.datetime) -> list[dict[str, Any]]:
         """One row per GPU and MIG device, all stamped ``when``. Raises ``pynvml.NVMLError`` when
@@ -325,17 +364,26 @@ class NvmlSession:
             except ValueError:
                 self.skipped["device:bad_uuid"] += 1
                 continue
-            name = self._field("name", pynvml.nvmlDeviceGetName, handle)
-            name = str(name).strip() if name is not None else None
-            rows.append({
-                "sample_utc": ts, "source": SOURCE, "host": host, "gpu_uuid": uuid, "gpu_id": gpu_id,
-                "gpu_index": index, "mig_profile": None, "mig_instance_id": None, "device_name": name,
-                **self._metrics(handle, mig=False),
-            })
-            mode = self._field("mig_mode", pynvml.nvmlDeviceGetMigMode, handle)
-            if mode is not None and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
-                rows.extend(self._mig_rows(handle, ts, host, index, name))
+            try:
+                rows.extend(self._device_rows(handle, ts, host, index, uuid, gpu_id))
+            except _DeviceLost as lost:  # none of its rows: they would be nulls counted as coverage
+                self._skip("device", lost.error)
         return rows
+
+    def _device_rows(self, handle: Any, ts: int, host: str, index: int, uuid: str, gpu_id: str
+                     ) -> list[dict[str, Any]]:
+        """The GPU's row and its MIG devices' rows (raises :class:`_DeviceLost`)."""
+        name = self._field("name", pynvml.nvmlDeviceGetName, handle)
+        name = str(name).strip() if name is not None else None
+        rows = [{
+            "sample_utc": ts, "source": SOURCE, "host": host, "gpu_uuid": uuid, "gpu_id": gpu_id,
+            "gpu_index": index, "mig_profile": None, "mig_instance_id": None, "device_name": name,
+            **self._metrics(handle, mig=False),
+        }]
+        mode = self._field("mig_mode", pynvml.nvmlDeviceGetMigMode, handle)
+        if mode is not None and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+            rows.extend(self._mig_rows(handle, ts, host, index, name))
+        return [r for r in rows if self._measured(r)]
 
     def _mig_rows(self, parent: Any, ts: int, host: str, index: int, parent_name: str | None) -> list[dict]:
         rows = []
@@ -346,11 +394,15 @@ class NvmlSession:
             except pynvml.NVMLError as exc:
                 if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
                     continue  # an empty MIG slot
+                if _is_lost(exc):
+                    raise _DeviceLost(exc) from exc
                 self._skip("MIG device handle", exc)
                 continue
             try:
                 uuid = str(pynvml.nvmlDeviceGetUUID(handle)).strip()
             except pynvml.NVMLError as exc:
+                if _is_lost(exc):
+                    raise _DeviceLost(exc) from exc
                 self._skip("MIG device UUID", exc)
                 continue
             mig_name = self._field("mig_name", pynvml.nvmlDeviceGetName, handle)

@@ -17,16 +17,36 @@ Sample times
     step``) -- which that point took too, in this window or the day before's -- is dropped
     (``repeated_points``). So exporters scraped every 60 s, read with a 30-s step, give each raw
     sample once, at the first grid time at or after it; before, every sample came twice, and the
-    energy counter's flat half-steps made the day's energy 1.5 times the truth. A step longer than
-    the scrape interval keeps one raw sample a step (the newest). Where ``timestamp(...)`` gives a
-    series no value at a point, the point is kept. A series that ends without a staleness marker
-    (data backfilled with promtool, an exporter that vanished without a final scrape) thus gives
-    its last sample once, not for the whole lookback delta.
+    energy counter's flat half-steps made the day's energy 1.5 times the truth. Where
+    ``timestamp(...)`` gives a series no value at a point, the point is kept. A series that ends
+    without a staleness marker (data backfilled with promtool, an exporter that vanished without a
+    final scrape) thus gives its last sample once, not for the whole lookback delta.
+
+    Each point takes only the *newest* raw sample at or before it, so two raw samples in one step
+    ``(t - step, t]`` give one point and the older sample is never read. **Use a step of at most
+    half the scrape interval** (``step_s`` 30 for exporters scraped every 60 s; 15 for every
+    30 s): then two samples share a step only where their scrape times jitter by more than a
+    quarter of the interval. A step equal to the scrape interval loses a sample wherever a late
+    scrape is followed by an early one -- with scrape times jittering around the grid, about a
+    quarter of the raw samples (the point that would have read it repeats the sample before it and
+    is dropped). A step longer than the scrape interval keeps at most one raw sample a step
+    (downsampling). The interval of the raw samples kept is counted (``raw_interval_ms``, the
+    median gap between consecutive kept samples of a series); where ``step_s`` is above ~half of it
+    (55 %), ``step_too_coarse`` is 1 and a warning says how many points were kept of how many were
+    asked for.
 
 Chunking
     Prometheus refuses a query whose ``(end - start) / step`` exceeds 11,000 points per series.
     The grid is split into consecutive chunks of at most ``max_points_per_query`` points (inclusive
-    ends, no point queried twice), one request each.
+    ends, no point queried twice), one request each. A query over many series can also exceed the
+    server's ``--query.max-samples`` (HTTP 422, ``errorType=execution``, "query processing would
+    load too many samples into memory"): that chunk's points are halved and each half read on its
+    own, recursively, and the chunks after it (of this metric and the next) are read at the size
+    that worked (``max_samples_splits`` counts the halvings, ``refused_queries`` the refusals). The
+    halves split the chunk's grid (no point is read twice or lost at their boundary) and a point's
+    repeat test needs no other point, so the rows are those of an unsplit read. A single grid point
+    still refused raises :class:`PrometheusError` naming the metric, the time, the window and
+    Prometheus' message.
 
 Mapping
     Rows are built by the dcgm-exporter text parser's own pivot (``telemetry._DcgmPivot``), so label
@@ -46,7 +66,8 @@ Failures
     doubling) gives up on a server that is down after about 4 s. Anything else -- and the last
     failed attempt -- raises :class:`PrometheusError` with the URL (never a credential), the HTTP
     status and Prometheus' ``errorType`` / ``error`` (e.g. ``bad_data`` for invalid PromQL or too
-    many points, ``execution`` for a query that hit ``--query.max-samples``).
+    many points; ``execution`` for a query that hit ``--query.max-samples`` is split instead, see
+    Chunking).
 
 Query strings are built with :func:`urllib.parse.urlencode`. ``extra_selector`` (e.g.
 ``{cluster="a"}``) is operator configuration and inserted as written; values this module inserts
@@ -74,6 +95,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
+
+import numpy as np
 
 from gpu_pipeline.lib.http_util import mask_userinfo, retry_after_seconds, unsplit_userinfo
 from gpu_pipeline.lib.telemetry import (
@@ -566,10 +589,12 @@ def _series_key(series: Mapping[str, Any]) -> frozenset:
     return frozenset((k, v) for k, v in (series.get("metric") or {}).items() if k != "__name__")
 
 
-def _repeated_points(sample_times: Sequence, step_ms: int) -> set[int]:
+def _repeated_points(sample_times: Sequence, step_ms: int) -> tuple[set[int], list[int]]:
     """The grid times (ms) whose raw sample (``timestamp()``'s value there) is at or before the
-    grid time before them, so an earlier point took it already."""
+    grid time before them, so an earlier point took it already; and the raw sample times (ms) of
+    the other points, in order."""
     out = set()
+    kept = []
     for ts, text in sample_times:
         t_ms = round(float(ts) * 1000)
         try:
@@ -578,7 +603,33 @@ def _repeated_points(sample_times: Sequence, step_ms: int) -> set[int]:
             continue
         if sample_ms <= t_ms - step_ms:
             out.add(t_ms)
-    return out
+        else:
+            kept.append(sample_ms)
+    return out, kept
+
+
+def _too_many_samples(exc: PrometheusError) -> bool:
+    """Prometheus' answer to a query over ``--query.max-samples``."""
+    return exc.status == 422 and exc.error_type == "execution" and "too many samples" in (exc.error or "")
+
+
+def _iso_ms(ms: int) -> str:
+    t = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=ms)
+    return t.isoformat(timespec="milliseconds" if ms % 1000 else "seconds").replace("+00:00", "Z")
+
+
+def _raw_interval_ms(gaps: Sequence[tuple[float, int]]) -> int | None:
+    """The median gap between consecutive raw samples kept, from (median, number of gaps) of each
+    series and chunk (weighted by the number of gaps)."""
+    if not gaps:
+        return None
+    ordered = sorted(gaps)
+    half, seen = sum(n for _, n in ordered) / 2, 0
+    for median, n in ordered:
+        seen += n
+        if seen >= half:
+            return round(median)
+    return round(ordered[-1][0])
 
 
 def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.datetime, *,
@@ -586,11 +637,15 @@ def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.
     """DCGM samples in ``[start_utc, end_utc)`` from Prometheus as ``gpu_samples`` rows (``source =
     "prometheus"``), sorted by (sample_utc, host, gpu_id). See the module docstring.
 
-    Counters: ``queries`` (HTTP range queries, two a metric and chunk: the values and their raw
-    sample times), ``chunks`` (per metric), ``series``, ``points``, ``repeated_points`` (a raw
-    sample an earlier grid time took: dropped), ``non_finite_values`` (NaN / +-Inf read as null), ``retries``, ``warnings`` (of responses that
-    succeeded, e.g. partial data), ``rows_without_host``, plus the
-    text parser's pivot counters (``samples``, ``duplicate_samples``, ``conflicting_samples``,
+    Counters: ``queries`` (HTTP range queries answered, two a metric and chunk: the values and
+    their raw sample times), ``chunks`` (per metric, as planned), ``max_samples_splits`` (chunks
+    halved because Prometheus refused them for ``--query.max-samples``) and ``refused_queries``,
+    ``series``, ``points``, ``repeated_points`` (a raw sample an earlier grid time took: dropped),
+    ``raw_interval_ms`` (median gap between the raw samples kept) and ``step_too_coarse`` (1 where
+    ``step_s`` is above ~half of it: raw samples may be lost, a warning is logged),
+    ``non_finite_values`` (NaN / +-Inf read as null), ``retries``, ``warnings`` (of responses
+    that succeeded, e.g. partial data), ``rows_without_host``, plus the text parser's pivot
+    counters (``samples``, ``duplicate_samples``, ``conflicting_samples``,
     ``samples_without_uuid``, ``blank_values``, ``nan_values`` ...)."""
     chunks = plan_chunks(start_utc, end_utc, cfg.step_s, cfg.max_points_per_query)
     start_us = _epoch_ms(start_utc, "start_utc") * 1000
@@ -601,17 +656,52 @@ def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.
     extra["chunks"] = len(chunks)
     host_keys = ("Hostname", "hostname")
     step_ms = round(cfg.step_s * 1000)
+    limit = cfg.max_points_per_query  # points a chunk; lowered where --query.max-samples refuses one
+    gaps: list[tuple[float, int]] = []  # (median gap between kept raw samples, gaps) per series and chunk
     for metric in cfg.metrics:
         selector = cfg.selector(metric)
-        for cs, ce in chunks:
-            result = query_range(cfg, selector, cs, ce, client)
-            # the raw sample time behind each point, per series (timestamp() drops the metric name)
-            taken = {_series_key(series): series.get("values") or ()
-                     for series in query_range(cfg, f"timestamp({selector})", cs, ce, client)}
+        todo = chunks[::-1]  # a stack: the next chunk last
+        while todo:
+            cs, ce = todo.pop()
+            n_points = (ce - cs) // step_ms + 1
+            if n_points > limit:
+                cut = cs + (limit - 1) * step_ms
+                todo += [(cut + step_ms, ce), (cs, cut)]
+                continue
+            try:
+                result = query_range(cfg, selector, cs, ce, client)
+                # the raw sample time behind each point, per series (timestamp() drops the metric name)
+                taken = {_series_key(series): series.get("values") or ()
+                         for series in query_range(cfg, f"timestamp({selector})", cs, ce, client)}
+            except PrometheusError as exc:
+                if not _too_many_samples(exc):
+                    raise
+                extra["refused_queries"] += 1
+                if n_points == 1:
+                    raise PrometheusError(
+                        f"Prometheus refuses to read {metric} even one grid point at a time: the point at "
+                        f"{_iso_ms(cs)} (step {cfg.step_s:g} s) of the window {_iso_ms(start_us // 1000)} .. "
+                        f"{_iso_ms(end_us // 1000)} would load more samples than its --query.max-samples "
+                        f"allows; raise --query.max-samples or select fewer series (extra_selector / "
+                        f"match_labels). {exc}",
+                        url=exc.url, status=exc.status, error_type=exc.error_type, error=exc.error,
+                        attempts=exc.attempts) from None
+                half = (n_points + 1) // 2
+                limit = min(limit, half)
+                extra["max_samples_splits"] += 1
+                logger.info("Prometheus refused %s over %s .. %s (%d points a series) for --query.max-samples; "
+                            "reading it in halves", metric, _iso_ms(cs), _iso_ms(ce), n_points)
+                cut = cs + (half - 1) * step_ms
+                todo += [(cut + step_ms, ce), (cs, cut)]
+                continue
             extra["queries"] += 2
             for series in result:
                 extra["series"] += 1
-                repeats = _repeated_points(taken.get(_series_key(series), ()), step_ms)
+                repeats, kept = _repeated_points(taken.get(_series_key(series), ()), step_ms)
+                if len(kept) > 1:
+                    diffs = np.diff(np.unique(np.asarray(kept, dtype=np.int64)))
+                    if len(diffs):
+                        gaps.append((float(np.median(diffs)), len(diffs)))
                 labels = {k: v for k, v in (series.get("metric") or {}).items() if k != "__name__"}
                 host = _host_from(labels, cfg.host_labels)
                 for k in host_keys:
@@ -634,6 +724,7 @@ def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.
                         extra["non_finite_values"] += 1
                         value = math.nan
                     pivot.sample(metric, labels, sig, value, t)
+    _check_step(cfg, extra, _raw_interval_ms(gaps), start_utc, end_utc)
     columns = pivot.columns()
     n = len(columns["sample_utc"])
     columns["source"] = ["prometheus"] * n
@@ -643,6 +734,26 @@ def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.
     counters = pivot.counters
     counters.update(extra)
     return _finish(columns, [], counters, [cfg.base_url])
+
+
+def _check_step(cfg: PrometheusConfig, extra: Counter[str], raw_interval_ms: int | None,
+                start_utc: dt.datetime, end_utc: dt.datetime) -> None:
+    """Count the raw samples' interval and warn where the step is above ~half of it: two raw samples
+    in one step give one point (see the module docstring)."""
+    if raw_interval_ms is None or raw_interval_ms <= 0:
+        return
+    extra["raw_interval_ms"] = raw_interval_ms
+    if round(cfg.step_s * 1000) <= 0.55 * raw_interval_ms:
+        return
+    extra["step_too_coarse"] = 1
+    kept = extra["points"] - extra["repeated_points"]
+    logger.warning(
+        "Prometheus %s .. %s: step_s=%g is more than half the interval of the raw samples kept "
+        "(median %g s): kept %d of the %d points asked for. Two raw samples in one step give one "
+        "point: samples are lost where scrape times jitter (about a quarter of them at a step equal "
+        "to the scrape interval), and skipped at a longer step. Use step_s <= half the scrape "
+        "interval to read every raw sample.",
+        start_utc.isoformat(), end_utc.isoformat(), cfg.step_s, raw_interval_ms / 1000, kept, extra["points"])
 
 
 __all__ = [

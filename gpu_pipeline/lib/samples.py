@@ -83,15 +83,30 @@ def nvml_files(root: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> list
             if path.stem.removeprefix("nvml-").split(".")[0] in days]
 
 
-def nvml_file_samples(path: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
-    """One NVML sampler file's samples of [start_utc, end_utc), in the raw schema. A file that cannot
-    be read fails with its path in the message."""
+def nvml_file_samples(path: Path, start_utc: dt.datetime, end_utc: dt.datetime,
+                      source_file: str | None = None) -> pa.Table:
+    """One NVML sampler file's samples of [start_utc, end_utc), in the raw schema, ``source_file``
+    set on every row (default: ``path``; the raw readers give the path relative to the telemetry
+    folder, as for its nvidia-smi and DCGM files). A file that cannot be read fails with its path in
+    the message."""
     try:
         file = pq.ParquetFile(path)  # one open and one footer read for the columns and the rows
-        t = file.read(columns=[c for c in file.schema_arrow.names if c in GPU_SAMPLES.schema.names])
-        return conform(_rows_within(t, start_utc, end_utc), RAW_GPU_TELEMETRY)
+        t = file.read(columns=[c for c in file.schema_arrow.names
+                               if c in GPU_SAMPLES.schema.names and c != "source_file"])
+        t = conform(_rows_within(t, start_utc, end_utc), RAW_GPU_TELEMETRY)
     except (pa.ArrowException, ValueError, OSError, KeyError) as exc:  # KeyError: no sample_utc column
         raise ValueError(f"{path}: unreadable NVML sampler file: {exc}") from exc
+    at = t.schema.get_field_index("source_file")
+    src = str(path) if source_file is None else source_file
+    return t.set_column(at, t.schema.field(at), pa.repeat(pa.scalar(src, t.schema.field(at).type), t.num_rows))
+
+
+def _relative(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` (``nvml/HOST/nvml-DAY.parquet``), as the telemetry files' rows name theirs."""
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _rows_within(t: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> pa.Table:
@@ -129,7 +144,7 @@ def read_nvml_dir(root: Path, start_utc: dt.datetime, end_utc: dt.datetime) -> t
     """The NVML sampler's samples of [start_utc, end_utc) held as one table, and the files read
     (:class:`RawStream` reads them a file at a time)."""
     paths = nvml_files(root, start_utc, end_utc)
-    tables = [nvml_file_samples(path, start_utc, end_utc) for path in paths]
+    tables = [nvml_file_samples(path, start_utc, end_utc, _relative(path, Path(root))) for path in paths]
     return (pa.concat_tables(tables) if tables else RAW_GPU_TELEMETRY.empty()), [str(p) for p in paths]
 
 
@@ -203,7 +218,8 @@ class RawStream:
                 yield conform(part, RAW_GPU_TELEMETRY)
             # the sampler's files one at a time: a day of a large pool's samples is not held at once
             for path in self.nvml_paths:
-                if (part := nvml_file_samples(path, self.start_utc, self.end_utc)).num_rows:
+                part = nvml_file_samples(path, self.start_utc, self.end_utc, _relative(path, self.root))
+                if part.num_rows:
                     yield part
             self.files += list(self.reader.files) + [str(p) for p in self.nvml_paths]
             self.quarantine = quarantine_lines_table(self.reader.quarantine, RAW_GPU_TELEMETRY.path)

@@ -51,8 +51,11 @@ Task runs (:func:`parse_task_runs`)
     2. Rows with an unparseable timestamp, an ``eventType`` other than START/STOP (case-insensitive)
        or an empty hostname/eventName/jobId/taskId are quarantined.
     3. Pairing: events are grouped by (hostname, jobId, taskId, eventName) and ordered by timestamp,
-       then by line (events of one instant keep file order). Each START is paired with the event
-       right after it when that is a STOP. A START followed by another START, or by nothing, is an
+       then START before STOP, then by line. At one instant START comes first, so a zero-duration
+       step pairs whichever line the log wrote first -- except when a START of an earlier instant is
+       still open: then the STOP of the instant comes first and ends it, and the instant's START opens
+       the next run (back-to-back runs). Each START is paired with the event right after it when
+       that is a STOP. A START followed by another START, or by nothing, is an
        *unmatched START*; a STOP not preceded by a START is an *unmatched STOP*. Both are quarantined
        with the reason (``unmatched_start``, ``unmatched_stop``). A START/STOP pair that follows an
        earlier pair of the same task and step is a re-execution: it is kept as a run of its own.
@@ -803,7 +806,10 @@ def parse_task_runs(
     is_start_code = np.array([v == "START" for v in etype_vals.to_pylist()], dtype=bool)
     ts = pc.fill_null(ev.column("ts").combine_chunks().cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
     valid = np.flatnonzero(~dup & ~invalid)
-    order = valid[np.lexsort((ordinal[valid], ts[valid], name[valid], task[valid], job[valid], host[valid]))]
+    is_start = is_start_code[etype]
+    order = valid[np.lexsort((ordinal[valid], ~is_start[valid], ts[valid], name[valid], task[valid], job[valid],
+                              host[valid]))]
+    order = _stop_first_after_an_open_start(order, is_start, (host, job, task, name), ts)
     group = _same_as_previous([k[order] for k in (host, job, task, name)])  # same group as the previous
     start = is_start_code[etype[order]]
     nxt_same = np.append(group[1:], False)
@@ -870,6 +876,35 @@ def parse_task_runs(
     counters["rows_out"] = table.num_rows
     counters["quarantined_lines"] = len(quarantine)
     return TaskRunsResult(table, quarantine, _finish_counters(counters), files)
+
+
+def _stop_first_after_an_open_start(order: np.ndarray, is_start: np.ndarray, keys: Sequence[np.ndarray],
+                                    ts: np.ndarray) -> np.ndarray:
+    """``order`` (rows sorted by group ``keys``, ts, START before STOP, line) with the STOPs of an
+    instant moved before its STARTs where the event before the instant is a START (it is still open:
+    the instant's STOP ends it, its START opens the next run). Only instants holding both a START and
+    a STOP are looked at (rare); a chain of back-to-back instants is followed in order."""
+    n = len(order)
+    if n < 2:
+        return order
+    group = _same_as_previous([k[order] for k in keys])
+    same_instant = group & _same_as_previous([ts[order]])
+    start = is_start[order]
+    heads = np.flatnonzero(~same_instant)
+    ends = np.append(heads[1:], n)
+    both = np.flatnonzero(start[heads] & ~start[ends - 1])  # START first and STOP last: both kinds
+    if not len(both):
+        return order
+    order = order.copy()
+    ends_open: dict[int, bool] = {}  # instant -> its last event is a START, in the final order
+    for i in both.tolist():
+        h, e = int(heads[i]), int(ends[i])
+        before_open = bool(group[h]) and ends_open.get(i - 1, bool(start[h - 1]))
+        if before_open:
+            seg, s = order[h:e], start[h:e]
+            order[h:e] = np.concatenate([seg[~s], seg[s]])
+        ends_open[i] = before_open
+    return order
 
 
 def _iso(us: int) -> str:

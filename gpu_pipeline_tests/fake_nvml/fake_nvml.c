@@ -21,6 +21,10 @@
  *   FAKE_NVML_FAIL_COUNT=M     ... for M ticks (default: forever), then comes back
  *   FAKE_NVML_FAIL_CODE=C      the code every call returns meanwhile (default 9, DRIVER_NOT_LOADED)
  *   FAKE_NVML_INIT_FAIL=C      nvmlInitWithFlags always returns C (e.g. 9: no kernel driver)
+ *   FAKE_NVML_LOST=i,j         indices of GPUs that are "lost": every call taking the GPU's handle or
+ *                              one of its MIG devices' handles answers FAKE_NVML_LOST_CODE, except
+ *                              nvmlDeviceGetUUID (the driver keeps the UUID of a GPU off the bus)
+ *   FAKE_NVML_LOST_CODE=C      that code (default 15, GPU_IS_LOST; 16 is RESET_REQUIRED)
  *
  * A "tick" is one sampling attempt: one call of nvmlDeviceGetCount_v2, or one nvmlInitWithFlags
  * that fails because the tick it starts lies in the failure window. A sampler that calls GetCount
@@ -55,6 +59,7 @@ enum {
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_RESET_REQUIRED = 16,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
 };
 
@@ -87,6 +92,8 @@ static char not_supported[256];
 static char missing[256];
 static long fail_after = -1, fail_count = -1;
 static int fail_code = NVML_ERROR_DRIVER_NOT_LOADED;
+static int lost[MAX_GPUS];
+static int lost_code = NVML_ERROR_GPU_IS_LOST;
 static long ticks = 0;
 
 static const char *NAME = "NVIDIA Fake A100-SXM4-80GB";
@@ -107,20 +114,26 @@ static int listed(const char *list, const char *word) {
     return strstr(list, key) != NULL;
 }
 
-static void configure(void) {
-    n_gpus = (int)env_long("FAKE_NVML_GPUS", 1);
-    if (n_gpus < 0) n_gpus = 0;
-    if (n_gpus > MAX_GPUS) n_gpus = MAX_GPUS;
-    memset(mig_on, 0, sizeof mig_on);
-    const char *m = getenv("FAKE_NVML_MIG");
+static void index_list(const char *name, int *flags) {
+    memset(flags, 0, MAX_GPUS * sizeof *flags);
+    const char *m = getenv(name);
     if (m) {
         char buf[256];
         snprintf(buf, sizeof buf, "%s", m);
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
             int i = atoi(tok);
-            if (i >= 0 && i < MAX_GPUS) mig_on[i] = 1;
+            if (i >= 0 && i < MAX_GPUS) flags[i] = 1;
         }
     }
+}
+
+static void configure(void) {
+    n_gpus = (int)env_long("FAKE_NVML_GPUS", 1);
+    if (n_gpus < 0) n_gpus = 0;
+    if (n_gpus > MAX_GPUS) n_gpus = MAX_GPUS;
+    index_list("FAKE_NVML_MIG", mig_on);
+    index_list("FAKE_NVML_LOST", lost);
+    lost_code = (int)env_long("FAKE_NVML_LOST_CODE", NVML_ERROR_GPU_IS_LOST);
     env_copy("FAKE_NVML_NOT_SUPPORTED", not_supported, sizeof not_supported);
     env_copy("FAKE_NVML_MISSING", missing, sizeof missing);
     fail_after = env_long("FAKE_NVML_FAIL_AFTER", -1);
@@ -148,11 +161,18 @@ static int valid(nvmlDevice_t d) {
     return 0;
 }
 
-#define DEVICE_CALL(dev, out)                              \
+#define DEVICE_CALL_ANY(dev, out)                          \
     do {                                                   \
         nvmlReturn_t r_ = gate();                          \
         if (r_ != NVML_SUCCESS) return r_;                 \
         if (!valid(dev) || (out) == NULL) return NVML_ERROR_INVALID_ARGUMENT; \
+    } while (0)
+
+/* Every device call but GetUUID: a lost GPU (and its MIG devices) answers lost_code. */
+#define DEVICE_CALL(dev, out)                              \
+    do {                                                   \
+        DEVICE_CALL_ANY(dev, out);                         \
+        if (lost[(dev)->index]) return lost_code;          \
     } while (0)
 
 #define UNSUPPORTED(field) \
@@ -196,6 +216,7 @@ const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED: return "GPU requires reset";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
     }
@@ -237,7 +258,7 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
-    DEVICE_CALL(device, uuid);
+    DEVICE_CALL_ANY(device, uuid);
     char buf[96];
     if (device->mig_slot >= 0) {
         unsigned int k = 16u * (unsigned int)device->index + (unsigned int)device->mig_slot;

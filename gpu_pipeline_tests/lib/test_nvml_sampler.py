@@ -199,6 +199,46 @@ def test_unsupported_fields_are_null_and_old_drivers_fall_back(fake_lib: Path) -
                                    "util:NotSupported": 4}
 
 
+SESSION_TWO_SAMPLES = """
+    import datetime as dt, json
+    from gpu_pipeline.lib.nvml_sampler import NvmlSession
+    with NvmlSession() as s:
+        rows = s.sample("h", dt.datetime(2026, 7, 14, 8, 0, tzinfo=dt.UTC)).to_pylist()
+        rows += s.sample("h", dt.datetime(2026, 7, 14, 8, 1, tzinfo=dt.UTC)).to_pylist()
+    print(json.dumps({"rows": rows, "field_errors": s.field_errors, "skipped": s.skipped}, default=str))
+"""
+
+
+@pytest.mark.parametrize(("code", "name"), [(15, "GpuIsLost"), (16, "ResetRequired")])
+def test_a_lost_gpu_is_left_out_of_the_sample_not_a_row_of_nulls(fake_lib: Path, code: int, name: str) -> None:
+    """GPU 1 (in MIG mode) has fallen off the bus: its UUID still reads, every other call answers
+    GpuIsLost / ResetRequired. Its rows (and its MIG devices') would be all nulls every interval,
+    counted as covered telemetry: the device is skipped and counted instead."""
+    got = last_json(child(SESSION_TWO_SAMPLES, fake_lib, gpus=3, mig=1, lost=1, lost_code=code))
+    assert without_time(got["rows"]) == [gpu_row(0, "h", 0), gpu_row(2, "h", 0),
+                                         gpu_row(0, "h", 1), gpu_row(2, "h", 1)]
+    assert got["skipped"] == {f"device:{name}": 2}
+    assert got["field_errors"] == {}
+
+
+def test_a_row_whose_every_measurement_failed_is_dropped_and_counted(fake_lib: Path) -> None:
+    """Memory is the only field NVML reports for a MIG device: when it fails too, the MIG rows have no
+    measurement left and are dropped (counted); the GPUs' rows keep their other fields."""
+    got = last_json(child(SESSION_TWO_SAMPLES, fake_lib, gpus=2, mig=1, not_supported="memory"))
+    no_memory = {"mem_used_mib": None, "mem_total_mib": None}
+    assert without_time(got["rows"]) == [
+        {**gpu_row(0, "h", 0), **no_memory}, {**gpu_row(1, "h", 0), **no_memory, "util_pct": None, "mem_util_pct": None},
+        {**gpu_row(0, "h", 1), **no_memory}, {**gpu_row(1, "h", 1), **no_memory, "util_pct": None, "mem_util_pct": None},
+    ]
+    assert got["skipped"] == {"device:no_measurement": 4}  # two MIG devices, two samples
+    # every field of every device refused: no row at all
+    got = last_json(child(SESSION_TWO_SAMPLES, fake_lib, gpus=2,
+                          not_supported="util,memory,power,power_limit,temperature,clock,energy"))
+    assert got["rows"] == []
+    assert got["skipped"] == {"device:no_measurement": 4}
+    assert got["field_errors"]["power:NotSupported"] == 4
+
+
 # -- the sampler loop -----------------------------------------------------------------------------
 
 LOOP = """
@@ -272,6 +312,17 @@ def test_driver_vanishing_mid_run_is_counted_and_recovers(fake_lib: Path, tmp_pa
         "12:00:00", "12:00:10", "12:00:20", "12:01:10", "12:01:20", "12:01:30"]
     # The fake's counters kept running across the re-initialization: power readings are consecutive.
     assert [r["power_w"] for r in rows[::2]] == [100.0 + 0.5 * k for k in range(6)]
+
+
+def test_the_sampler_writes_no_rows_for_a_lost_gpu(fake_lib: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    got = last_json(child(LOOP, fake_lib, str(out), "2026-03-01T12:00:00+00:00", "3", "100", gpus=2, lost=0))
+    s = got["summary"]
+    assert (s["samples"], s["errors"], s["rows"]) == (3, 0, 3)
+    assert s["devices_skipped"] == {"device:GpuIsLost": 3}
+    rows = read_day(out, "nodeA", "2026-03-01")
+    assert [r["gpu_index"] for r in rows] == [1, 1, 1]
+    assert without_time(rows) == [gpu_row(1, "nodeA", k) for k in range(3)]
 
 
 def test_sigterm_and_sigint_write_the_file_and_exit_0(fake_lib: Path, tmp_path: Path) -> None:

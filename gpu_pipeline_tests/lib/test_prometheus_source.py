@@ -594,3 +594,134 @@ def test_a_step_shorter_than_the_scrape_interval_gives_each_raw_sample_once(tmp_
     # 300 W for each hour's 3,570 s between its samples (the window's first sample is at 00:00:30
     # and its last at 01:59:30; the counter's step at 01:00:30 is split at the hour)
     assert [(h["energy_kwh"], h["energy_source"]) for h in hourly] == [(pytest.approx(0.3 * 3570 / 3600), "counter")] * 2
+
+
+def _jittered_day(tmp_path: Path, n_gpus: int = 6) -> tuple[int, dict[str, list[tuple[float, float]]], Path]:
+    """``n_gpus`` GPUs scraped every 60 s around a day, scrape times jittering around the minute
+    (some exactly on it), GPU_UTIL and POWER_USAGE, a distinct value per scrape. The day's start,
+    each GPU's (time, util) samples, and the TSDB folder."""
+    t0 = 1_752_537_600  # 2025-07-15 00:00 UTC
+    jitter = (-0.4, 0.0, 0.25, -0.1, 0.5, 0.0, -0.35)
+    samples, series = {}, []
+    for g in range(n_gpus):
+        uuid = f"GPU-{g:08x}-1111-2222-3333-444444444444"
+        labels = {"gpu": str(g), "UUID": uuid, "Hostname": "h1"}
+        times = [t0 - 600 + 60 * i + jitter[(i + g) % len(jitter)] for i in range(24 * 60 + 20)]
+        samples[f"GPU-{g:08x}"] = [(t, float(i % 97 + g)) for i, t in enumerate(times)]
+        series.append(Series("DCGM_FI_DEV_GPU_UTIL", labels, samples[f"GPU-{g:08x}"]))
+    for g in range(n_gpus):  # a second metric: the chunk size learned on the first carries over
+        labels = {"gpu": str(g), "UUID": f"GPU-{g:08x}-1111-2222-3333-444444444444", "Hostname": "h1"}
+        series.append(Series("DCGM_FI_DEV_POWER_USAGE", labels, [(t, 100.0 + v) for t, v in samples[f"GPU-{g:08x}"]]))
+    data = tmp_path / "data"
+    create_blocks(write_openmetrics(tmp_path / "h.om", series), data)
+    return t0, samples, data
+
+
+@needs_prometheus
+def test_a_day_over_max_samples_is_read_in_halves_with_the_rows_of_an_unsplit_read(tmp_path: Path) -> None:
+    """A whole day of one metric over many series exceeds Prometheus' --query.max-samples (HTTP 422,
+    errorType=execution), which failed the raw telemetry day. The chunk is halved until Prometheus
+    answers; the rows are exactly each raw sample once, at the first 30-s grid time at or after it,
+    as an unsplit read from a server without the limit gives them: nothing lost or doubled where
+    the halves meet."""
+    t0, samples, data = _jittered_day(tmp_path)
+    shutil.copytree(data, tmp_path / "data2")
+    start, end = utc_s(t0), utc_s(t0 + 86400)
+    metrics = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE")
+    with PrometheusServer(data_dir=data, workdir=tmp_path / "limited",
+                          extra_flags=["--query.max-samples=5000"]) as limited:
+        limited.wait_for("count(DCGM_FI_DEV_GPU_UTIL)", t0)
+        # the limit is real: the day of one metric in one query is refused
+        with pytest.raises(PrometheusError) as ei:
+            query_range(cfg_for(limited, step_s=30), "DCGM_FI_DEV_GPU_UTIL", t0 * 1000, (t0 + 86400 - 30) * 1000)
+        assert (ei.value.status, ei.value.error_type) == (422, "execution")
+        assert "too many samples" in ei.value.error
+        split = fetch_dcgm_range(cfg_for(limited, step_s=30, metrics=metrics, max_retries=0), start, end)
+    with PrometheusServer(data_dir=tmp_path / "data2", workdir=tmp_path / "unlimited") as unlimited:
+        unlimited.wait_for("count(DCGM_FI_DEV_GPU_UTIL)", t0)
+        whole = fetch_dcgm_range(cfg_for(unlimited, step_s=30, metrics=metrics), start, end)
+    c = split.counters
+    assert c["chunks"] == 1 and c["max_samples_splits"] >= 2 and c["refused_queries"] == c["max_samples_splits"]
+    assert "max_samples_splits" not in whole.counters and whole.counters["queries"] == 2 * len(metrics)
+    # every raw sample once, at the first multiple of 30 s at or after it, within the day
+    expected = sorted(
+        (utc_s(-(-round(t * 1000) // 30_000) * 30), gpu, v, 100.0 + v)
+        for gpu, rows in samples.items() for t, v in rows
+        if t0 * 1000 <= -(-round(t * 1000) // 30_000) * 30_000 < (t0 + 86400) * 1000)
+    assert len(expected) == 6 * 1440
+    for res in (split, whole):
+        got = sorted((r["sample_utc"], r["gpu_id"], r["util_pct"], r["power_w"]) for r in res.table.to_pylist())
+        assert got == expected
+    assert split.table.drop_columns(["source_file"]).equals(whole.table.drop_columns(["source_file"]))
+    assert split.counters["repeated_points"] == whole.counters["repeated_points"]
+
+
+@needs_prometheus
+def test_one_grid_point_over_max_samples_is_a_clear_error(tmp_path: Path) -> None:
+    t0, _, data = _jittered_day(tmp_path)
+    with PrometheusServer(data_dir=data, workdir=tmp_path / "srv", extra_flags=["--query.max-samples=3"]) as srv:
+        srv.wait_for('DCGM_FI_DEV_GPU_UTIL{gpu="0"}', t0)  # one series: under the limit
+        cfg = cfg_for(srv, step_s=30, metrics=("DCGM_FI_DEV_GPU_UTIL",), max_retries=0)
+        with pytest.raises(PrometheusError) as ei:
+            fetch_dcgm_range(cfg, utc_s(t0), utc_s(t0 + 3600))
+    msg = str(ei.value)
+    assert "DCGM_FI_DEV_GPU_UTIL even one grid point" in msg
+    assert "2025-07-15T00:00:00Z .. 2025-07-15T01:00:00Z" in msg and "the point at 2025-07-15T00:00:00Z" in msg
+    assert "too many samples" in msg and "--query.max-samples" in msg
+    assert (ei.value.status, ei.value.error_type) == (422, "execution")
+
+
+@needs_prometheus
+def test_a_step_equal_to_the_scrape_interval_loses_jittered_samples_and_says_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Each point takes the newest raw sample: where a late scrape is followed by an early one, two
+    samples share a step and the first is never read. The docs claimed a step >= the scrape interval
+    keeps one raw sample a step; at a step equal to it, samples are lost with nothing said. Half the
+    scrape interval reads every one; the coarse step is counted and warned about."""
+    t0, samples, data = _jittered_day(tmp_path, n_gpus=1)
+    raw = [t for t, _ in samples["GPU-00000000"]]
+    start, end = utc_s(t0), utc_s(t0 + 86400)
+    with PrometheusServer(data_dir=data, workdir=tmp_path / "srv") as srv:
+        srv.wait_for("count(DCGM_FI_DEV_GPU_UTIL)", t0)
+        caplog.set_level(logging.WARNING, logger="gpu_pipeline.lib.prometheus_source")
+        coarse = fetch_dcgm_range(cfg_for(srv, step_s=60, metrics=("DCGM_FI_DEV_GPU_UTIL",)), start, end)
+        coarse_log = caplog.text
+        caplog.clear()
+        fine = fetch_dcgm_range(cfg_for(srv, step_s=30, metrics=("DCGM_FI_DEV_GPU_UTIL",)), start, end)
+    in_day = [t for t in raw if t0 * 1000 <= -(-round(t * 1000) // 30_000) * 30_000 < (t0 + 86400) * 1000]
+    assert fine.rows == len(in_day) == 1440
+    assert "step_too_coarse" not in fine.counters and 59_000 <= fine.counters["raw_interval_ms"] <= 61_000
+    assert "step_s" not in caplog.text
+    # at step 60, a sample late by 0.25 or 0.5 s followed by one early or on time is lost: 2 of each 7
+    assert coarse.rows < 1440 * 6 / 7
+    assert coarse.counters["step_too_coarse"] == 1
+    assert 59_000 <= coarse.counters["raw_interval_ms"] <= 61_000
+    kept = coarse.counters["points"] - coarse.counters["repeated_points"]
+    assert kept == coarse.rows
+    assert "step_s=60 is more than half the interval of the raw samples kept" in coarse_log
+    assert f"kept {kept} of the {coarse.counters['points']} points asked for" in coarse_log
+
+
+def test_the_raw_telemetry_asset_puts_a_too_coarse_step_in_the_days_metadata_and_log(tmp_path: Path) -> None:
+    """The reader's counters of a step too coarse for the scrape interval reached neither the day's
+    metadata nor Dagster's log (the reader warns through Python's logging, which a run does not show)."""
+    import dagster as dg
+
+    from gpu_pipeline.defs.raw.gpu_telemetry import gpu_telemetry
+    from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
+
+    t0, _, data = _jittered_day(tmp_path, n_gpus=1)
+    day = utc_s(t0).date().isoformat()
+    with PrometheusServer(data_dir=data, workdir=tmp_path / "srv") as srv:
+        srv.wait_for("count(DCGM_FI_DEV_GPU_UTIL)", t0)
+        for step, coarse in (("60", 1), ("30", 0)):
+            res = {"data_store": DataStoreResource(data_root=str(tmp_path / f"data{step}")),
+                   "telemetry": TelemetryResource(prometheus_url=srv.base_url, prometheus_step_s=step)}
+            with dg.instance_for_test() as instance:
+                result = dg.materialize([gpu_telemetry], resources=res, partition_key=day, instance=instance,
+                                        raise_on_error=False)
+                (mat,) = result.get_asset_materialization_events()
+                md = mat.event_specific_data.materialization.metadata
+                logs = [r.user_message for r in instance.all_logs(result.run_id) if "too coarse" in r.user_message]
+            assert md["step_too_coarse"].value == coarse, step
+            assert bool(logs) is bool(coarse), (step, logs)

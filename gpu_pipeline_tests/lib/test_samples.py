@@ -1,5 +1,6 @@
 """clean_samples: range quarantine, duplicate keys, output order; and the sort helper it uses."""
 
+import collections
 import datetime as dt
 import hashlib
 import json
@@ -409,6 +410,29 @@ def test_the_sampler_files_are_read_one_at_a_time_and_sized_from_their_footers(t
     assert written.rows == in_window
     got = Store(tmp_path / "store").read_table(RAW_GPU_TELEMETRY, "2025-08-04")
     assert got.equals(sorted_rows(whole, RAW_ORDER))
+
+
+def test_the_sampler_files_rows_name_the_file_they_came_from(tmp_path):
+    """Every other source's rows carry the file they were read from (the telemetry folder's files
+    relative to it); the sampler's rows had a null source_file."""
+    from gpu_pipeline.lib.samples import RawStream, nvml_file_samples, raw_samples, read_nvml_dir
+
+    start = dt.datetime(2025, 8, 4, 12, 0, tzinfo=dt.UTC)
+    end = start + dt.timedelta(days=1)
+    for host in ("a1", "b2"):
+        for day in (dt.date(2025, 8, 4), dt.date(2025, 8, 5)):
+            _sampler_file(tmp_path, host, day, range(24))
+    # 12 hours of each file, six samples an hour, two GPUs
+    expected = {f"nvml/{h}/nvml-{d}.parquet": 12 * 6 * 2 for h in ("a1", "b2") for d in ("2025-08-04", "2025-08-05")}
+
+    def per_file(t: pa.Table) -> dict:
+        return dict(collections.Counter(t["source_file"].to_pylist()))
+
+    assert per_file(pa.concat_tables(RawStream(tmp_path, start, end, "UTC").parts())) == expected
+    assert per_file(read_nvml_dir(tmp_path, start, end)[0]) == expected
+    assert per_file(raw_samples(tmp_path, start, end, "UTC").table) == expected
+    path = tmp_path / "nvml" / "a1" / "nvml-2025-08-04.parquet"
+    assert per_file(nvml_file_samples(path, start, end)) == {str(path): 144}
 
 
 @pytest.mark.parametrize("seed", range(4))

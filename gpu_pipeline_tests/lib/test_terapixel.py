@@ -296,6 +296,39 @@ def test_task_runs_rules_on_small_cases():
     assert empty.table.schema == TASK_RUNS.schema and empty.rows == 0
 
 
+def test_task_runs_at_one_instant_start_before_stop_unless_a_run_is_open():
+    """A zero-duration step whose STOP line the log wrote before its START line (same millisecond)
+    was lost: sorted by (time, line) the STOP came first, unmatched, and the START after it too.
+    START goes first at one instant -- but a STOP at the instant a START of an earlier instant is
+    open ends that run, and the instant's START opens the next (back-to-back runs, in either line
+    order, also chained)."""
+    head = ",".join(CHECKPOINT_COLUMNS)
+
+    def runs(*events: tuple[str, str]):
+        lines = [f"2018-11-08T07:00:{t}Z,{H1},Tiling,{kind},{J},{T1}" for t, kind in events]
+        r = parse_task_runs("\n".join([head, *lines]) + "\n")
+        return ([(x["start_utc"], x["end_utc"], x["run_index"], x["start_line"], x["stop_line"])
+                 for x in r.table.to_pylist()], [q.line_number for q in r.quarantine])
+
+    # the reviewer's case: STOP line, then START line, same instant
+    assert runs(("01.500", "STOP"), ("01.500", "START")) == ([(ts(7, 0, 1, 500), ts(7, 0, 1, 500), 0, 3, 2)], [])
+    # file order START, STOP at one instant (unchanged)
+    assert runs(("01.500", "START"), ("01.500", "STOP")) == ([(ts(7, 0, 1, 500), ts(7, 0, 1, 500), 0, 2, 3)], [])
+    # back to back: the run from 00 ends at 05 where the next starts, START line written first
+    assert runs(("00", "START"), ("05", "START"), ("05", "STOP"), ("09", "STOP")) == (
+        [(ts(7, 0, 0), ts(7, 0, 5), 0, 2, 4), (ts(7, 0, 5), ts(7, 0, 9), 1, 3, 5)], [])
+    # a chain of three back-to-back runs, STOP and START lines in both orders
+    assert runs(("00", "START"), ("05", "START"), ("05", "STOP"), ("07", "STOP"), ("07", "START"),
+                ("09", "STOP")) == (
+        [(ts(7, 0, 0), ts(7, 0, 5), 0, 2, 4), (ts(7, 0, 5), ts(7, 0, 7), 1, 3, 5),
+         (ts(7, 0, 7), ts(7, 0, 9), 2, 6, 7)], [])
+    # after a closed run, a zero-duration step written STOP first is a run of its own
+    assert runs(("00", "START"), ("03", "STOP"), ("05", "STOP"), ("05", "START")) == (
+        [(ts(7, 0, 0), ts(7, 0, 3), 0, 2, 3), (ts(7, 0, 5), ts(7, 0, 5), 1, 5, 4)], [])
+    # an open START with no STOP at the instant: unmatched as before
+    assert runs(("00", "START"), ("05", "START"), ("09", "STOP")) == ([(ts(7, 0, 5), ts(7, 0, 9), 0, 3, 4)], [2])
+
+
 # ----------------------------------------------------------------------------------------------
 # Per-task GPU means
 # ----------------------------------------------------------------------------------------------

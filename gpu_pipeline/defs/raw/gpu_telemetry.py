@@ -46,6 +46,10 @@ DROP_COUNTERS = ("samples_without_uuid", "rows_bad_uuid", "conflicting_samples",
 #: Reader counters of lines set aside as a whole layout, in the day's metadata: an nvidia-smi query
 #: without the timestamp field (its lines are in the quarantine)
 LAYOUT_COUNTERS = ("layouts_without_time",)
+#: Prometheus reader counters, in the day's metadata: a step too coarse for the scrape interval (1: raw
+#: samples two scrapes shared a grid step lost, a warning in the run's log) and the chunks read in
+#: halves for ``--query.max-samples``
+PROMETHEUS_COUNTERS = ("step_too_coarse", "max_samples_splits")
 
 
 @daily_table_asset(SPEC, kinds={"nvidia", "prometheus", "parquet"}, check_specs=[HAS_SAMPLES, COVERAGE])
@@ -90,12 +94,17 @@ def gpu_telemetry(
                    "files_not_recognized": unread}
         # values read as null, not as numbers: NaN (nvidia-smi's "nan W", an exporter's NaN) and DCGM's
         # "blank" sentinels, summed over the readers (their counters are "<kind>:<name>")
-        for name in (*VALUE_COUNTERS, *DROP_COUNTERS, *LAYOUT_COUNTERS):
+        for name in (*VALUE_COUNTERS, *DROP_COUNTERS, *LAYOUT_COUNTERS, *PROMETHEUS_COUNTERS):
             metrics[name] = int(sum(v for k, v in stream.counters.items()
                                     if k == name or k.endswith((f":{name}", f"_{name}"))))
         dropped = {name: metrics[name] for name in DROP_COUNTERS if metrics[name]}
         if dropped:
             context.log.warning(f"{day}: samples read and not kept (see the day's metadata): {dropped}")
+        if metrics["step_too_coarse"]:
+            context.log.warning(f"{day}: the Prometheus step is too coarse for the scrape interval (median "
+                                f"{stream.counters.get('prometheus_raw_interval_ms', 0) / 1000:.0f} s): raw samples "
+                                "two scrapes shared a step are lost; set GPU_PIPELINE_PROMETHEUS_STEP_S to at most "
+                                "half the scrape interval")
         metrics.update(cov.as_metadata("telemetry"))
         return DayOutcome(day=day, result=result, metrics=metrics, details={"files": len(stream.files)})
 
