@@ -22,6 +22,7 @@ all of them (:func:`~gpu_pipeline.lib.plot_style.device_colors`).
 from __future__ import annotations
 
 import datetime as dt
+import re
 import textwrap
 from collections.abc import Callable, Sequence
 from zoneinfo import ZoneInfo
@@ -38,7 +39,7 @@ from matplotlib.patches import Patch
 
 from gpu_pipeline.lib import plot_style as S
 from gpu_pipeline.lib.allocation import ALL_DEVICES, TOTAL_TIER
-from gpu_pipeline.lib.demand import EPSILON
+from gpu_pipeline.lib.demand import DCR_MAX, EPSILON
 from gpu_pipeline.lib.efficiency import (
     BOTTLENECK_PIF,
     EFFICIENT_PIF,
@@ -170,9 +171,26 @@ def _coverage_note(coverage: float | None) -> str | None:
     return f"partial day: coverage {coverage:.0f} %"
 
 
+def _wrap_phrases(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken between phrases first (at a " · ",
+    which the break replaces, or after a ";"; a line read "white: no" / "data"), inside a phrase
+    only where it alone is too long."""
+    pieces = re.split(r"(\s+·\s+)", text)  # phrase, separator, phrase, ...
+    lines: list[str] = []
+    for k in range(0, len(pieces), 2):
+        for i, phrase in enumerate(re.split(r"(?<=;) +", pieces[k])):
+            joiner = pieces[k - 1] if i == 0 and k else " "
+            if lines and len(lines[-1] + joiner + phrase) <= width:
+                lines[-1] += joiner + phrase
+            else:
+                lines.extend(textwrap.wrap(phrase, width) or [""])
+    return lines
+
+
 def _titled(fig, name: str, day: dt.date, tz: str, *notes: str | None) -> None:
     """Figure title with the date and zone; notes joined on a second line, wrapped (between notes
-    first) to the figure's width, so that no note runs off the figure's edges."""
+    first, then between a note's phrases) to the figure's width, so that no note runs off the
+    figure's edges."""
     width = max(20, int(fig.get_figwidth() * 72 / (S.FS_TITLE * 0.62)))  # characters a line holds
     lines: list[str] = []
     for note in (n for n in notes if n):
@@ -180,7 +198,7 @@ def _titled(fig, name: str, day: dt.date, tz: str, *notes: str | None) -> None:
             if k == 0 and lines and len(f"{lines[-1]}  ·  {part}") <= width:
                 lines[-1] = f"{lines[-1]}  ·  {part}"
             else:
-                lines.extend(textwrap.wrap(part, width) or [""])
+                lines.extend(_wrap_phrases(part, width))
     text = S.title(name, day, tz)
     fig.suptitle("\n".join([text, *lines]), fontsize=S.FS_TITLE)
 
@@ -387,9 +405,12 @@ def allocation_counts(
         S.style_axes(ax)
         ax.yaxis.get_major_locator().set_params(integer=True)
         pct = numbers.get(f"allocation_pct_{tier}", g.mean_pct(tier))
-        ax.set_title(f"{S.TIER_LABELS[tier]}: {mc:.1f} of {mt:.1f} GPUs claimed on average"
-                     + (f" ({pct:.1f} % mean allocation)" if np.isfinite(pct) else ""),
-                     loc="left", fontsize=S.FS_PANEL, color=S.TIER_COLORS[tier] if tier != TOTAL_TIER else "black")
+        if np.isfinite(mc) and np.isfinite(mt):
+            text = f"{S.TIER_LABELS[tier]}: {mc:.1f} of {mt:.1f} GPUs claimed on average" + (
+                f" ({pct:.1f} % mean allocation)" if np.isfinite(pct) else "")
+        else:  # a tier without a row in the day (a pool without backfill slots): no count to state
+            text = f"{S.TIER_LABELS[tier]}: no data (no row for this tier in the day)"
+        ax.set_title(text, loc="left", fontsize=S.FS_PANEL, color=S.TIER_COLORS[tier] if tier != TOTAL_TIER else "black")
         _shade_uncovered(ax, g.covered, edges)
         S.set_time_axis(ax, day, tz, label=ax is axes[-1])
     handles = [Patch(color="#555555", label="claimed GPUs (tier color)"),
@@ -589,9 +610,12 @@ def _draw_hourly_count_bars(ax: Axes, g: _Grid, day: dt.date, tz: str) -> None:
         for h in range(n_h):
             sl = slice(h * per_hour, min(g.n, (h + 1) * per_hour))
             cov = g.covered[sl]
-            if cov.any():
-                c[h] = np.nanmean(np.where(cov, g.claimed[tier][sl], np.nan))
-                t[h] = np.nanmean(np.where(cov, g.total[tier][sl], np.nan))
+            # a tier without a row in a covered hour (a pool without backfill) draws no bar either
+            cs, ts = g.claimed[tier][sl][cov], g.total[tier][sl][cov]
+            if np.isfinite(cs).any():
+                c[h] = np.nanmean(cs)
+            if np.isfinite(ts).any():
+                t[h] = np.nanmean(ts)
         x = np.arange(n_h) + 0.1 + width * (k + 0.5)
         # an hour without any snapshot draws no bar (unknown, hatched below), not a bar of 0 GPUs
         S.bars(ax, x, c, width * 0.95, color=S.TIER_COLORS[tier])
@@ -1034,9 +1058,16 @@ def efficiency_scatter(
     Up to 50,000 points: a scatter colored by ``efficiency_class``; above: a 2-D histogram of
     GPU-hours (log colors), so millions of rows draw in well under a second.
 
-    ``numbers``: ``points``, ``gpu_hours`` (of the points), ``share_<class>`` (of all classified
-    GPU-hours, those without a PIF, not drawn, included; ``efficiency_classes`` gives shares of all
-    GPU-hours, "no class" among them), ``density`` (1 when drawn as a histogram), ``coverage_pct``."""
+    A row is a GPU x hour, sampled for ``coverage_s`` of it: the title counts rows and their sampled
+    GPU-hours. A row without utilization or PIF (no power reading) has no point: the title says how
+    many rows and sampled GPU-hours are not drawn, and the legend's shares are of all the day's
+    sampled GPU-hours, drawn or not, as in :func:`efficiency_classes` ("no class" among them: an
+    hour under 10 % utilization is Idle without a power reading, one above has no class).
+
+    ``numbers``: ``points`` (rows drawn), ``gpu_hours`` (sampled GPU-hours of the points),
+    ``rows_not_drawn``, ``gpu_hours_not_drawn``, ``share_<class>`` and ``share_no_class`` (when
+    any; shares of all sampled GPU-hours, the same as ``efficiency_classes``), ``density`` (1
+    when drawn as a histogram), ``coverage_pct``."""
     name = "GPU efficiency: utilization vs power intensity"
     _require(hourly, ("util_pct", "pif"), "gpu_hourly_efficiency")
     coverage = _hourly_coverage(hourly, day, tz) if coverage_pct is None else coverage_pct
@@ -1094,25 +1125,39 @@ def efficiency_scatter(
                         color=S.CLASS_COLORS["no class" if k < 0 else S.CLASS_ORDER[k]], alpha=alpha, zorder=2,
                         scalex=False, scaley=False)
     total_w = float(w.sum())
-    numbers: dict[str, float] = {"points": float(n), "gpu_hours": total_w, "density": float(density)}
-    # shares of every classified GPU-hour, the points not drawn included (an hour under 10 %
-    # utilization is Idle without a power reading, so it has no PIF to be drawn at)
-    classified = float(weight[cls >= 0].sum())
+    all_w = float(weight.sum())
+    rows_out = int(util.size - n)
+    numbers: dict[str, float] = {"points": float(n), "gpu_hours": total_w, "rows_not_drawn": float(rows_out),
+                                 "gpu_hours_not_drawn": all_w - total_w, "density": float(density)}
+    # shares of all the day's sampled GPU-hours, the rows not drawn included, as efficiency_classes
+    # gives them (an hour under 10 % utilization is Idle without a power reading, one above has no
+    # class: neither has a PIF to be drawn at)
+    per_class = np.bincount(np.where(cls >= 0, cls, len(S.CLASS_ORDER)), weights=weight,
+                            minlength=len(S.CLASS_ORDER) + 1)
     handles = []
-    for i, cname in enumerate(S.CLASS_ORDER):
-        share = float(weight[cls == i].sum()) / classified if classified > 0 else 0.0
-        numbers[f"share_{cname}"] = share
-        handles.append(Patch(color=S.CLASS_COLORS[cname], label=f"{cname}: {100 * share:.1f} % of GPU-hours"))
+    for i, cname in enumerate((*S.CLASS_ORDER, "no class")):
+        share = float(per_class[i]) / all_w if all_w > 0 else 0.0
+        if cname == "no class" and per_class[i] <= 0:
+            continue
+        numbers[f"share_{cname.replace(' ', '_')}"] = share
+        label = f"{cname}: {100 * share:.1f} %" + (  # unless a row without a class label has a point
+            " (not drawn: no utilization or power reading)" if cname == "no class" and not (c < 0).any() else "")
+        handles.append(Patch(facecolor=S.CLASS_COLORS[cname], edgecolor="#bbbbbb" if cname == "no class" else "none",
+                             hatch="///" if cname == "no class" else None, label=label))
     ax.set_xlim(0, 100)
     ax.set_ylim(0, 1)
     ax.set_xlabel(S.unit_label("GPU utilization, hourly mean", "%"), fontsize=S.FS_LABEL)
     ax.set_ylabel(S.unit_label("power intensity factor PIF", "power / max power, 0-1"), fontsize=S.FS_LABEL)
     ax.tick_params(labelsize=S.FS_TICK)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.1), ncol=3, fontsize=S.FS_NOTE,
-              frameon=False, title="efficiency class (color of the points / regions)", title_fontsize=S.FS_NOTE)
-    how = (f"{n:,} GPU-hours binned (2-D histogram: class color, darker = more GPU-hours, log)" if density
-           else f"{n:,} GPU-hours, one point each, colored by class")
-    _titled(fig, name, day, tz, how, _coverage_note(coverage))
+              frameon=False, title=f"efficiency class (color of the points / regions): share of all {all_w:,.1f} "
+              "sampled GPU-hours", title_fontsize=S.FS_NOTE)
+    rows_text = f"{n:,} rows (GPU x hour), {total_w:,.1f} sampled GPU-hours"
+    how = (f"{rows_text} binned (2-D histogram: class color, darker = more GPU-hours, log)" if density
+           else f"{rows_text}, one point each, colored by class")
+    not_drawn = (f"not drawn: {rows_out:,} rows, {all_w - total_w:,.1f} sampled GPU-hours without a utilization or"
+                 " power reading" if rows_out else None)
+    _titled(fig, name, day, tz, how, not_drawn, _coverage_note(coverage))
     return S.finish(fig, _with_coverage(numbers, coverage))
 
 
@@ -1303,7 +1348,8 @@ def demand_capacity_panels(
     lines, markers colored by severity.
 
     ``numbers`` per source: ``demand_gpus_<src>``, ``idle_gpus_<src>`` (day means), ``dcr_<src>``
-    (day mean demand / day mean idle), ``hours_zero_idle_<src>``, ``cis_max_<src>``,
+    (day mean demand / day mean idle, capped at the table's :data:`~gpu_pipeline.lib.demand.DCR_MAX`
+    = 1e6), ``hours_dcr_capped_<src>`` (hours whose DCR is at that cap), ``hours_zero_idle_<src>``, ``cis_max_<src>``,
     ``hours_warning_<src>``, ``hours_critical_<src>``, ``hours_unknown_<src>`` (no DCR: no slot
     snapshot in the hour, or unknown demand); ``coverage_pct`` (hours with a known DCR)."""
     name = "Demand vs capacity"
@@ -1325,6 +1371,7 @@ def demand_capacity_panels(
     cols = {c: _num(capacity, c) for c in ("demand_gpus", "idle_gpus", "idle_open_gpus", "allocation_pct",
                                              "efficiency_gap_pp", "cis", "dcr")}
     sev = _strs(capacity, "severity", null="Healthy")
+    capped = _dcr_capped(capacity)
     gap_drawn = False
     for s in sources:
         m = sel & (src == s) & ok
@@ -1363,10 +1410,12 @@ def demand_capacity_panels(
         numbers[f"idle_gpus_{s}"] = float(np.nanmean(idle)) if np.isfinite(idle).any() else np.nan
         # Day ratio of the means (the hourly DCR is capped at 1e6 in hours without idle GPUs, so
         # its mean would mean nothing).
-        # over the hours where both are known (an hour without a slot snapshot has demand, no idle)
+        # over the hours where both are known (an hour without a slot snapshot has demand, no idle),
+        # capped as the table caps each hour's (demand over no idle GPU all day read 1e7)
         both = np.isfinite(dem) & np.isfinite(idle)
-        numbers[f"dcr_{s}"] = (float(np.mean(dem[both]) / max(np.mean(idle[both]), EPSILON))
+        numbers[f"dcr_{s}"] = (float(min(np.mean(dem[both]) / max(np.mean(idle[both]), EPSILON), DCR_MAX))
                                if both.any() else np.nan)
+        numbers[f"hours_dcr_capped_{s}"] = float(np.count_nonzero(capped[m]))
         numbers[f"hours_zero_idle_{s}"] = float(np.sum(np.isfinite(idle) & (idle <= 0)))
         numbers[f"cis_max_{s}"] = float(np.nanmax(cis)) if np.isfinite(cis).any() else np.nan
         numbers[f"hours_warning_{s}"] = float((sv == "Warning").sum())
@@ -1407,6 +1456,12 @@ def demand_capacity_panels(
     return S.finish(fig, _with_coverage(numbers, coverage))
 
 
+def _dcr_capped(capacity: pa.Table) -> np.ndarray:
+    """Rows whose DCR is at the table's cap (``dcr_capped``; from ``dcr`` where the column is absent)."""
+    flag = _num(capacity, "dcr_capped")
+    return np.where(np.isfinite(flag), flag > 0, _num(capacity, "dcr") >= DCR_MAX)
+
+
 def _mean_text(values: np.ndarray) -> str:
     """A legend's "mean 4.2" of the hours with a value, or "unknown all day" when none has one."""
     known = np.isfinite(values)
@@ -1434,8 +1489,9 @@ def imbalance_heatmap(
     whole pool per source first (htcondor ALL, kueue ALL), then device classes by size (more than
     12 folded into "other": DCR = sum demand / sum idle, CIS = max).
 
-    ``numbers``: ``max_dcr`` / ``max_cis`` (pool, htcondor; the table's value, not the color cap),
-    ``hours_dcr_above_1`` (pool, htcondor), ``device_classes``, ``coverage_pct``."""
+    ``numbers``: ``max_dcr`` / ``max_cis`` (pool, htcondor; the table's value, not the color cap;
+    a DCR at most the table's cap 1e6), ``hours_dcr_above_1`` and ``hours_dcr_capped`` (hours at that
+    cap; pool, htcondor), ``device_classes``, ``coverage_pct``."""
     metric = metric.lower()
     if metric not in ("dcr", "cis"):
         raise ValueError(f"metric must be 'dcr' or 'cis', not {metric!r}")
@@ -1545,9 +1601,10 @@ def imbalance_heatmap(
         m = ok & (src == "htcondor") & (dev == "ALL")
         raw = _num(capacity, metric)[m]
         if np.isfinite(raw).any():
-            numbers[f"max_{metric}"] = float(np.nanmax(raw))
+            numbers[f"max_{metric}"] = float(min(np.nanmax(raw), DCR_MAX) if metric == "dcr" else np.nanmax(raw))
         if metric == "dcr":
             numbers["hours_dcr_above_1"] = float(np.nansum(r > 1))
+            numbers["hours_dcr_capped"] = float(np.count_nonzero(_dcr_capped(capacity)[m]))
     return S.finish(fig, _with_coverage(numbers, coverage))
 
 
@@ -1596,8 +1653,10 @@ def top_contributors(
         labels = [str(x) if len(str(x)) <= 30 else str(x)[:29] + "…" for x in key[idx]]
         color = "#6a3d9a" if s == "htcondor" else "#1b7837"
         if d == "device_class":
+            # ANY (jobs that name no device) and (none) are no classes: gray, and not counted (a day
+            # of 13 classes made 14 and gave up the colors the other figures use)
             colors = S.device_colors(key[idx].tolist(), day_devices)
-            bar_colors = [colors[x] if x not in ("ANY", "(none)") else "#888888" for x in key[idx]]
+            bar_colors = [colors[x] for x in key[idx]]
         else:
             bar_colors = [color] * len(idx)
         y = np.arange(len(idx))

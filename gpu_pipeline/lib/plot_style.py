@@ -60,6 +60,8 @@ __all__ = [
     "MAX_ROW_LABELS",
     "OTHER",
     "OTHER_COLOR",
+    "PSEUDO_CLASSES",
+    "PSEUDO_CLASS_COLOR",
     "PREVIEW_WIDTH_PX",
     "SEVERITY_COLORS",
     "STATES",
@@ -103,6 +105,10 @@ MAX_CATEGORIES = 12  #: categories drawn before folding the rest into "other"
 OTHER = "other"
 OTHER_COLOR = "#9e9e9e"
 ALL_COLOR = "#222222"
+#: Device-class keys that are no device class (demand of jobs that name no device, a missing key):
+#: a color of their own, never one of :data:`DEVICE_CYCLE`'s, and not counted as classes.
+PSEUDO_CLASSES: tuple[str, ...] = ("ANY", "(none)")
+PSEUDO_CLASS_COLOR = "#888888"
 
 # Font sizes (points), used explicitly instead of rcParams so no global state changes.
 FS_TITLE = 12
@@ -183,13 +189,15 @@ def device_colors(names: Iterable[str], day_devices: Iterable[str] = ()) -> dict
     same ``day_devices``, whichever classes each figure shows (without it, the colors depend on
     the set of ``names``: two figures of one day could give one color to two classes). A day of
     more classes than colors gives up the day's placement: within a figure colors stay distinct.
-    ``"other"`` is gray, ``"ALL"`` black; beyond 13 classes the cycle repeats (fold first with
-    :func:`fold_top`)."""
+    ``"other"`` is gray, ``"ALL"`` black, the :data:`PSEUDO_CLASSES` (``"ANY"``, ``"(none)"``) a
+    darker gray and not counted as classes (a day of 13 classes plus ``"ANY"`` keeps its
+    placement); beyond 13 classes the cycle repeats (fold first with :func:`fold_top`)."""
     out: dict[str, str] = {}
     used: set[int] = set()
     n = len(DEVICE_CYCLE)
-    first = sorted(set(day_devices) - {OTHER, "ALL"})
-    if len(set(first) | (set(names) - {OTHER, "ALL"})) > n:
+    not_classes = {OTHER, "ALL", *PSEUDO_CLASSES}
+    first = sorted(set(day_devices) - not_classes)
+    if len(set(first) | (set(names) - not_classes)) > n:
         first = []  # more classes than colors: distinct colors within the figure come first
     for name in [*first, *sorted(set(names) - set(first))]:
         if name == OTHER:
@@ -197,6 +205,9 @@ def device_colors(names: Iterable[str], day_devices: Iterable[str] = ()) -> dict
             continue
         if name == "ALL":
             out[name] = ALL_COLOR
+            continue
+        if name in PSEUDO_CLASSES:
+            out[name] = PSEUDO_CLASS_COLOR
             continue
         slot = zlib.crc32(name.encode()) % n
         if len(used) < n:

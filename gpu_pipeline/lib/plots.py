@@ -654,10 +654,26 @@ class _HeatmapFigure:
         bucket, gpu, host, state = enc.bucket, enc.gpu, enc.host, enc.state
         if rows is not None:
             bucket, gpu, host, state = bucket[rows], gpu[rows], host[rows], state[rows]
-        # Rows: the distinct (host, gpu) pairs sorted by name; a GPU's data goes to its last pair.
-        pair = np.unique(host * enc.gpus + gpu)
-        last = np.full(enc.gpus, -1, dtype=np.int64)
-        np.maximum.at(last, pair % enc.gpus, np.arange(pair.size))
+        # Rows: one per GPU, under the host it was on in most buckets (a tie: the host it was on
+        # last), sorted by host then GPU name. A GPU seen on several hosts (host renamed, board
+        # moved) was a row per host, all its cells on the last, the others grey, counted twice.
+        code = host * enc.gpus + gpu
+        pair, count = np.unique(code, return_counts=True)
+        pair_gpu = pair % enc.gpus
+        n_hosts = int(np.unique(pair // enc.gpus).size)  # every host a GPU was seen on
+        moved_gpu = np.bincount(pair_gpu, minlength=enc.gpus) > 1
+        if moved_gpu.any():
+            # only the rows of GPUs on several hosts (few) decide between their hosts
+            sub = moved_gpu[gpu]
+            last_seen = np.zeros(pair.size, dtype=np.int64)
+            np.maximum.at(last_seen, np.searchsorted(pair, code[sub]), bucket[sub])
+            order = np.lexsort((-last_seen, -count, pair_gpu))
+            main = order[np.r_[True, pair_gpu[order][1:] != pair_gpu[order][:-1]]]
+            pair = np.sort(pair[main])
+            pair_gpu = pair % enc.gpus
+        row_of = np.full(enc.gpus, -1, dtype=np.int64)
+        row_of[pair_gpu] = np.arange(pair.size)
+        n_moved = int(moved_gpu.sum())
         # Columns: every 5-minute bucket of the local day, whether the table has it or not (a bucket
         # missing from the table is drawn na where it is, not squeezed out of the time axis).
         start, end = grid
@@ -665,12 +681,12 @@ class _HeatmapFigure:
         col = np.floor_divide(bucket - int(start * 1e6), int(BUCKET_S * 1e6))
         inside = (col >= 0) & (col < n_cols)
         mat = np.full((pair.size, n_cols), STATES.index("na"), dtype=np.int8)
-        mat[last[gpu][inside], col[inside]] = state[inside]
+        mat[row_of[gpu][inside], col[inside]] = state[inside]
 
         n_gpus = int(pair.size)
         fig, ax = self.fig, self.ax
         # Fixed margins in inches: title on top; tick labels, axis label and a 2-row legend below.
-        bottom_in, top_in = 0.95, 0.45
+        bottom_in, top_in = 0.95, 0.45 + (0.25 if n_moved else 0.0)  # a second title line
         # at least one pixel row per GPU: a taller image past 26 inches (2,600 GPUs), not GPUs left out
         plot_in = max(float(np.clip(n_gpus * 0.03, 2.5, 26.0)), (n_gpus + 2) / HEATMAP_DPI)  # +2: rounding
         height = plot_in + bottom_in + top_in
@@ -686,8 +702,10 @@ class _HeatmapFigure:
         starts = np.flatnonzero(np.r_[True, pair_host[1:] != pair_host[:-1]])
         ends = np.r_[starts[1:], n_gpus]
         centers = (starts + ends) / 2
-        labels = [f"{enc.host_names[h].split('.')[0]} ({n})" for h, n in zip(pair_host[starts], ends - starts,
-                                                                               strict=True)]
+        # a host's label counts its GPUs also seen on another host in the day ("moved")
+        moved_rows = np.add.reduceat(moved_gpu[pair_gpu].astype(np.int64), starts) if n_gpus else np.zeros(0, int)
+        labels = [f"{enc.host_names[h].split('.')[0]} ({n}" + (f", {k} moved)" if k else ")")
+                  for h, n, k in zip(pair_host[starts], ends - starts, moved_rows, strict=True)]
         # host separators only where a GPU's row is a few pixels high: on thinner rows an antialiased
         # line tints a whole GPU's row (at 10,000 GPUs most of the plot lost the legend's colours)
         row_px = plot_in * HEATMAP_DPI / n_gpus
@@ -705,16 +723,18 @@ class _HeatmapFigure:
         set_fixed_ticks(ax.xaxis, ticks, [dt.datetime.fromtimestamp(start + h * 3600.0, t0.tzinfo).strftime("%H:%M")
                                           for h in ticks], fontsize=8)
         ax.set_xlabel(f"time of day ({tz})")
-        ax.set_ylabel(f"GPUs grouped by host ({n_gpus} GPUs, {len(centers)} hosts)")
+        ax.set_ylabel(f"GPUs grouped by host ({n_gpus} GPUs, {n_hosts} hosts)")
 
         counts = np.bincount(mat.ravel(), minlength=len(STATES))
         share = counts / counts.sum()
         for k, (text, s) in enumerate(zip(self.legend.get_texts(), STATES, strict=True)):
             text.set_text(f"{STATE_LABELS[s]}: {share[k]:.1%}")
-        ax.set_title(full_title)
+        ax.set_title(full_title + (f"\n{n_moved} GPU{'s' if n_moved > 1 else ''} seen on more than one host: one row "
+                                   "each, under the host it was on longest (label: moved)" if n_moved else ""))
         numbers = {f"share_{s}": float(share[k]) for k, s in enumerate(STATES)}
         numbers["gpus"] = float(n_gpus)
-        numbers["hosts"] = float(len(centers))
+        numbers["hosts"] = float(n_hosts)
+        numbers["gpus_moved"] = float(n_moved)
         for artist in self.tick_artists:  # the previous image's
             artist.remove()
         fig.set_dpi(HEATMAP_DPI)

@@ -399,11 +399,13 @@ def test_efficiency_scatter_shares_by_class():
     check(r)
     assert r.numbers["points"] == 4  # the row without power is not a point
     assert r.numbers["density"] == 0
-    assert r.numbers["share_Efficient"] == pytest.approx(1 / 3)
-    assert r.numbers["share_Idle"] == pytest.approx(1 / 3)
-    assert r.numbers["share_Moderate"] == pytest.approx(1 / 6)
-    assert r.numbers["share_Inefficient"] == pytest.approx(1 / 6)
+    # shares of all 4 sampled GPU-hours, the hour without power (no class) among them
+    assert r.numbers["share_Efficient"] == pytest.approx(1 / 4)
+    assert r.numbers["share_Idle"] == pytest.approx(1 / 4)
+    assert r.numbers["share_Moderate"] == pytest.approx(1 / 8)
+    assert r.numbers["share_Inefficient"] == pytest.approx(1 / 8)
     assert r.numbers["share_Bottlenecked"] == 0
+    assert r.numbers["share_no_class"] == pytest.approx(1 / 4)
     # an hour under 10 % utilization is Idle without a power reading: not a point, but its share
     # counts, as in efficiency_classes (the scatter's legend read Idle 0.0 %)
     t = table(GPU_HOURLY_EFFICIENCY, [hourly_row(0, 95.0, 0.9, "Efficient"), hourly_row(1, 3.0, None, "Idle")])
@@ -765,3 +767,150 @@ def test_a_whole_period_that_ends_at_the_days_first_instant_is_the_days_as_in_th
         con.close()
     assert [(r["end_reason"], r["duration_s"]) for r in got] == [("backfill_claimed", 7200.0)]
     assert [r["end_reason"] for r in before] == ["open"]  # still open at that day's end
+
+
+# ---------------------------------------------------------------------------------------------
+# Review 28e: what the figures say agrees with their numbers and with each other
+# ---------------------------------------------------------------------------------------------
+
+
+def capture_texts(monkeypatch) -> dict:
+    """Record the text a figure draws (suptitle, panel titles, legend entries and titles, free
+    texts) as S.finish receives it."""
+    drawn: dict = {}
+    finish = M.S.finish
+
+    def keep(fig, numbers, **kw):
+        drawn["suptitle"] = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        drawn["titles"] = [ax.get_title(loc="left") for ax in fig.axes]
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+        drawn["legend"] = [t.get_text() for leg in legends for t in leg.get_texts()]
+        drawn["legend_titles"] = [leg.get_title().get_text() for leg in legends]
+        drawn["texts"] = [x.get_text() for ax in fig.axes for x in ax.texts]
+        return finish(fig, numbers, **kw)
+
+    monkeypatch.setattr(M.S, "finish", keep)
+    return drawn
+
+
+def no_power_hourly() -> pa.Table:
+    """3 GPU-hours drawn (Efficient 1 h, Inefficient 1 h, Moderate 0.5 h) and 3 rows without a
+    power reading, not drawn: two of 1 h with utilization >= 10 % (no class) and one Idle half hour.
+    5 sampled GPU-hours in all."""
+    return table(GPU_HOURLY_EFFICIENCY, [
+        hourly_row(0, 95.0, 0.9, "Efficient"), hourly_row(1, 30.0, 0.3, "Inefficient"),
+        hourly_row(2, 50.0, 0.55, "Moderate", coverage_s=1800.0),
+        hourly_row(3, 60.0, None, None), hourly_row(4, 80.0, None, None),
+        hourly_row(5, 3.0, None, "Idle", coverage_s=1800.0),
+    ])
+
+
+def test_efficiency_scatter_states_the_gpu_hours_it_does_not_draw(monkeypatch):
+    """GPU-hours without a power reading have no point: the figure says how many there are, and its
+    shares are of all sampled GPU-hours, "no class" among them, as in efficiency_classes (the
+    legend read Efficient 40 % where the class figure read 20 %, and the 2 h without a class were
+    nowhere on the scatter)."""
+    classes = M.efficiency_classes(no_power_hourly(), DAY, TZ).numbers
+    drawn = capture_texts(monkeypatch)
+    r = M.efficiency_scatter(no_power_hourly(), DAY, TZ)
+    check(r)
+    assert r.numbers["points"] == 3 and r.numbers["gpu_hours"] == pytest.approx(2.5)
+    assert r.numbers["rows_not_drawn"] == 3 and r.numbers["gpu_hours_not_drawn"] == pytest.approx(2.5)
+    expected = {"Efficient": 1 / 5, "Inefficient": 1 / 5, "Moderate": 0.5 / 5, "Idle": 0.5 / 5, "Bottlenecked": 0.0,
+                "no_class": 2 / 5}
+    for key, share in expected.items():
+        assert r.numbers[f"share_{key}"] == pytest.approx(share), key
+    for key in expected:
+        assert r.numbers[f"share_{key}"] == pytest.approx(classes[f"share_{key}"]), key
+    assert "Efficient: 20.0 %" in drawn["legend"]
+    assert any(t.startswith("no class") and "40.0 %" in t for t in drawn["legend"]), drawn["legend"]
+    assert any("5.0 sampled GPU-hours" in t for t in drawn["legend_titles"]), drawn["legend_titles"]
+    title = drawn["suptitle"].replace("\n", " ")
+    assert "not drawn: 3 rows, 2.5 sampled GPU-hours without a utilization or power reading" in title, title
+
+
+def test_efficiency_scatter_title_counts_rows_and_their_sampled_gpu_hours(monkeypatch):
+    """Each row is a GPU x hour, here sampled a quarter of the hour: 4 rows are 1 sampled GPU-hour,
+    not "4 GPU-hours"."""
+    drawn = capture_texts(monkeypatch)
+    rows = [hourly_row(h, 95.0, 0.9, "Efficient", coverage_s=900.0) for h in range(4)]
+    r = M.efficiency_scatter(table(GPU_HOURLY_EFFICIENCY, rows), DAY, TZ)
+    assert r.numbers["points"] == 4 and r.numbers["gpu_hours"] == pytest.approx(1.0)
+    title = drawn["suptitle"].replace("\n", " ")
+    assert "4 rows (GPU x hour), 1.0 sampled GPU-hours" in title, title
+    assert "4 GPU-hours" not in title
+    assert "not drawn" not in title  # every row has a point
+
+
+def saturated_capacity() -> pa.Table:
+    """The pool has no idle GPU all day and 10 GPUs of demand, as demand_capacity writes it: DCR at
+    its cap 1e6 every hour, dcr_capped, zero_idle, Critical."""
+    t = capacity_table()
+    pool = pc.and_(pc.equal(t["source"], "htcondor"), pc.equal(t["device_class"], "ALL"))
+    for col, v in (("idle_gpus", 0.0), ("idle_open_gpus", 0.0), ("demand_gpus", 10.0), ("dcr", 1e6),
+                   ("dcr_capped", True), ("zero_idle", True), ("severity", "Critical")):
+        t = t.set_column(t.schema.get_field_index(col), col, pc.if_else(pool, pa.scalar(v, t[col].type), t[col]))
+    return t
+
+
+def test_the_days_dcr_never_exceeds_the_tables_cap_in_either_figure():
+    """10 GPUs of demand over 0 idle: the table caps the DCR at 1e6; the panels' day ratio read 1e7
+    (10 / 1e-6) while the heatmap read 1e6. Both read 1e6 and count the 24 hours at the cap."""
+    panels = M.demand_capacity_panels(saturated_capacity(), DAY, TZ).numbers
+    heat = M.imbalance_heatmap(saturated_capacity(), DAY, TZ).numbers
+    assert panels["dcr_htcondor"] == 1e6 and heat["max_dcr"] == 1e6
+    assert panels["hours_dcr_capped_htcondor"] == 24 and heat["hours_dcr_capped"] == 24
+    # an unsaturated day counts no hour at the cap
+    assert M.demand_capacity_panels(capacity_table(), DAY, TZ).numbers["hours_dcr_capped_htcondor"] == 0
+    assert M.imbalance_heatmap(capacity_table(), DAY, TZ).numbers["hours_dcr_capped"] == 0
+
+
+def test_top_contributors_colors_a_class_as_the_other_figures_of_a_13_class_day():
+    """A day of exactly 13 device classes (as many as colors): the device panel's key ANY (jobs
+    that name no device) is not a class; counted as one it made 14, the day's placement was given up and a
+    class took another class's color (L40S orange in the eviction figures, purple here)."""
+    day13 = ["NVIDIA A10", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A30", "NVIDIA A40",
+             "NVIDIA GeForce RTX 2080 Ti", "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA L40", "NVIDIA L40S",
+             "Tesla T4", "Tesla V100-SXM2-32GB", "Quadro RTX 6000"]
+    shown = [d for d in day13 if d != "NVIDIA A100-SXM4-40GB"][:9]
+    keys = ["ANY", *shown]
+    rows = [{"day_start_utc": T0, "source": "htcondor", "dimension": "device_class", "key": k,
+             "demand_gpu_hours": 100.0 - 5 * i, "share": 0.05, "jobs": 1, "rank": i + 1} for i, k in enumerate(keys)]
+    day_colors = S.device_colors(day13, day13)  # the colors of the day's other device figures
+    img = check(M.top_contributors(table(DEMAND_TOP_CONTRIBUTORS, rows), DAY, TZ, day_devices=day13))
+    assert len(set(day_colors.values())) == 13
+    for d in shown:
+        assert pixels_of(img, day_colors[d]) > 200, d
+    for d in set(day13) - set(shown):  # a color of a class not on the figure is not drawn
+        assert pixels_of(img, day_colors[d]) == 0, d
+
+
+def test_title_notes_wrap_between_phrases():
+    """The DCR heatmap's note is four phrases joined by " · ": wrapped to the figure's width, a
+    line ends between two phrases, never inside one ("white: no" / "data")."""
+    phrases = ["blue: idle capacity exceeds queued demand", "red: demand exceeds idle GPUs (DCR > 1)",
+               "gray 0: no queued demand", "white: no data"]
+    for width_in in (8, 10, 13):
+        fig = S.new_figure(width_in, 3)
+        M._titled(fig, "Demand-capacity imbalance (DCR)", DAY, TZ, " · ".join(phrases), "partial day: coverage 50 %")
+        lines = fig._suptitle.get_text().split("\n")[1:]
+        got = [p.strip() for line in lines for note in line.split("  ·  ") for p in note.split(" · ")]
+        assert got == [*phrases, "partial day: coverage 50 %"], (width_in, lines)
+
+
+def test_allocation_counts_says_no_data_for_a_tier_without_rows(monkeypatch):
+    """A pool without backfill slots has no backfill rows: its panel says so ("nan of nan GPUs")."""
+    drawn = capture_texts(monkeypatch)
+    b = full_day_buckets()
+    r = M.allocation_counts(b.filter(pc.not_equal(b["tier"], "backfill")), DAY, TZ)
+    check(r)
+    backfill = [t for t in drawn["titles"] if t.startswith(S.TIER_LABELS["backfill"])]
+    assert backfill == [f"{S.TIER_LABELS['backfill']}: no data (no row for this tier in the day)"]
+    assert not any("nan" in t for t in drawn["titles"])
+    assert "avg_claimed_gpus_backfill" not in r.numbers and r.numbers["avg_claimed_gpus_priority"] == 1.0
+    import warnings
+
+    with warnings.catch_warnings():  # the dashboard's hourly bars of that tier: none, and no "Mean of empty slice"
+        warnings.simplefilter("error", RuntimeWarning)
+        check(M.daily_dashboard(b.filter(pc.not_equal(b["tier"], "backfill")), daily_table([H100]), states_table(),
+                                DAY, TZ))

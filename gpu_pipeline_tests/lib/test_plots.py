@@ -200,3 +200,34 @@ def test_a_layout_a_few_ulps_apart_gives_the_same_png(monkeypatch):
         assert all(abs(v - on_grid(v)) < 1e-12 for v in (box.x0, box.y0, box.x1, box.y1))
         assert not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
     assert len(pngs) == 1
+
+
+def test_a_gpu_that_changes_host_has_one_row_and_is_counted_once(monkeypatch):
+    """Two GPUs busy all day, GPU-b on hostB until 14:00 and on hostC after: two rows, not three
+    (its hostB row was an extra grey row, all its cells on hostC's), two GPUs, no na share; its
+    row is under hostB, where it was longest, and the label says one GPU there also ran elsewhere."""
+    t0 = dt.datetime(2025, 8, 6, tzinfo=dt.UTC)
+    rows = [{"bucket_start_utc": t0 + dt.timedelta(minutes=5 * b), "gpu_id": gpu, "host": host,
+             "state": "busy_shared", "n_slot_rows": 1}
+            for b in range(288)
+            for gpu, host in (("GPU-a", "hostA"), ("GPU-b", "hostB" if b < 168 else "hostC"))]
+    states = conform(pa.Table.from_pylist(rows), GPU_STATES)
+    from gpu_pipeline.lib import plots
+
+    ticks = {}
+    set_fixed_ticks = plots.set_fixed_ticks
+
+    def keep(axis, positions, labels=None, **kw):
+        ticks[axis.axis_name] = list(labels or [])
+        return set_fixed_ticks(axis, positions, labels, **kw)
+
+    monkeypatch.setattr(plots, "set_fixed_ticks", keep)
+    r = gpu_timeline_heatmap(states, DAY, "UTC")
+    assert r.numbers["gpus"] == 2 and r.numbers["gpus_moved"] == 1 and r.numbers["hosts"] == 3
+    assert r.numbers["share_busy_shared"] == 1.0 and r.numbers["share_na"] == 0.0
+    img = pixels(r.png)[..., :3]
+    na = np.isclose(img, hexrgb(STATE_COLORS["na"]), atol=0.01).all(axis=-1).sum(axis=1) > 500
+    busy = np.isclose(img, hexrgb(STATE_COLORS["busy_shared"]), atol=0.01).all(axis=-1).sum(axis=1) > 500
+    assert not na.any()  # no grey row
+    assert int(np.count_nonzero(busy[1:] & ~busy[:-1]) + busy[0]) == 2  # two bands of busy rows
+    assert ticks["y"] == ["hostA (1)", "hostB (1, 1 moved)"], ticks["y"]
