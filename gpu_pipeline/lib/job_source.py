@@ -11,9 +11,9 @@ window to ``lookahead_days`` after it, because a job's record is written when it
 days after a run that overlaps the window (files without a date are always read). A name that
 carries two dates (``..._2025-08-01_2025-08-07...``, or two ``YYYYMMDD`` as in
 ``history-20250801-20250807.json``) names the days of a range, an export covering them: every day
-of the range reads it (with the same look-around) and counts its documents as its own; such a day
-also reads the files named from the range's first day on, which hold the later records of the runs
-it shows open (see :func:`select_files`).
+of the range reads it (with the same look-around) and counts its documents as its own. Two dates
+name a range only when a range separator joins them (``_``, ``-``, ``_to_``, ``..``); a name with two
+dates apart (``jobs_2025-08-05_exported_2025-09-30``) is named for its first.
 """
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ from gpu_pipeline.lib.jobs_fast import FastRows, fast_rows, outside_window_ids
 from gpu_pipeline.lib.schemas import JOBS, QUARANTINE_JOBS, RAW_JOB_DOCUMENTS, conform
 
 _DATE_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
-_COMPACT_DATE_RE = re.compile(r"(?<!\d)((?:19|20)\d{6})(?!\d)")  # YYYYMMDD of 1900-2099, alone
+# two dates joined by a range separator: ISO, or YYYYMMDD of 1900-2099 (a lone one is no date)
+_SEP = r"(?:_to_|\.\.|_|-)"
+_RANGE_RE = re.compile(rf"(?<!\d)(\d{{4}}-\d{{2}}-\d{{2}}){_SEP}(\d{{4}}-\d{{2}}-\d{{2}})(?!\d)")
+_COMPACT_RANGE_RE = re.compile(rf"(?<!\d)((?:19|20)\d{{6}}){_SEP}((?:19|20)\d{{6}})(?!\d)")
 _JOB_SUFFIXES = (".ndjson", ".jsonl", ".json")
 
 
@@ -69,9 +72,10 @@ def _raw_table(rows: list[tuple[str, str, int, str, str | None]]) -> pa.Table:
 def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, lookahead_days: int) -> list[Path]:
     """The job-record files a window reads: those named for a day from the day before it to
     ``lookahead_days`` after it (a range-named file: one of its days), and those named for no date.
-    Where a range-named file is read, the files named from the range's first day on are read too:
-    its ``condor_q`` snapshots may show a run open that a record written after them, in a file of a
-    day between, closes (not read, the open run ran on every day of the range after it)."""
+    (A run a range-named file shows open, a ``condor_q`` snapshot's, is closed by the later records
+    the day reads; one whose closing record is in a file named before the day's look-around stays
+    open there: reading every file since a range's first day made a yearly export's last day read,
+    store and parse the year.)"""
     if not files_dir.is_dir():
         raise FileNotFoundError(f"{files_dir}: job-record directory does not exist")
     lo = start_utc.date() - dt.timedelta(days=1)
@@ -81,8 +85,6 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
         if not p.name.lower().removesuffix(".gz").endswith(_JOB_SUFFIXES) or p.is_dir():
             continue
         named.append((p, _named_days(p)))
-    # the first day of the ranges read: the records written since then may close their open runs
-    lo = min([lo, *(days[0] for _, days in named if days and days[0] < days[1] and days[0] <= hi and lo <= days[1])])
     picked = []
     for p, days in named:
         if days is not None and not (days[0] <= hi and lo <= days[1]):
@@ -95,16 +97,19 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
 
 
 def _named_days(path: Path) -> tuple[dt.date, dt.date] | None:
-    """The days a job-record file is named for, (first, last), or None: one date (``...YYYY-MM-DD...``)
-    is that day; two or more (``..._2025-08-01_2025-08-07...``) the days from the earliest to the
-    latest, a range. A name without an ISO date may name a range with two ``YYYYMMDD`` dates
-    (``history-20250801-20250807.json``, years 1900-2099); one such number alone is no date (as
-    before: it may be anything), nor is a number that is no date."""
+    """The days a job-record file is named for, (first, last), or None. Two dates joined by a range
+    separator (``..._2025-08-01_2025-08-07...``, ``history-20250801-20250807.json``: ``_``, ``-``,
+    ``_to_`` or ``..``; ``YYYYMMDD`` of 1900-2099) are a range, from the earlier to the later; else
+    the first ISO date (``...YYYY-MM-DD...``) is the day (a second one apart from it, an export's
+    date, names nothing); a lone ``YYYYMMDD`` is no date (it may be anything), nor is a number that
+    is no date."""
+    for pattern, fmt in ((_RANGE_RE, "%Y-%m-%d"), (_COMPACT_RANGE_RE, "%Y%m%d")):
+        for m in pattern.finditer(path.name):
+            a, b = _date(m.group(1), fmt), _date(m.group(2), fmt)
+            if a is not None and b is not None:
+                return min(a, b), max(a, b)
     days = [d for d in (_date(m, "%Y-%m-%d") for m in _DATE_RE.findall(path.name)) if d is not None]
-    if not days:
-        compact = [d for d in (_date(m, "%Y%m%d") for m in _COMPACT_DATE_RE.findall(path.name)) if d is not None]
-        days = compact if len(compact) >= 2 else []
-    return (min(days), max(days)) if days else None
+    return (days[0], days[0]) if days else None
 
 
 def _date(text: str, fmt: str) -> dt.date | None:

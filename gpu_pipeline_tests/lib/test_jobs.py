@@ -779,28 +779,33 @@ def test_a_job_file_named_for_a_date_range_is_read_by_every_day_of_the_range(tmp
     assert select_files(tmp_path, *_day("2025-08-22"), 7) == []
 
 
-def test_a_day_reading_a_range_file_reads_the_records_written_since_its_first_day(tmp_path):
-    """A week of ``condor_q -json`` snapshots in one file (its range), the job's final record in the
-    file of the 4th, when its run ended. The 6th reads the week's file, whose snapshot shows the
-    job running: it reads the files named since the range's first day too (not counted as its own
-    documents), else the snapshot's open run ran on the 6th and 7th, its closing record unread."""
-    from gpu_pipeline.lib.job_source import clean_job_documents, documents_of_the_day, raw_docs_from_files
+def test_a_range_file_reads_no_more_than_the_days_look_around_and_two_dates_apart_are_no_range(tmp_path):
+    """A month's export beside the month's daily files: every day of the month reads the export and
+    the files of its own look-around only. (A first version read every file since the range's first
+    day, so the month's last day read, stored and parsed the whole month.) Two dates joined by a
+    range separator are a range; two apart in the name (an export's date) are the first date."""
+    from gpu_pipeline.lib.job_source import _named_days, raw_docs_from_files, select_files
 
-    gj = "ap1#3.0#1754000000"
-    snap = {"GlobalJobId": gj, "JobStatus": 2, "NumJobStarts": 1, "QDate": _at(2, 9), "JobCurrentStartDate": _at(2, 10),
-            "ServerTime": _at(3, 12), "RemoteHost": "slot1_1@gpu01", "RequestGPUs": 1}
-    final = {k: v for k, v in snap.items() if k not in ("ServerTime", "RemoteHost")}
-    final.update(JobStatus=4, CompletionDate=_at(4, 6), RecordTime=_at(4, 6), LastRemoteHost="slot1_1@gpu01")
-    (tmp_path / "condor_q-2025-08-01_2025-08-07.json").write_text(json.dumps([snap]))
-    (tmp_path / "history-2025-08-04.ndjson").write_text(json.dumps(final) + "\n")
-    (tmp_path / "history-2025-07-30.ndjson").write_text(json.dumps(dict(final, GlobalJobId="x#1.0#1")) + "\n")
-    for day, ends in (("2025-08-03", [(gj, _at(4, 6))] * 2), ("2025-08-06", []), ("2025-08-07", [])):
+    ad = {"GlobalJobId": "s#1.0#1", "JobStatus": 4, "NumJobStarts": 1, "QDate": _at(1, 9),
+          "JobCurrentStartDate": _at(1, 10), "CompletionDate": _at(1, 12), "RequestGPUs": 1}
+    for d in range(1, 32):
+        (tmp_path / f"history-2025-08-{d:02d}.ndjson").write_text(json.dumps(ad) + "\n")
+    (tmp_path / "history-20250801-20250831.json").write_text(json.dumps([ad]))
+    for day in ("2025-08-15", "2025-08-31"):
         s, e = _day(day)
-        raw = raw_docs_from_files(tmp_path, s, e, 7)
-        assert [Path(f).name for f in raw.files] == ["condor_q-2025-08-01_2025-08-07.json", "history-2025-08-04.ndjson"]
-        assert documents_of_the_day(raw.table, s.date()) == 1, day  # the week's file only
-        got = clean_job_documents(raw.table, s, e).table
-        assert [(r["global_job_id"], int(r["run_end_utc"].timestamp())) for r in got.to_pylist()] == ends, day
+        d = s.date()
+        expected = sorted([f"history-{(d + dt.timedelta(days=k)).isoformat()}.ndjson" for k in range(-1, 9)
+                           if (d + dt.timedelta(days=k)).month == 8] + ["history-20250801-20250831.json"])
+        assert sorted(p.name for p in select_files(tmp_path, s, e, 7)) == expected, day
+        assert raw_docs_from_files(tmp_path, s, e, 7).table.num_rows == len(expected), day
+    one = dt.date(2025, 8, 5)
+    for name, days in (("jobs_2025-08-05_exported_2025-09-30.ndjson", (one, one)),
+                       ("jobs_2025-08-05_to_2025-08-09.ndjson", (one, dt.date(2025, 8, 9))),
+                       ("jobs-2025-08-05-2025-08-09.json", (one, dt.date(2025, 8, 9))),
+                       ("jobs-2025-08-05..2025-08-09.json", (one, dt.date(2025, 8, 9))),
+                       ("jobs-20250805-export-20250930.json", None), ("jobs-20250805.json", None),
+                       ("jobs-2025-02-30.json", None)):
+        assert _named_days(Path(name)) == days, name
 
 
 def _snapshot_and_closer(closer_kind: str) -> tuple[dict, dict, str]:
