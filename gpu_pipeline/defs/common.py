@@ -246,11 +246,12 @@ def write_unless_empty(context: dg.AssetExecutionContext, store: Any, spec: Tabl
     return write()
 
 
-def log_kept(context: dg.AssetExecutionContext, spec: TableSpec, day: str, what: str, kept: WriteResult) -> None:
+def log_kept(context: dg.AssetExecutionContext, spec: TableSpec, day: str, what: str, kept: WriteResult,
+             instead: str = "an empty one") -> None:
     """The warning of a day whose partition an earlier run wrote is kept (its materialization says so
-    too: ``kept_previous_partition``)."""
+    too: ``kept_previous_partition``); ``instead``: what the run would have written."""
     context.log.warning(f"{day}: {what}; {spec.layer}/{spec.name} keeps the partition an earlier run wrote "
-                        f"({kept.rows:,} rows) instead of replacing it with an empty one")
+                        f"({kept.rows:,} rows) instead of replacing it with {instead}")
 
 
 def kept_days(outcomes: list[DayOutcome]) -> list[str]:

@@ -1024,10 +1024,14 @@ def read_window(
 
     parts: list[pa.Table] = []
     lost: dict[str, int] = {}
+    # the months the window's own hours touch: a month only the reading margin reaches (the archive's
+    # first month's 1st, the month before rotated away) is no missing part of the day
+    own_months = set(months_between(own_lo_local, own_hi_local - dt.timedelta(microseconds=1)))
     for month in months_between(lo_local, hi_local):
         path = month_files.get(month)
         if path is None:
-            result.missing_months.append(month)
+            if month in own_months:
+                result.missing_months.append(month)
             continue
         # the days either side (adjacent windows) read from ``own_lo + margin`` back and from
         # ``own_hi - margin`` on: whether they open this month's file

@@ -93,7 +93,8 @@ def snapshot_coverage(slots: pa.Table, day_start: dt.datetime, day_end: dt.datet
     (:func:`~gpu_pipeline.lib.states.snapshot_firsts`), as the states take it."""
     if not slots.num_rows:
         return coverage(slots, "snapshot_utc", [], day_start, day_end)
-    t_us = np.unique(pc.cast(slots.column("snapshot_utc"), pa.int64()).to_numpy(zero_copy_only=False))
+    # the distinct times first (a 10,000-GPU day: 5 M rows, a few hundred snapshots)
+    t_us = np.unique(pc.cast(pc.unique(slots.column("snapshot_utc")), pa.int64()).to_numpy(zero_copy_only=False))
     t_us = t_us[(t_us >= epoch_us(day_start)) & (t_us < epoch_us(day_end))]
     first = np.unique(snapshot_firsts(t_us))
     return coverage_of_points(np.zeros(len(first), dtype=np.int64), first, day_start, day_end)

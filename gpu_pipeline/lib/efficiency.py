@@ -111,7 +111,7 @@ Jobs
     ``(global_job_id, run_index)`` when there is one, else its ``job`` row (latest ``record_utc``).
     The run is clipped to the window (``clipped_start`` / ``clipped_end``). A run whose record has no
     end (a queue snapshot's, which a later record of the job superseded, or one still running) ends
-    at the earliest of: the job's next run's start, the job's ``last_vacate_utc`` on or after the
+    at the earliest of: the job's next run's start, the job's ``last_vacate_utc`` after the
     run's start (any of its records), the start of another job's run listing one of its GPUs --
     else it is clipped at the window end. That end bounds its held-idle runs too (a run record
     without an end does not hold the GPU). Its GPUs are ``assigned_gpus`` (MIG ids counted in ``mig_devices``,
@@ -272,7 +272,7 @@ JOB_EFFICIENCY = TableSpec(
             _f("mig_devices", pa.int32(), "MIG devices in assigned_gpus (not measured)", nullable=False),
             _f("run_start_utc", TS, "Run start, clipped to the day", nullable=False),
             _f("run_end_utc", TS, "Run end, clipped to the day. A run whose record has no end ends at the "
-               "job's next run's start, its LastVacateTime on or after the run's start, or the start of another "
+               "job's next run's start, its LastVacateTime after the run's start, or the start of another "
                "job's run on its GPUs, whichever is first; else at the day end", nullable=False),
             _f("clipped_start", pa.bool_(), "The run started before the day", nullable=False),
             _f("clipped_end", pa.bool_(), "The run ended after the day or has not ended", nullable=False),
@@ -1476,9 +1476,10 @@ def _stage_jobruns(con, jobs_sql, jobs_params, s_us, e_us) -> None:
                    min(rs) OVER (PARTITION BY global_job_id ORDER BY rs
                                  RANGE BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_rs
             FROM ranked WHERE rn = 1
-        ), vacated AS (  -- per open run: the job's earliest LastVacateTime on or after its start
+        ), vacated AS (  -- per open run: the job's earliest LastVacateTime after its start (one at its
+                         -- start is the vacate before it, a zero-length run)
             SELECT o.global_job_id, o.run_index, min(epoch_us(b.last_vacate_utc)) AS vac
-            FROM chosen o JOIN base b ON b.global_job_id = o.global_job_id AND epoch_us(b.last_vacate_utc) >= o.rs
+            FROM chosen o JOIN base b ON b.global_job_id = o.global_job_id AND epoch_us(b.last_vacate_utc) > o.rs
             WHERE o.re IS NULL GROUP BY ALL
         ), run_gpu AS (
             SELECT global_job_id, run_index, rs, re, trim(unnest(string_split(assigned_gpus, ','))) AS gpu

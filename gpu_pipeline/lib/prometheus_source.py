@@ -33,7 +33,9 @@ Sample times
     (downsampling). The interval of the raw samples kept is counted (``raw_interval_ms``, the
     median gap between consecutive kept samples of a series); where ``step_s`` is above ~half of it
     (55 %), ``step_too_coarse`` is 1 and a warning says how many points were kept of how many were
-    asked for.
+    asked for. The kept samples are never closer than the step, so at a step above the scrape
+    interval that median is the step's, not the scrape interval: halve the step until the warning
+    stops.
 
 Chunking
     Prometheus refuses a query whose ``(end - start) / step`` exceeds 11,000 points per series.
@@ -751,8 +753,9 @@ def _check_step(cfg: PrometheusConfig, extra: Counter[str], raw_interval_ms: int
         "Prometheus %s .. %s: step_s=%g is more than half the interval of the raw samples kept "
         "(median %g s): kept %d of the %d points asked for. Two raw samples in one step give one "
         "point: samples are lost where scrape times jitter (about a quarter of them at a step equal "
-        "to the scrape interval), and skipped at a longer step. Use step_s <= half the scrape "
-        "interval to read every raw sample.",
+        "to the scrape interval), and skipped at a longer step. The kept samples' interval is no "
+        "more than the step's, so the scrape interval may be shorter than it says: use step_s <= half "
+        "the scrape interval, halving the step until this warning stops, to read every raw sample.",
         start_utc.isoformat(), end_utc.isoformat(), cfg.step_s, raw_interval_ms / 1000, kept, extra["points"])
 
 

@@ -36,11 +36,12 @@ def normalize_gpu_id(raw: str | None) -> str | None:
     """``GPU-0667ce7c`` from any of its spellings; a ClassAd reference (``GPUs_MIG_0caf1ce3_fcd4_...``,
     ``GPUs_GPU_MIG_3167``) as its device's id (``MIG-0caf1ce3-fcd4-...``, ``GPU-MIG-3167``, as the
     collector, the job ads and NVML name it); other MIG and other ids unchanged; blank -> None, and so is
-    a list of several ids (``GPU-aaaaaaaa,GPU-bbbbbbbb``: a row is one slot and one GPU)."""
+    a list of several ids (``GPU-aaaaaaaa,GPU-bbbbbbbb``: a row is one slot and one GPU); a stray comma
+    at an end (``GPU-aaaaaaaa,``) is dropped."""
     if raw is None:
         return None
-    s = raw.strip().strip("{}").strip()
-    if not s or "," in s:
+    s = raw.strip().strip("{}").strip().strip(",").strip()  # (a stray comma at an end: the id alone)
+    if not s or "," in s:  # several ids: a row is one slot and one GPU
         return None
     if "MIG" in s.upper():
         return s[len("GPUs_"):].replace("_", "-") if s.startswith("GPUs_") else s
@@ -48,6 +49,12 @@ def normalize_gpu_id(raw: str | None) -> str | None:
     if m:
         return "GPU-" + m.group(1).lower()
     return s
+
+
+def _several_ids(raw: str | None) -> bool:
+    """Whether an AssignedGPUs text names several GPUs (a list a collector did not explode): two or
+    more non-blank parts between commas (``GPU-a,`` is one id with a stray comma, and no id)."""
+    return raw is not None and sum(1 for part in raw.strip().strip("{}").split(",") if part.strip()) > 1
 
 
 @dataclass
@@ -273,7 +280,7 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
             dense_rank() OVER (ORDER BY trim(v)) AS no""")
         assigned_list = assigned.to_pylist()
         gpu_ids = pa.array([normalize_gpu_id(g) for g in assigned_list], pa.string())
-        several = np.array([g is not None and "," in g for g in assigned_list], dtype=bool)
+        several = np.array([_several_ids(g) for g in assigned_list], dtype=bool)
         gpu = _per_value(con, gpu_ids, f"""
             v AS gpu_id, v IS NULL AS missing, contains(coalesce(v, ''), '{_BAD}') AS bad,
             dense_rank() OVER (ORDER BY v) AS no""")
@@ -451,7 +458,8 @@ def clean_slot_rows(
             "excluded": pa.array([_excluded(h, patterns) for h in hosts], pa.bool_()),
         })
         _lookup(con, "gpu_map", {"assigned": pa.array(assigned, pa.string()),
-                                 "gpu_id": pa.array([normalize_gpu_id(g) for g in assigned], pa.string())})
+                                 "gpu_id": pa.array([normalize_gpu_id(g) for g in assigned], pa.string()),
+                                 "several": pa.array([_several_ids(g) for g in assigned], pa.bool_())})
         # Order numbers of host, slot name and GPU id (DuckDB's own order of the strings), so the
         # clean rows sort on integers.
         con.execute("""CREATE TEMP TABLE host_no AS SELECT name, machine, host, excluded,
@@ -480,7 +488,7 @@ def clean_slot_rows(
                      WHEN coalesce(trim(r."Name"), '') = '' THEN {_sql_text(_MISSING_NAME)}
                      WHEN coalesce(h.host, '') = '' THEN {_sql_text(_NO_HOST)}
                      WHEN coalesce(trim(r."State"), '') = '' THEN {_sql_text(_MISSING_STATE)}
-                     WHEN g.gpu_id IS NULL AND contains(coalesce(g.assigned, ''), ',') THEN {_sql_text(_SEVERAL_GPUS)}
+                     WHEN g.gpu_id IS NULL AND g.several THEN {_sql_text(_SEVERAL_GPUS)}
                      WHEN g.gpu_id IS NULL THEN {_sql_text(_NO_GPU)}
                    END AS reason
             FROM raw_rows r

@@ -504,6 +504,14 @@ def test_a_rotated_month_archive_keeps_the_whole_day_and_fails_coverage(tmp_path
         assert ev.passed is False and ev.severity == dg.AssetCheckSeverity.WARN
         assert ev.metadata["missing_months_by_day"].value == {"2025-11-01": ["2025-10"]}
         assert ev.metadata["days_kept_as_written_before"].value == ["2025-11-01"]
+        # both months gone: the archive gives nothing, the day is kept and measured on what it keeps
+        (arch / "gpu_state_2025-11.db").rename(tmp_path / "rotated-11.db")
+        gone = materialize()
+        ev = evaluation(gone)
+        assert snapshots() == 288 and ev.metadata["days_kept_as_written_before"].value == ["2025-11-01"]
+        assert ev.metadata["coverage_by_day"].value == {"2025-11-01": 1.0}
+        assert ev.metadata["missing_months_by_day"].value == {"2025-11-01": ["2025-10", "2025-11"]}
+        (tmp_path / "rotated-11.db").rename(arch / "gpu_state_2025-11.db")
     store_res2 = DataStoreResource(data_root=str(tmp_path / "fresh"))
     store = Store(store_res2.data_root)
     res["data_store"] = store_res2

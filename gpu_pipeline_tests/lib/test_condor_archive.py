@@ -47,10 +47,17 @@ def test_reads_one_utc_day_across_a_month_boundary_with_schema_drift(tmp_path):
 
 
 def test_missing_month_is_reported_and_other_months_still_read(tmp_path):
+    """A month the window's own hours need is missing when absent; one only the reading margin (two
+    hours either side) reaches is not: a local day on the 1st reads July's last hours for the margin
+    alone (the archive's first month, or July rotated away: the day is whole)."""
     write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
                        [slot_row("2025-08-01 00:10:00.000000", "slot1", "GPU-aaaaaaaa", "Unclaimed")])
     start, end = day_window("2025-08-01", "America/Chicago")
-    # Local window with margin touches July, which is absent.
+    read = read_window(tmp_path, start, end, "America/Chicago")
+    assert read.missing_months == []
+    assert read.table.num_rows == 1
+    # a UTC day of a Chicago archive: its first five hours are July 31st's, local
+    start, end = day_window("2025-08-01", "UTC")
     read = read_window(tmp_path, start, end, "America/Chicago")
     assert read.missing_months == ["2025-07"]
     assert read.table.num_rows == 1

@@ -167,7 +167,7 @@ def _quirky_rows(seed, n=400, repeat_key=False):
     machines = {"slot1_9@gpu07": ["gpu07", "gpu07b"]}  # one slot name on two hosts
     gpus = ["GPU-0667CE7C", "GPUs_GPU_b156e653", "GPU-b156e653-784d-a422-e6df-726e913aa35d", "GPU-aaaa0001",
             "MIG-4f2b6d2e-1c3a-5e7f-9a0b-123456789abc", "GPU-MIG-abc", " GPU-cccc0002 ", "", None, "GPU-\ufffd",
-            "GPU-aaaa0001,GPU-cccc0002", "GPU-aaaa0001, GPU-cccc0002"]
+            "GPU-aaaa0001,GPU-cccc0002", "GPU-aaaa0001, GPU-cccc0002", "GPU-dddd0003,", ",", "GPU-aaaa0001,,"]
     rows, seen = [], set()
     snaps = [T + dt.timedelta(minutes=5 * k) for k in range(6)]
     while len(rows) < n:
@@ -304,3 +304,4 @@ def test_a_row_naming_several_gpus_or_a_blank_state_is_quarantined_not_a_phantom
         assert r.quarantined_by_reason == {"several GPU ids in AssignedGPUs (a row is one slot and one GPU)": 1,
                                            "missing State": 1}, columnar
     assert normalize_gpu_id("GPU-aaaaaaaa, GPU-bbbbbbbb") is None
+    assert normalize_gpu_id("GPU-AAAAAAAA,") == normalize_gpu_id(" ,GPU-aaaaaaaa ") == "GPU-aaaaaaaa"

@@ -92,10 +92,13 @@ def condor_slot_snapshots(
         if read.missing_months and (before := store.kept_partition(SPEC, day)) is not None \
                 and before.rows > read.table.num_rows:
             kept = before
-            log_kept(context, SPEC, day, f"no archive for month(s) {read.missing_months}", kept)
+            log_kept(context, SPEC, day, f"no archive for month(s) {read.missing_months}", kept,
+                     instead=f"the {read.table.num_rows:,} rows the months left give")
         result = kept or write_unless_empty(context, store, SPEC, day, not read.snapshots and not read.rejected,
                                             write, "the archive gives nothing for the day")
-        cov = snapshot_coverage(store.read_table(SPEC, day, ["snapshot_utc"]) if kept else read.table, start, end)
+        # a kept partition (an earlier run's, for a source that gives nothing or less now) on what it keeps
+        cov = snapshot_coverage(store.read_table(SPEC, day, ["snapshot_utc"]) if result.kept else read.table,
+                                start, end)
         details = {"source_files": read.files, "read_paths": read.read_paths}
         if read.missing_months:
             details["missing_months"] = read.missing_months

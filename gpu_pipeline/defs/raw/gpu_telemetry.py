@@ -101,10 +101,12 @@ def gpu_telemetry(
         if dropped:
             context.log.warning(f"{day}: samples read and not kept (see the day's metadata): {dropped}")
         if metrics["step_too_coarse"]:
-            context.log.warning(f"{day}: the Prometheus step is too coarse for the scrape interval (median "
-                                f"{stream.counters.get('prometheus_raw_interval_ms', 0) / 1000:.0f} s): raw samples "
-                                "two scrapes shared a step are lost; set GPU_PIPELINE_PROMETHEUS_STEP_S to at most "
-                                "half the scrape interval")
+            context.log.warning(f"{day}: the Prometheus step is too coarse for the scrape interval: the raw "
+                                "samples kept are a median "
+                                f"{stream.counters.get('prometheus_raw_interval_ms', 0) / 1000:g} s apart (never "
+                                "closer than the step, so the scrapes may be closer still), and a sample that "
+                                "shared a step with the next one is lost; set GPU_PIPELINE_PROMETHEUS_STEP_S to at "
+                                "most half the scrape interval, halving it until this warning stops")
         metrics.update(cov.as_metadata("telemetry"))
         return DayOutcome(day=day, result=result, metrics=metrics, details={"files": len(stream.files)})
 
