@@ -45,8 +45,9 @@ from gpu_pipeline.lib.schemas import JOBS, QUARANTINE_JOBS, RAW_JOB_DOCUMENTS, c
 
 _DATE_RE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 # two dates joined by a range separator: ISO, or YYYYMMDD of 1900-2099 (a lone one is no date)
-_SEP = r"(?:_to_|\.\.|_|-)"
+_SEP = r"(?:[_-]to[_-]| to |--|__|\.\.|[_.-])"
 _RANGE_RE = re.compile(rf"(?<!\d)(\d{{4}}-\d{{2}}-\d{{2}}){_SEP}(\d{{4}}-\d{{2}}-\d{{2}})(?!\d)")
+_COMPACT_DATE_RE = re.compile(r"(?<!\d)((?:19|20)\d{6})(?!\d)")
 _COMPACT_RANGE_RE = re.compile(rf"(?<!\d)((?:19|20)\d{{6}}){_SEP}((?:19|20)\d{{6}})(?!\d)")
 _JOB_SUFFIXES = (".ndjson", ".jsonl", ".json")
 
@@ -73,9 +74,9 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
     """The job-record files a window reads: those named for a day from the day before it to
     ``lookahead_days`` after it (a range-named file: one of its days), and those named for no date.
     (A run a range-named file shows open, a ``condor_q`` snapshot's, is closed by the later records
-    the day reads; one whose closing record is in a file named before the day's look-around stays
-    open there: reading every file since a range's first day made a yearly export's last day read,
-    store and parse the year.)"""
+    the day reads; one whose snapshot is older than those files is no row of the day,
+    :func:`_drop_stale_open_runs`: reading every file since a range's first day made a yearly
+    export's last day read, store and parse the year.)"""
     if not files_dir.is_dir():
         raise FileNotFoundError(f"{files_dir}: job-record directory does not exist")
     lo = start_utc.date() - dt.timedelta(days=1)
@@ -99,16 +100,20 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
 def _named_days(path: Path) -> tuple[dt.date, dt.date] | None:
     """The days a job-record file is named for, (first, last), or None. Two dates joined by a range
     separator (``..._2025-08-01_2025-08-07...``, ``history-20250801-20250807.json``: ``_``, ``-``,
-    ``_to_`` or ``..``; ``YYYYMMDD`` of 1900-2099) are a range, from the earlier to the later; else
-    the first ISO date (``...YYYY-MM-DD...``) is the day (a second one apart from it, an export's
-    date, names nothing); a lone ``YYYYMMDD`` is no date (it may be anything), nor is a number that
-    is no date."""
+    ``.``, ``--``, ``__``, ``..``, ``_to_`` / ``-to-`` / `` to ``; ``YYYYMMDD`` of 1900-2099) are a
+    range, from the earlier to the later; else the first ISO date (``...YYYY-MM-DD...``) is the day,
+    and so is the first of two ``YYYYMMDD`` apart (a second date apart from it, an export's date,
+    names nothing); a lone ``YYYYMMDD`` is no date (it may be anything), nor is a number that is no
+    date."""
     for pattern, fmt in ((_RANGE_RE, "%Y-%m-%d"), (_COMPACT_RANGE_RE, "%Y%m%d")):
         for m in pattern.finditer(path.name):
             a, b = _date(m.group(1), fmt), _date(m.group(2), fmt)
             if a is not None and b is not None:
                 return min(a, b), max(a, b)
     days = [d for d in (_date(m, "%Y-%m-%d") for m in _DATE_RE.findall(path.name)) if d is not None]
+    if not days:  # two YYYYMMDD apart (an export's date): the first, as for ISO dates
+        compact = [d for d in (_date(m, "%Y%m%d") for m in _COMPACT_DATE_RE.findall(path.name)) if d is not None]
+        days = compact if len(compact) >= 2 else []
     return (days[0], days[0]) if days else None
 
 
@@ -187,6 +192,8 @@ class CleanJobs:
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
     #: open runs a later record of the job showed over (:func:`~gpu_pipeline.lib.jobs.close_superseded_runs`)
     runs_closed_by_later_record: int = 0
+    #: open runs known only from a record older than the day's first file date (:func:`_drop_stale_open_runs`)
+    stale_open_runs_dropped: int = 0
 
 
 def _readable(raw: pa.Table) -> pa.ChunkedArray:
@@ -253,6 +260,23 @@ def _close_open_runs(table: pa.Table, candidates: pa.Table) -> tuple[pa.Table, i
     closed_table = close_superseded_runs(both)[0].slice(0, table.num_rows)
     closed = int(pc.sum(pc.and_(open_run, pc.is_valid(closed_table["run_end_utc"]))).as_py() or 0)
     return closed_table, closed
+
+
+def _drop_stale_open_runs(table: pa.Table, start_utc: dt.datetime) -> tuple[pa.Table, int]:
+    """The rows without those of a run still open (no end) in a record taken before the first day whose
+    files the day reads (the day before its window's first date, 00:00 UTC: :func:`select_files`): a
+    ``condor_q`` snapshot in a file named for a range of days, or for none, that a day long after reads.
+    The records that would close it (a later snapshot, the job's history ad) lie in the files between,
+    which the day does not read: carried, the run ran on every later day of the range. A snapshot of
+    the day before, or of the day, is kept: it says the job runs. Returns the table and the rows left out."""
+    if not table.num_rows:
+        return table, 0
+    cut = pa.scalar(dt.datetime.combine(start_utc.astimezone(dt.UTC).date() - dt.timedelta(days=1), dt.time(),
+                                        tzinfo=dt.UTC), type=table.schema.field("record_utc").type)
+    stale = pc.fill_null(pc.and_(pc.and_(pc.is_null(table["run_end_utc"]), pc.is_valid(table["run_start_utc"])),
+                                 pc.less(table["record_utc"], cut)), False)
+    n = int(pc.sum(stale).as_py() or 0)
+    return (table.filter(pc.invert(stale)), n) if n else (table, 0)
 
 
 def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datetime) -> CleanJobs:
@@ -327,6 +351,7 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
         skipped += result.skipped_outside_window
     table = pa.concat_tables(tables) if tables else JOBS.empty()
     table, closed = _close_open_runs(table, candidates)
+    table, stale = _drop_stale_open_runs(table, start_utc)
     kept = jobs_overlapping(table, start_utc, end_utc)
     kept = kept.sort_by([("global_job_id", "ascending"), ("run_index", "ascending"), ("doc_kind", "ascending"),
                          ("source", "ascending")])
@@ -339,4 +364,5 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
         outside_window=table.num_rows - kept.num_rows + skipped,
         quarantined_by_reason=dict(sorted(reasons.items())),
         runs_closed_by_later_record=closed,
+        stale_open_runs_dropped=stale,
     )

@@ -803,9 +803,40 @@ def test_a_range_file_reads_no_more_than_the_days_look_around_and_two_dates_apar
                        ("jobs_2025-08-05_to_2025-08-09.ndjson", (one, dt.date(2025, 8, 9))),
                        ("jobs-2025-08-05-2025-08-09.json", (one, dt.date(2025, 8, 9))),
                        ("jobs-2025-08-05..2025-08-09.json", (one, dt.date(2025, 8, 9))),
-                       ("jobs-20250805-export-20250930.json", None), ("jobs-20250805.json", None),
+                       ("jobs-20250805-export-20250930.json", (one, one)), ("jobs-20250805.json", None),
+                       ("jobs_2025-08-05--2025-08-09.json", (one, dt.date(2025, 8, 9))),
+                       ("jobs_20250805__20250809.json", (one, dt.date(2025, 8, 9))),
+                       ("jobs 2025-08-05 to 2025-08-09.json", (one, dt.date(2025, 8, 9))),
+                       ("jobs-2025-08-05-to-2025-08-09.json", (one, dt.date(2025, 8, 9))),
                        ("jobs-2025-02-30.json", None)):
         assert _named_days(Path(name)) == days, name
+
+
+def test_a_range_files_snapshot_older_than_the_days_files_is_no_open_run_there(tmp_path):
+    """A week of ``condor_q -json`` snapshots in one file (its range), the job's final record in the
+    file of the 4th, when its run ended. The 3rd reads both: the run ends on the 4th. The 6th and 7th
+    read the week's file but not the 4th's (outside their look-around): the snapshot of the 3rd is
+    older than every file they read, so its run is no row there (it ran open on the 6th and 7th);
+    a snapshot of the day before is kept (the job runs)."""
+    from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
+
+    gj = "ap1#3.0#1754000000"
+    snap = {"GlobalJobId": gj, "JobStatus": 2, "NumJobStarts": 1, "QDate": _at(2, 9), "JobCurrentStartDate": _at(2, 10),
+            "ServerTime": _at(3, 12), "RemoteHost": "slot1_1@gpu01", "RequestGPUs": 1}
+    final = {k: v for k, v in snap.items() if k not in ("ServerTime", "RemoteHost")}
+    final.update(JobStatus=4, CompletionDate=_at(4, 6), RecordTime=_at(4, 6), LastRemoteHost="slot1_1@gpu01")
+    running = dict(snap, GlobalJobId="ap1#4.0#1754000000", ServerTime=_at(5, 12))  # still running on the 5th
+    (tmp_path / "condor_q-2025-08-01_2025-08-07.json").write_text(json.dumps([snap, running]))
+    (tmp_path / "history-2025-08-04.ndjson").write_text(json.dumps(final) + "\n")
+    for day, rows, stale in (("2025-08-03", [(gj, _at(4, 6)), ("ap1#4.0#1754000000", None)], 0),
+                             ("2025-08-06", [("ap1#4.0#1754000000", None)], 1),
+                             ("2025-08-07", [], 2)):
+        s, e = _day(day)
+        got = clean_job_documents(raw_docs_from_files(tmp_path, s, e, 7).table, s, e)
+        ends = [(r["global_job_id"], r["run_end_utc"] and int(r["run_end_utc"].timestamp()))
+                for r in got.table.to_pylist() if r["doc_kind"] == "job"]
+        assert sorted(set(ends)) == rows, day
+        assert got.stale_open_runs_dropped == stale, day
 
 
 def _snapshot_and_closer(closer_kind: str) -> tuple[dict, dict, str]:

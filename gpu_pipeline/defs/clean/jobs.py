@@ -63,6 +63,7 @@ def jobs(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg
                 "duplicate_documents_dropped": cleaned.duplicates,
                 "runs_outside_day": cleaned.outside_window,
                 "runs_closed_by_later_record": cleaned.runs_closed_by_later_record,
+                "stale_open_runs_dropped": cleaned.stale_open_runs_dropped,
             },
             details={"quarantined_by_reason": cleaned.quarantined_by_reason},
         )
