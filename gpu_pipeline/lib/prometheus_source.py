@@ -753,8 +753,8 @@ def _check_step(cfg: PrometheusConfig, extra: Counter[str], raw_interval_ms: int
         "Prometheus %s .. %s: step_s=%g is more than half the interval of the raw samples kept "
         "(median %g s): kept %d of the %d points asked for. Two raw samples in one step give one "
         "point: samples are lost where scrape times jitter (about a quarter of them at a step equal "
-        "to the scrape interval), and skipped at a longer step. The kept samples' interval is no "
-        "more than the step's, so the scrape interval may be shorter than it says: use step_s <= half "
+        "to the scrape interval), and skipped at a longer step. The kept samples are never closer "
+        "than the step, so the scrape interval may be shorter than their interval: use step_s <= half "
         "the scrape interval, halving the step until this warning stops, to read every raw sample.",
         start_utc.isoformat(), end_utc.isoformat(), cfg.step_s, raw_interval_ms / 1000, kept, extra["points"])
 

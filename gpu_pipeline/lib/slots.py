@@ -36,13 +36,12 @@ def normalize_gpu_id(raw: str | None) -> str | None:
     """``GPU-0667ce7c`` from any of its spellings; a ClassAd reference (``GPUs_MIG_0caf1ce3_fcd4_...``,
     ``GPUs_GPU_MIG_3167``) as its device's id (``MIG-0caf1ce3-fcd4-...``, ``GPU-MIG-3167``, as the
     collector, the job ads and NVML name it); other MIG and other ids unchanged; blank -> None, and so is
-    a list of several ids (``GPU-aaaaaaaa,GPU-bbbbbbbb``: a row is one slot and one GPU); a stray comma
-    at an end (``GPU-aaaaaaaa,``) is dropped."""
-    if raw is None:
+    a list of several ids (``GPU-aaaaaaaa,GPU-bbbbbbbb``: a row is one slot and one GPU); blank parts
+    between commas (``GPU-aaaaaaaa,``, ``{GPU-aaaaaaaa}, ,``) are dropped."""
+    parts = _id_parts(raw)
+    if len(parts) != 1:  # none, or several: a row is one slot and one GPU
         return None
-    s = raw.strip().strip("{}").strip().strip(",").strip()  # (a stray comma at an end: the id alone)
-    if not s or "," in s:  # several ids: a row is one slot and one GPU
-        return None
+    s = parts[0]
     if "MIG" in s.upper():
         return s[len("GPUs_"):].replace("_", "-") if s.startswith("GPUs_") else s
     m = _SHORT_RE.match(s)
@@ -51,10 +50,16 @@ def normalize_gpu_id(raw: str | None) -> str | None:
     return s
 
 
+def _id_parts(raw: str | None) -> list[str]:
+    """The non-blank parts of an AssignedGPUs text between commas, each without braces and spaces."""
+    if raw is None:
+        return []
+    return [part for part in (p.strip().strip("{}").strip() for p in raw.split(",")) if part]
+
+
 def _several_ids(raw: str | None) -> bool:
-    """Whether an AssignedGPUs text names several GPUs (a list a collector did not explode): two or
-    more non-blank parts between commas (``GPU-a,`` is one id with a stray comma, and no id)."""
-    return raw is not None and sum(1 for part in raw.strip().strip("{}").split(",") if part.strip()) > 1
+    """Whether an AssignedGPUs text names several GPUs (a list a collector did not explode)."""
+    return len(_id_parts(raw)) > 1
 
 
 @dataclass

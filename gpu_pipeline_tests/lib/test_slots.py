@@ -305,3 +305,6 @@ def test_a_row_naming_several_gpus_or_a_blank_state_is_quarantined_not_a_phantom
                                            "missing State": 1}, columnar
     assert normalize_gpu_id("GPU-aaaaaaaa, GPU-bbbbbbbb") is None
     assert normalize_gpu_id("GPU-AAAAAAAA,") == normalize_gpu_id(" ,GPU-aaaaaaaa ") == "GPU-aaaaaaaa"
+    assert normalize_gpu_id("{GPU-aaaaaaaa},") == normalize_gpu_id("GPU-aaaaaaaa, ,") == "GPU-aaaaaaaa"
+    assert normalize_gpu_id("{ GPUs_GPU_aaaaaaaa, GPUs_GPU_bbbbbbbb }") is None
+    assert normalize_gpu_id(" , ") is None
