@@ -4,28 +4,36 @@ Demand (HTCondor job records, ``clean/jobs``)
     A GPU job (``request_gpus >= 1`` in any of its records, DESIGN 4.4) is *idle* -- queued demand -- during:
 
     * ``[queued_utc, run_start_utc of run 0)``: waiting for its first run (``queued_utc`` null: the
-      QDate inside the GlobalJobId ``schedd#cluster.proc#qdate``);
+      QDate inside the GlobalJobId ``schedd#cluster.proc#qdate``); where no row of run 0 is known
+      but one of a later run is (adstash's job ads, its default, describe the last run only),
+      ``[queued_utc, first_start_utc)``, the first start (JobStartDate) that row carries;
     * ``[end of run k, start of run k+1)``: an evicted / vacated run sends the job back to Idle;
     * after its last known run, when that run ended without completing: ``[end, left)``, where
       ``left`` is when the job's latest document says it left the queue or stopped being idle
       (Removed 3, Completed 4, Held 5): its ``status_entered_utc`` (EnteredCurrentStatus), else its
-      ``record_utc``; else the window end (still idle as far as the records tell);
+      ``record_utc``; else the window end (still idle as far as the records tell). A job whose
+      latest document says Removed with ``last_job_status`` 5 (LastJobStatus: held before the
+      removal) has no such wait: it was held, not idle, up to the removal (when the hold began
+      the final ad does not say; held while running, the run's end is the hold's start);
     * a job that never started: ``[queued_utc, left)`` with the same ``left`` rule (so a job
-      removed from the queue ends at its record time, a job still idle at the window end).
+      removed from the queue ends at its record time, a job still idle at the window end). A job
+      that never started, held, then removed counts its held time too: the final ad keeps no
+      hold start.
     * An interval of the last two kinds with no ``left`` ends earlier where the slot snapshots
       saw the job running again: at the first snapshot after its start whose GPU state is busy
       with the job (``metrics/gpu_states.global_job_id``), its ``open_end`` false. The run it
       saw has no record yet (adstash writes one when a run ends).
 
     Runs are merged over the job's ``epoch`` and ``job`` documents (one row per job run; epoch
-    values win). When an earlier run is missing (job documents only describe the last run), the
-    gap before a run starts at the run's ``last_vacate_utc`` when that lies between the previous
-    known run's end and the run's start, else it is not counted; the first-run wait is counted
-    only when run 0 is known. Read the clean partitions of the window's days and the
-    :data:`JOBS_LOOKBACK_DAYS` (14) before: a job evicted, or queued with a ``condor_q`` row, is
-    demand on the days after as long as no later record or snapshot ends its wait, up to two
-    weeks after its last record (a day's partition holds only the rows overlapping it, and a job
-    still idle has no record on the days after). Rows repeated across partitions are deduplicated
+    values win). When the previous run is missing (job documents only describe the last run) or
+    known only as open (a ``condor_q`` row of it running, no end), the gap before a run starts at
+    the run's ``last_vacate_utc`` when that lies before the run's start and not before the
+    previous known run's end, else it is not counted; the first-run wait is counted when run 0 is
+    known, or up to the first start (``first_start_utc``) a later run's row carries. Read the
+    clean partitions of the window's days and the :data:`JOBS_LOOKBACK_DAYS` (14) before: a job
+    evicted, or queued with a ``condor_q`` row, is demand on the days after as long as no later
+    record or snapshot ends its wait, up to two weeks after its last record (a day's partition
+    holds only the rows overlapping it, and a job still idle has no record on the days after). Rows repeated across partitions are deduplicated
     on the table key (latest ``record_utc`` wins).
 
     ``demand_gpus`` of an hour = time-weighted mean of Σ ``request_gpus`` of the idle jobs
@@ -311,6 +319,8 @@ _INTERVAL_JOB_COLUMNS = ", ".join((
     "queued_utc", '"user"', "owner", "project", "schedd", "run_start_utc", "last_vacate_utc", "completion_utc",
     "status_entered_utc",
 ))
+# Columns added since (clean/jobs version 4) that an in-memory jobs relation may lack: read as null there.
+_INTERVAL_OPTIONAL_COLUMNS = (("last_job_status", "INTEGER"), ("first_start_utc", "TIMESTAMPTZ"))
 
 _INTERVALS_SQL = """
 WITH
@@ -341,8 +351,10 @@ info AS (
             FILTER (WHERE coalesce("user", owner) IS NOT NULL) AS who,
         arg_max(project, coalesce(epoch_us(record_utc), 0)) FILTER (WHERE project IS NOT NULL) AS project,
         arg_max(schedd, coalesce(epoch_us(record_utc), 0)) FILTER (WHERE schedd IS NOT NULL) AS schedd,
-        arg_max(struct_pack(st := job_status, rec := epoch_us(record_utc), ent := epoch_us(status_entered_utc)),
-                (coalesce(epoch_us(record_utc), 0), run_index, doc_kind = 'job')) AS latest
+        arg_max(struct_pack(st := job_status, rec := epoch_us(record_utc), ent := epoch_us(status_entered_utc),
+                            lst := last_job_status),
+                (coalesce(epoch_us(record_utc), 0), run_index, doc_kind = 'job')) AS latest,
+        epoch_us(min(first_start_utc)) AS fs_us
     FROM j
     GROUP BY global_job_id
 ),
@@ -351,7 +363,9 @@ info2 AS (
     -- says (EnteredCurrentStatus), else by the record's time
     SELECT *, latest.st IN (3, 4, 5) AS has_left,
            CASE WHEN latest.st IN (3, 4, 5) THEN latest.ent END AS left_ent,
-           CASE WHEN latest.st IN (3, 4, 5) THEN latest.rec END AS left_rec
+           CASE WHEN latest.st IN (3, 4, 5) THEN latest.rec END AS left_rec,
+           -- removed while held (LastJobStatus 5): held, not idle, up to the removal
+           coalesce(latest.st = 3 AND latest.lst = 5, false) AS removed_held
     FROM info
 ),
 runs AS (
@@ -379,10 +393,16 @@ raw_iv AS (
     FROM seq s JOIN info2 i USING (global_job_id)
     WHERE s.is_first AND s.run_index = 0
     UNION ALL
+    -- waiting for run 0 when no row of it is known (a job ad describes the last run): until the
+    -- first start (JobStartDate) a later run's row carries
+    SELECT s.global_job_id, 'first_run', i.q_us, i.fs_us, false
+    FROM seq s JOIN info2 i USING (global_job_id)
+    WHERE s.is_first AND s.run_index > 0 AND i.fs_us < s.rs_us
+    UNION ALL
     -- re-queued between two known runs (or before the first known run, from its LastVacateTime)
     SELECT global_job_id, 'requeued',
         CASE
-            WHEN prev_index = run_index - 1 THEN prev_re_us
+            WHEN prev_index = run_index - 1 AND prev_re_us IS NOT NULL THEN prev_re_us
             WHEN lv_us < rs_us AND (prev_re_us IS NULL OR lv_us >= prev_re_us) AND run_index > 0 THEN lv_us
         END,
         rs_us, false
@@ -400,7 +420,7 @@ raw_iv AS (
              ELSE s.re_us END,
         NOT coalesce(i.has_left, false)
     FROM seq s JOIN info2 i USING (global_job_id), params p
-    WHERE s.is_last AND s.re_us IS NOT NULL AND NOT s.completed
+    WHERE s.is_last AND s.re_us IS NOT NULL AND NOT s.completed AND NOT i.removed_held
     UNION ALL
     -- never started
     SELECT i.global_job_id, 'never_started', i.q_us,
@@ -919,9 +939,10 @@ def job_idle_intervals(
     expr_cols = ", ".join(
         f"CASE WHEN contains(lower({c}), '{DEVICE_WORD}') THEN CAST({c} AS VARCHAR) WHEN {c} IS NOT NULL THEN '' END "
         f"AS {c}_in" if c in cols else f"CAST(NULL AS VARCHAR) AS {c}_in" for c in _REQUIREMENT_COLUMNS)
+    optional = ", ".join(c if c in cols else f"CAST(NULL AS {t}) AS {c}" for c, t in _INTERVAL_OPTIONAL_COLUMNS)
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE job_rows AS SELECT {_INTERVAL_JOB_COLUMNS}, {device_expr} AS device_class_in, "
-        f"{expr_cols} FROM {jobs_from_sql}",
+        f"CREATE OR REPLACE TEMP TABLE job_rows AS SELECT {_INTERVAL_JOB_COLUMNS}, {optional}, "
+        f"{device_expr} AS device_class_in, {expr_cols} FROM {jobs_from_sql}",
         jobs_params,
     )
     unreadable: set[str] = set()

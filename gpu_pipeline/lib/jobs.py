@@ -81,6 +81,10 @@ Per-row derivations:
   accepted), each id normalized to the HTCondor short id ``GPU-xxxxxxxx`` (full UUIDs and the
   ``GPUs_GPU_xxxxxxxx`` reference form are shortened, MIG ids kept, a MIG reference
   ``GPUs_MIG_...`` read as its ``MIG-...`` id), joined with ``,``.
+- ``first_start_utc`` is ``JobStartDate``, when the job's first run started (the end of its first
+  queue wait, which the demand reads from a row of a later run where run 0 has none: adstash's job
+  ads describe the last run only); ``last_job_status`` is ``LastJobStatus``, the status before the
+  current one (a Removed job with ``LastJobStatus`` 5 was held, not idle, up to its removal).
 - ``remote_wall_clock_s`` is HTCondor's cumulative ``RemoteWallClockTime`` (all runs so far), also
   on epoch rows; ``committed_time_s`` is ``CommittedTime`` (wall time of runs that were not
   lost to eviction -- compare the two for badput).
@@ -373,7 +377,8 @@ COPIED_FIELDS: dict[str, str] = {
     "last_vacate_utc": "last_vacate", "vacate_reason_code": "vacate_reason_code",
     "vacate_reason": "vacate_reason", "remote_wall_clock_s": "remote_wall_clock",
     "committed_time_s": "committed_time", "status_entered_utc": "entered",
-    "require_gpus": "require_gpus", "requirements": "requirements",
+    "require_gpus": "require_gpus", "requirements": "requirements", "last_job_status": "last_job_status",
+    "first_start_utc": "first_start",
 }
 
 #: name -> (kind, coerce, ((attr, attr.lower()), ...)), precomputed for speed
@@ -1069,10 +1074,11 @@ def jobs_overlapping(table: pa.Table, start_utc: Any, end_utc: Any) -> pa.Table:
     null. Queued interval (first runs -- ``run_index`` 0 -- and jobs that never started):
     ``[queued_utc, run_start_utc)``; for a job that never started it ends at ``record_utc`` when the
     job has left the queue (Removed / Completed), else it is open-ended. A later run's wait after
-    an eviction, ``[last_vacate_utc, run_start_utc)``, and the wait of a job removed or held after
-    a run that did not complete, ``[run_end_utc, record_utc)``, count too: the demand of the days
-    between reads them from there (a job evicted on the 1st and run again on the 6th was idle on
-    the 4th, whose partitions held neither run).
+    an eviction, ``[last_vacate_utc, run_start_utc)``, the first queue wait read from a later run's
+    row, ``[queued_utc, first_start_utc)`` (``run_index`` > 0: a job ad describes the last run only),
+    and the wait of a job removed or held after a run that did not complete, ``[run_end_utc,
+    record_utc)``, count too: the demand of the days between reads them from there (a job evicted on
+    the 1st and run again on the 6th was idle on the 4th, whose partitions held neither run).
     """
     s, e = _ts_scalar(start_utc), _ts_scalar(end_utc)
     if table.num_rows == 0:
@@ -1095,6 +1101,12 @@ def jobs_overlapping(table: pa.Table, start_utc: Any, end_utc: Any) -> pa.Table:
         pc.and_kleene(first, pc.and_kleene(pc.is_valid(queued), pc.less(queued, e))),
         pc.or_kleene(pc.is_null(queue_end), pc.greater(queue_end, s)),
     )
+    first_start = table["first_start_utc"]
+    first_wait_hit = pc.and_kleene(
+        pc.and_kleene(pc.greater(table["run_index"], 0), pc.less(queued, first_start)),
+        pc.and_kleene(pc.less(queued, e), pc.greater(first_start, s)),
+    )
+    queue_hit = pc.or_kleene(queue_hit, first_wait_hit)
     vacated = table["last_vacate_utc"]
     requeue_hit = pc.and_kleene(
         pc.and_kleene(pc.greater(table["run_index"], 0), pc.less(vacated, run_start)),

@@ -224,7 +224,7 @@ JOBS = TableSpec(
         "quarantined with the reason, exact duplicates dropped and counted."
     ),
     key=("global_job_id", "run_index", "doc_kind"),
-    version=3,
+    version=4,
     schema=pa.schema(
         [
             _f("global_job_id", pa.string(), "HTCondor GlobalJobId (schedd#cluster.proc#qdate)", nullable=False),
@@ -242,8 +242,12 @@ JOBS = TableSpec(
             _f("job_status", pa.int32(), "JobStatus code when the document was written"),
             _f("job_status_name", pa.string(), "1 Idle, 2 Running, 3 Removed, 4 Completed, 5 Held, "
                "6 Transferring Output, 7 Suspended"),
+            _f("last_job_status", pa.int32(), "LastJobStatus: the JobStatus code before the current one (5: "
+               "a removed job was held before the removal)"),
             _f("queued_utc", TS, "QDate: when the job was submitted"),
             _f("run_start_utc", TS, "Start of the run: JobCurrentStartDate, else JobStartDate"),
+            _f("first_start_utc", TS, "JobStartDate: when the job's first run started (the end of its first "
+               "queue wait, where run 0 has no row)"),
             _f("run_end_utc", TS, "End of the run: CompletionDate, else LastVacateTime (evicted), else "
                "EpochWriteDate (epochs) or EnteredCurrentStatus (left the running states; a job held, then "
                "removed or released: the start plus LastRemoteWallClockTime); null while running"),
@@ -399,6 +403,10 @@ SCHEMA_CHANGES: list[tuple[str, int, str]] = [
      "written before read it as null and end the wait at record_utc)"),
     ("clean/jobs", 3, "require_gpus and requirements added (RequireGPUs, Requirements as text): the demand "
      "reads the device class a job can use from them (days written before read them as null: class ANY)"),
+    ("clean/jobs", 4, "last_job_status (LastJobStatus) and first_start_utc (JobStartDate) added: the demand "
+     "counts no wait after the last run of a job held, then removed, and counts the first queue wait "
+     "(QDate -> JobStartDate) of a job whose run 0 has no row (days written before read them as null: "
+     "there, as before, such a job's wait after its run counts and such a first wait does not)"),
     ("metrics/demand_capacity", 2, "capacity_coverage added: the capacity is a mean over the hour's buckets a "
      "slot snapshot covered (days written before read it as null)"),
     ("metrics/gpu_hourly_efficiency", 2, "util_coverage_s and power_coverage_s added: the daily and fleet "

@@ -168,6 +168,12 @@ def test_a_job_that_names_its_device_is_that_devices_demand_and_unreadable_ones_
         (mat,) = [e.materialization for e in result.get_asset_materialization_events()
                   if e.materialization.asset_key == dg.AssetKey(["metrics", "demand_capacity"])]
     assert mat.metadata["unreadable_requirements"].value == 1
+    # hours, not rows: the day's 24 hours of the whole pool (ALL rows), per source. Hour 10: 3 GPUs
+    # queued against 2 idle, DCR 1.5 > 1: Warning (CIS 0.5 x 1.5/4 + 0.2 x (0.6 x 1 + 0.4 x 1/4) =
+    # 0.3275); the other 23 hours have no demand: Healthy. Counting rows (ALL, A100, T4) read 72 hours.
+    kpis = {k: v.value for k, v in mat.metadata.items() if k.startswith("hours_")}
+    assert kpis == {"hours_healthy_htcondor": 23.0, "hours_moderate_htcondor": 0.0, "hours_warning_htcondor": 1.0,
+                    "hours_critical_htcondor": 0.0, "hours_unknown_htcondor": 0.0}
     rows = {(r["device_class"], r["hour_start_utc"].hour): r
             for r in store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist() if r["source"] == "htcondor"}
     assert rows[("Tesla T4", 10)]["demand_gpus"] == 2.0 and rows[("Tesla T4", 10)]["idle_gpus"] == 1.0
@@ -197,6 +203,12 @@ def test_a_configured_kueue_day_of_empty_scrape_files_has_24_unknown_kueue_hours
         result = dg.materialize([kueue_scrapes, kueue_demand, demand_capacity], partition_key=DAY.isoformat(),
                                 instance=instance, resources=resources)
         assert result.success
+        (mat,) = [e.materialization for e in result.get_asset_materialization_events()
+                  if e.materialization.asset_key == dg.AssetKey(["metrics", "demand_capacity"])]
+    # the hours per source: Kueue's 24 unknown; HTCondor (no slot state, no job: no row) has no key
+    assert {k: v.value for k, v in mat.metadata.items() if k.startswith("hours_")} == {
+        "hours_healthy_kueue": 0.0, "hours_moderate_kueue": 0.0, "hours_warning_kueue": 0.0,
+        "hours_critical_kueue": 0.0, "hours_unknown_kueue": 24.0}
     assert store.read_table(KUEUE_DEMAND, DAY.isoformat()).num_rows == 0
     rows = [r for r in store.read_table(DEMAND_CAPACITY, DAY.isoformat()).to_pylist() if r["source"] == "kueue"]
     assert len(rows) == 24

@@ -168,7 +168,11 @@ def test_evicted_backfill_job_is_idle_again_between_runs():
     assert again.capacity.equals(r.capacity)
 
     # job documents only: the last run's LastVacateTime still gives the re-queued gap; the first
-    # wait (run 0 unknown) is not counted -- documented
+    # wait (run 0 unknown) ends at the first start the row carries (JobStartDate), and without one
+    # (a day written before clean/jobs version 4) it is not counted -- documented
+    only_job = demand_from_tables(jobs([{**rows[2], "first_start_utc": at(9, 30)}]), states(2), DAY, END)
+    assert reasons(only_job) == [("bf#7.0#1", "first_run", at(9), at(9, 30), False),
+                                 ("bf#7.0#1", "requeued", at(10), at(10, 45), False)]
     only_job = demand_from_tables(jobs([rows[2]]), states(2), DAY, END)
     assert reasons(only_job) == [("bf#7.0#1", "requeued", at(10), at(10, 45), False)]
 
@@ -1235,3 +1239,129 @@ def test_kueue_a_configured_day_of_empty_scrape_files_is_24_unknown_hours(tmp_pa
                                      kueue=pa.Table.from_pylist(_scrape_rows(at(10), 3.0), schema=KUEUE_DEMAND.schema)),
                   source="kueue")
     assert len(rows) == 24 and rows[10]["demand_gpus"] == 3.0 and rows[10]["capacity_coverage"] == 1.0
+
+
+# -- job records: held then removed, job ads only, an open condor_q run ------------------------
+
+
+def _clean_from_documents(docs: list[dict], start: dt.datetime = DAY, end: dt.datetime = END) -> pa.Table:
+    """clean/jobs rows of adstash documents for ``[start, end)``, as the clean step writes them."""
+    from gpu_pipeline.lib.jobs import canonical_json
+    from gpu_pipeline.lib.schemas import RAW_JOB_DOCUMENTS
+
+    texts = [canonical_json(d) for d in docs]
+    raw = pa.table({"source": ["ndjson"] * len(texts), "origin": ["jobs.ndjson"] * len(texts),
+                    "position": list(range(len(texts))), "doc_json": texts, "parse_error": [None] * len(texts)},
+                   schema=RAW_JOB_DOCUMENTS.schema)
+    return clean_job_documents(raw, start, end).table
+
+
+def _s(hh: int, mm: int = 0) -> int:
+    return int(at(hh, mm).timestamp())
+
+
+def _gpu_hours(result) -> float:
+    return sum(x["request_gpus"] * (x["end_utc"] - x["start_utc"]).total_seconds() / 3600
+               for x in result.intervals.to_pylist())
+
+
+def test_a_job_held_while_running_then_removed_has_no_wait_after_its_run():
+    """A 4-GPU job queued 08:00, run 09:00, held while running at 10:00 (one hour of wall time),
+    removed at 20:00: the final ad says JobStatus 3, LastJobStatus 5, EnteredCurrentStatus 20:00. It
+    was held, not idle, from 10:00 to the removal: its demand is the first wait only, 08-09 x 4 GPUs
+    = 4 GPU-h (the wait after the run, 10:00-20:00, read 40 GPU-h more). Evicted and idle until the
+    removal (LastJobStatus 1), it waited 10:00-20:00: 4 + 40 = 44 GPU-h. Never started, held, then
+    removed at 12:00 (queued 08:00, 1 GPU), the final ad keeps no hold start: 08:00-12:00 counts,
+    4 GPU-h (documented)."""
+    held = {"GlobalJobId": f"ap#88.0#{_s(8)}", "QDate": _s(8), "JobStartDate": _s(9), "JobCurrentStartDate": _s(9),
+            "NumJobStarts": 1, "JobStatus": 3, "LastJobStatus": 5, "EnteredCurrentStatus": _s(20),
+            "RecordTime": _s(20), "RequestGpus": 4, "Owner": "bob", "RemoteWallClockTime": 3600.0,
+            "LastRemoteWallClockTime": 3600.0, "LastRemoteHost": "slot1_1@gpu01"}
+    clean = _clean_from_documents([held])
+    assert clean.select(["last_job_status", "run_end_utc"]).to_pylist() == [
+        {"last_job_status": 5, "run_end_utc": at(10)}]
+    r = demand_from_tables(clean, states(8), DAY, END)
+    assert reasons(r) == [(held["GlobalJobId"], "first_run", at(8), at(9), False)]
+    assert _gpu_hours(r) == 4.0
+    assert [hourly(r)[k]["demand_gpus"] for k in range(8, 21)] == [4.0] + [0.0] * 12
+    # with LastVacateTime at the hold (the shadow vacated the run): the same
+    r = demand_from_tables(_clean_from_documents([{**held, "LastVacateTime": _s(10)}]), states(8), DAY, END)
+    assert _gpu_hours(r) == 4.0
+
+    idle = {**held, "LastJobStatus": 1, "LastVacateTime": _s(10)}
+    r = demand_from_tables(_clean_from_documents([idle]), states(8), DAY, END)
+    assert reasons(r) == [(held["GlobalJobId"], "after_last_run", at(10), at(20), False),
+                          (held["GlobalJobId"], "first_run", at(8), at(9), False)]
+    assert _gpu_hours(r) == 44.0
+
+    never = {"GlobalJobId": f"ap#89.0#{_s(8)}", "QDate": _s(8), "JobStatus": 3, "LastJobStatus": 5,
+             "EnteredCurrentStatus": _s(12), "RecordTime": _s(12), "RequestGpus": 1}
+    r = demand_from_tables(_clean_from_documents([never]), states(8), DAY, END)
+    assert reasons(r) == [(never["GlobalJobId"], "never_started", at(8), at(12), False)]
+    assert _gpu_hours(r) == 4.0
+
+    # days written before clean/jobs version 4 (no last_job_status column): the wait counts, as before
+    old = _clean_from_documents([held]).drop_columns(["last_job_status", "first_start_utc"])
+    assert _gpu_hours(demand_from_tables(old, states(8), DAY, END)) == 44.0
+
+
+def test_job_ads_only_count_the_first_wait_up_to_the_first_start():
+    """adstash's default (job history ads, no epochs): one ad of a 2-GPU job queued 08:00, first run
+    09:00 (JobStartDate), evicted 10:00 (LastVacateTime), run again 12:00 (JobCurrentStartDate),
+    completed 13:00. It waited 08-09 and 10-12: 3 h x 2 GPUs = 6 GPU-h (the first wait was dropped:
+    4 GPU-h). The mean wait of hour 8 is the hour's wait since QDate at 09:00: 3600 s."""
+    ad = {"GlobalJobId": f"ap#77.0#{_s(8)}", "QDate": _s(8), "JobStartDate": _s(9), "JobCurrentStartDate": _s(12),
+          "LastVacateTime": _s(10), "NumJobStarts": 2, "CompletionDate": _s(13), "JobStatus": 4,
+          "EnteredCurrentStatus": _s(13), "RecordTime": _s(13), "RequestGpus": 2, "Owner": "alice",
+          "RemoteWallClockTime": 7200.0, "LastRemoteHost": "slot1_1@gpu01"}
+    clean = _clean_from_documents([ad])
+    assert clean.select(["run_index", "first_start_utc", "run_start_utc"]).to_pylist() == [
+        {"run_index": 1, "first_start_utc": at(9), "run_start_utc": at(12)}]
+    r = demand_from_tables(clean, states(4), DAY, END)
+    assert reasons(r) == [(ad["GlobalJobId"], "first_run", at(8), at(9), False),
+                          (ad["GlobalJobId"], "requeued", at(10), at(12), False)]
+    assert _gpu_hours(r) == 6.0
+    h = hourly(r)
+    assert [h[k]["demand_gpus"] for k in range(7, 14)] == [0.0, 2.0, 0.0, 2.0, 2.0, 0.0, 0.0]
+    assert (h[8]["mean_wait_s"], h[10]["mean_wait_s"], h[11]["mean_wait_s"]) == (3600.0, 3600.0, 7200.0)
+
+
+def test_a_first_wait_read_from_a_later_runs_row_is_in_the_partitions_of_its_days():
+    """A 1-GPU job queued on the 1st at 08:00, first run on the 2nd at 09:00 (JobStartDate), evicted
+    on the 3rd at 10:00, run again on the 5th at 12:00, completed 13:00; one job row (run 1). The
+    partitions of the 1st and the 2nd hold it for the first wait (neither run, nor the wait since
+    the eviction, overlaps them), and the demand of the 1st is 08:00-24:00, 16 GPU-h; of the 2nd,
+    00:00-09:00, 9 GPU-h; of the 4th, the wait since the eviction, 24 GPU-h."""
+    from gpu_pipeline.lib.jobs import jobs_overlapping
+    from gpu_pipeline.lib.timeutil import day_window
+
+    def t(d: int, h: int) -> dt.datetime:
+        return dt.datetime(2025, 8, d, h, tzinfo=UTC)
+
+    row = {**job("s1#9.0#1", 1, "job", queued=t(1, 8), start=t(5, 12), end=t(5, 13), completion=t(5, 13), lv=t(3, 10),
+                 record=t(5, 13)), "first_start_utc": t(2, 9)}
+    everything = jobs([row])
+    days = {f"2025-08-0{d}": jobs_overlapping(everything, *day_window(f"2025-08-0{d}")).num_rows for d in range(1, 7)}
+    assert days == {"2025-08-01": 1, "2025-08-02": 1, "2025-08-03": 1, "2025-08-04": 1, "2025-08-05": 1,
+                    "2025-08-06": 0}
+    # the first start past the day: not in it
+    assert jobs_overlapping(everything, t(2, 9), t(2, 10)).num_rows == 0
+    for day, gpu_hours in (("2025-08-01", 16.0), ("2025-08-02", 9.0), ("2025-08-04", 24.0)):
+        s, e = day_window(day)
+        part = jobs_overlapping(everything, s, e)
+        r = demand_from_tables(part, states(2, start=s, end=e), s, e)
+        assert _gpu_hours(r) == gpu_hours, day
+
+
+def test_the_wait_after_a_run_known_only_from_an_open_condor_q_row_counts():
+    """A condor_q row (10:30) shows run 0 running since 10:00, no end; the final ad describes run 1:
+    LastVacateTime 11:00, run again 12:00, completed 13:00. The job waited 09-10 and 11-12 (2 GPUs):
+    4 GPU-h (the open previous run hid the wait since the eviction: 2 GPU-h)."""
+    rows = [job("s1#1.0#1", 0, "job", queued=at(9), start=at(10), end=None, status=2, record=at(10, 30), gpus=2),
+            job("s1#1.0#1", 1, "job", queued=at(9), start=at(12), end=at(13), completion=at(13), status=4, lv=at(11),
+                gpus=2)]
+    r = demand_from_tables(jobs(rows), states(4), DAY, END)
+    assert reasons(r) == [("s1#1.0#1", "first_run", at(9), at(10), False),
+                          ("s1#1.0#1", "requeued", at(11), at(12), False)]
+    assert _gpu_hours(r) == 4.0
+    assert [hourly(r)[k]["demand_gpus"] for k in range(9, 13)] == [2.0, 0.0, 2.0, 0.0]

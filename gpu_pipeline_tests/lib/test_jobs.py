@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from gpu_pipeline.lib.jobs import (
@@ -140,8 +141,10 @@ def test_jobs_overlapping_windows():
     bf = "7001234.0"
     assert (bf, 0, "epoch") in hits(t(10), t(10, 30))  # during run 0
     assert [h for h in hits(t(13), t(13, 30)) if h[0] == bf] == [(bf, 1, "epoch"), (bf, 1, "job")]
-    # queued 08:00 -> first start 09:00: only the first run's row carries the queue wait
-    assert [h for h in hits(t(8, 15), t(8, 30)) if h[0] == bf] == [(bf, 0, "epoch")]
+    # queued 08:00 -> first start 09:00: the first run's row carries the queue wait, and so do the later
+    # run's rows by their JobStartDate (first_start_utc): a day with the job ad alone finds the wait
+    assert [h for h in hits(t(8, 15), t(8, 30)) if h[0] == bf] == [(bf, 0, "epoch"), (bf, 1, "epoch"), (bf, 1, "job")]
+    assert [h for h in hits(t(9), t(9, 30)) if h[0] == bf] == [(bf, 0, "epoch")]  # during run 0 only
     assert [h for h in hits(t(14), t(15)) if h[0] == bf] == []  # completed at 14:00 (end exclusive)
     # evicted at 11:00, run again at 12:00: the second run's rows carry the wait between
     assert [h for h in hits(t(11, 15), t(11, 30)) if h[0] == bf] == [(bf, 1, "epoch"), (bf, 1, "job")]
@@ -999,3 +1002,68 @@ def test_a_job_held_then_removed_or_released_ends_its_run_by_its_wall_time():
                    schema=RAW_JOB_DOCUMENTS.schema)
     day = clean_job_documents(raw, t0 - dt.timedelta(hours=8), t0 + dt.timedelta(hours=16)).table
     assert {r["global_job_id"]: r["run_end_utc"] for r in day.to_pylist()} == ends
+
+
+def test_last_job_status_and_the_first_start_are_kept():
+    """LastJobStatus (the status before the current one) and JobStartDate (the first run's start) are
+    columns of clean/jobs, read alike by the rules and over columns, whatever the spelling: a removed
+    job held before (5), a job ad of run 1 whose first run started at 09:00 while its last started at
+    12:00, and a document without either (null)."""
+    from gpu_pipeline.lib.job_source import clean_job_documents
+    from gpu_pipeline.lib.jobs import canonical_json
+    from gpu_pipeline.lib.jobs_fast import fast_rows
+    from gpu_pipeline.lib.schemas import RAW_JOB_DOCUMENTS
+
+    docs = [
+        {"GlobalJobId": "s#1.0#1", "QDate": int(t(8).timestamp()), "JobStartDate": int(t(9).timestamp()),
+         "JobCurrentStartDate": int(t(9).timestamp()), "NumJobStarts": 1, "JobStatus": 3, "LastJobStatus": 5,
+         "EnteredCurrentStatus": int(t(20).timestamp())},
+        {"GlobalJobId": "s#2.0#1", "QDate": int(t(8).timestamp()), "JobStartDate": int(t(9).timestamp()),
+         "JobCurrentStartDate": int(t(12).timestamp()), "NumJobStarts": 2, "JobStatus": 4,
+         "CompletionDate": int(t(13).timestamp()), "lastjobstatus": 2},
+        {"GlobalJobId": "s#3.0#1", "QDate": int(t(8).timestamp()), "JobStatus": 1},
+    ]
+    want = {"s#1.0#1": (5, t(9), t(9)), "s#2.0#1": (2, t(9), t(12)), "s#3.0#1": (None, None, None)}
+
+    def got(table: pa.Table) -> dict:
+        return {r["global_job_id"]: (r["last_job_status"], r["first_start_utc"], r["run_start_utc"])
+                for r in table.to_pylist()}
+
+    assert got(normalize_docs(docs, "ndjson").table) == want
+    texts = [canonical_json(d) for d in docs]
+    assert (fast_rows(pa.array(texts), "ndjson").index >= 0).all()  # all read over columns
+    raw = pa.table({"source": ["ndjson"] * 3, "origin": ["f.ndjson"] * 3, "position": [0, 1, 2], "doc_json": texts,
+                    "parse_error": [None] * 3}, schema=RAW_JOB_DOCUMENTS.schema)
+    assert got(clean_job_documents(raw, t(0), t(0) + dt.timedelta(days=1)).table) == want
+
+
+def test_a_day_written_before_version_4_reads_the_new_columns_as_null(tmp_path):
+    """clean/jobs version 4 added last_job_status and first_start_utc. A day written before (without
+    them, its columns in the old order) read with a new day, in either order, gives null there and
+    its other columns by name."""
+    from gpu_pipeline.lib.schemas import JOBS
+    from gpu_pipeline.lib.store import Store, connect
+
+    store = Store(tmp_path)
+    new = conform(pa.Table.from_pylist([{"global_job_id": "s#2.0#1", "run_index": 1, "doc_kind": "job",
+                                         "job_status": 3, "last_job_status": 5, "queued_utc": t(8),
+                                         "first_start_utc": t(9), "source": "ndjson"}]), JOBS)
+    old = conform(pa.Table.from_pylist([{"global_job_id": "s#1.0#1", "run_index": 0, "doc_kind": "job",
+                                         "job_status": 4, "queued_utc": t(7), "source": "ndjson"}]), JOBS)
+    old = old.drop_columns(["last_job_status", "first_start_utc"])
+    for old_day, new_day in (("2025-08-04", "2025-08-05"), ("2025-08-06", "2025-08-05")):
+        store.write_partition(JOBS, new_day, new)
+        path = store.partition_file(JOBS, old_day)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(old, path)
+        sql, params = store.relation_sql(JOBS, sorted([old_day, new_day]))
+        con = connect()
+        try:
+            rows = con.execute(f"SELECT global_job_id, job_status, last_job_status, queued_utc, first_start_utc "
+                               f"FROM {sql} ORDER BY global_job_id", params).fetchall()
+        finally:
+            con.close()
+        assert rows == [("s#1.0#1", 4, None, t(7), None), ("s#2.0#1", 3, 5, t(8), t(9))]
+        assert store.read_table(JOBS, old_day).select(["job_status", "last_job_status"]).to_pylist() == [
+            {"job_status": 4, "last_job_status": None}]
+        path.unlink()

@@ -133,7 +133,7 @@ def test_fast_rows_are_the_row_rules(seed):
         assert want is not None, text  # a document the rules quarantine is never read here
         got = dict(rows[i])
         for k in ("queued_utc", "run_start_utc", "run_end_utc", "completion_utc", "record_utc", "last_vacate_utc",
-                  "status_entered_utc"):
+                  "status_entered_utc", "first_start_utc"):
             got[k] = None if got[k] is None else (got[k] - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(
                 microseconds=1)
         assert got == want, text

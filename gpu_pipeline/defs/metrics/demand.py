@@ -1,6 +1,7 @@
 """Metrics: demand vs capacity per hour and device class, and top contributors (DESIGN.md 5.6)."""
 
 import dagster as dg
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpu_pipeline.defs.clean.jobs import KEY as JOBS_KEY
@@ -20,6 +21,7 @@ from gpu_pipeline.defs.metrics.efficiency import KEYS as EFFICIENCY_KEYS
 from gpu_pipeline.defs.metrics.gpu_states import KEY as STATES_KEY
 from gpu_pipeline.defs.resources import DataStoreResource, KueueResource
 from gpu_pipeline.lib.demand import (
+    ALL_DEVICES,
     DEMAND_CAPACITY,
     DEMAND_TOP_CONTRIBUTORS,
     SEVERITIES,
@@ -34,6 +36,20 @@ CAP_KEY, TOP_KEY = table_key(DEMAND_CAPACITY), table_key(DEMAND_TOP_CONTRIBUTORS
 DEPS = [JOBS_KEY, STATES_KEY, KUEUE_KEY, EFFICIENCY_KEYS[0]]
 FINITE = dg.AssetCheckSpec("dcr_finite_and_shares_in_range", asset=CAP_KEY,
                            description="DCR is finite wherever it is known; contributor shares are within [0, 1].")
+
+
+def severity_hours(capacity: pa.Table) -> dict[str, float]:
+    """``hours_<severity>_<source>``: the hours of each severity, per source, counted on the source's
+    ``ALL`` rows (the whole pool: one row per hour), as the demand plot counts them. The rows of the
+    device models are not more hours; a source without an ``ALL`` row in the day has no key."""
+    rows = zip(capacity["source"].to_pylist(), capacity["device_class"].to_pylist(),
+               capacity["severity"].to_pylist(), strict=True)
+    per_source: dict[str, list[str]] = {}
+    for source, device_class, severity in rows:
+        if device_class == ALL_DEVICES:
+            per_source.setdefault(source, []).append(severity)
+    return {f"hours_{sev.lower()}_{source}": float(sevs.count(sev))
+            for source, sevs in sorted(per_source.items()) for sev in SEVERITIES}
 
 
 @daily_tables_asset(
@@ -64,8 +80,7 @@ def demand_capacity(context: dg.AssetExecutionContext, data_store: DataStoreReso
         dcr, share = res.capacity["dcr"], res.top["share"]
         bad[day] = int(pc.sum(pc.invert(pc.is_finite(pc.fill_null(dcr, 0.0)))).as_py() or 0) + int(
             pc.sum(pc.or_(pc.less(share, -1e-9), pc.greater(share, 1 + 1e-9))).as_py() or 0)
-        sev = res.capacity["severity"].to_pylist()
-        kpis = {f"hours_{s.lower()}": float(sev.count(s)) for s in SEVERITIES}
+        kpis = severity_hours(res.capacity)
         # jobs whose requirements the ClassAd parser could not read count as device class ANY
         kpis["unreadable_requirements"] = float(res.unreadable_requirements)
         if res.unreadable_requirements:
