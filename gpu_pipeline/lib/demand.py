@@ -14,7 +14,10 @@ Demand (HTCondor job records, ``clean/jobs``)
       ``record_utc``; else the window end (still idle as far as the records tell). A job whose
       latest document says Removed with ``last_job_status`` 5 (LastJobStatus: held before the
       removal) has no such wait: it was held, not idle, up to the removal (when the hold began
-      the final ad does not say; held while running, the run's end is the hold's start);
+      the final ad does not say; held while running, the run's end is the hold's start) -- unless
+      its last run sent it back to Idle (an epoch written with the job Idle, or an eviction's
+      ``vacate_reason_code``, 1000 and above but 1023, the removal's): then it waits up to the
+      removal, its held time included;
     * a job that never started: ``[queued_utc, left)`` with the same ``left`` rule (so a job
       removed from the queue ends at its record time, a job still idle at the window end). A job
       that never started, held, then removed counts its held time too: the final ad keeps no
@@ -317,7 +320,7 @@ IDLE_INTERVALS = pa.schema(
 _INTERVAL_JOB_COLUMNS = ", ".join((
     "global_job_id", "run_index", "doc_kind", "record_utc", "job_status", "run_end_utc", "source", "request_gpus",
     "queued_utc", '"user"', "owner", "project", "schedd", "run_start_utc", "last_vacate_utc", "completion_utc",
-    "status_entered_utc",
+    "status_entered_utc", "vacate_reason_code",
 ))
 # Columns added since (clean/jobs version 4) that an in-memory jobs relation may lack: read as null there.
 _INTERVAL_OPTIONAL_COLUMNS = (("last_job_status", "INTEGER"), ("first_start_utc", "TIMESTAMPTZ"))
@@ -373,7 +376,11 @@ runs AS (
         epoch_us(arg_max(run_start_utc, doc_kind = 'epoch')) AS rs_us,
         epoch_us(arg_max(run_end_utc, doc_kind = 'epoch') FILTER (WHERE run_end_utc IS NOT NULL)) AS re_us,
         epoch_us(max(last_vacate_utc)) AS lv_us,
-        bool_or(completion_utc IS NOT NULL OR job_status = 4) AS completed
+        bool_or(completion_utc IS NOT NULL OR job_status = 4) AS completed,
+        -- the run's end sent the job back to Idle: its epoch written with the job Idle, or its vacate
+        -- an eviction's (a reason code from 1000 on, the job's removal, 1023, aside; a hold's is below)
+        coalesce(bool_or((doc_kind = 'epoch' AND job_status = 1)
+                         OR (vacate_reason_code >= 1000 AND vacate_reason_code <> 1023)), false) AS went_idle
     FROM j
     WHERE run_start_utc IS NOT NULL
     GROUP BY global_job_id, run_index
@@ -420,7 +427,7 @@ raw_iv AS (
              ELSE s.re_us END,
         NOT coalesce(i.has_left, false)
     FROM seq s JOIN info2 i USING (global_job_id), params p
-    WHERE s.is_last AND s.re_us IS NOT NULL AND NOT s.completed AND NOT i.removed_held
+    WHERE s.is_last AND s.re_us IS NOT NULL AND NOT s.completed AND NOT (i.removed_held AND NOT s.went_idle)
     UNION ALL
     -- never started
     SELECT i.global_job_id, 'never_started', i.q_us,

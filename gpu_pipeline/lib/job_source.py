@@ -12,8 +12,9 @@ days after a run that overlaps the window (files without a date are always read)
 carries two dates (``..._2025-08-01_2025-08-07...``, or two ``YYYYMMDD`` as in
 ``history-20250801-20250807.json``) names the days of a range, an export covering them: every day
 of the range reads it (with the same look-around) and counts its documents as its own. Two dates
-name a range only when a range separator joins them (``_``, ``-``, ``_to_``, ``..``); a name with two
-dates apart (``jobs_2025-08-05_exported_2025-09-30``) is named for its first.
+name a range only when a range separator joins them (``_``, ``-``, ``.``, ``--``, ``__``, ``..``,
+``_to_``, ``-to-``, `` to ``); a name with two dates apart (``jobs_2025-08-05_exported_2025-09-30``,
+or two ``YYYYMMDD`` apart) is named for its first.
 """
 
 from __future__ import annotations
@@ -268,13 +269,18 @@ def _drop_stale_open_runs(table: pa.Table, start_utc: dt.datetime) -> tuple[pa.T
     ``condor_q`` snapshot in a file named for a range of days, or for none, that a day long after reads.
     The records that would close it (a later snapshot, the job's history ad) lie in the files between,
     which the day does not read: carried, the run ran on every later day of the range. A snapshot of
-    the day before, or of the day, is kept: it says the job runs. Returns the table and the rows left out."""
+    the day before, or of the day, is kept: it says the job runs; so is a row whose record time is its
+    EnteredCurrentStatus (a dump without ServerTime: when the run began, not when it was seen).
+    Returns the table and the rows left out."""
     if not table.num_rows:
         return table, 0
     cut = pa.scalar(dt.datetime.combine(start_utc.astimezone(dt.UTC).date() - dt.timedelta(days=1), dt.time(),
                                         tzinfo=dt.UTC), type=table.schema.field("record_utc").type)
+    # (a record time that is the job's EnteredCurrentStatus, a dump without ServerTime, is when the run
+    # began, not when it was seen running: such a row is kept)
+    observed = pc.fill_null(pc.not_equal(table["record_utc"], table["status_entered_utc"]), True)
     stale = pc.fill_null(pc.and_(pc.and_(pc.is_null(table["run_end_utc"]), pc.is_valid(table["run_start_utc"])),
-                                 pc.less(table["record_utc"], cut)), False)
+                                 pc.and_(pc.less(table["record_utc"], cut), observed)), False)
     n = int(pc.sum(stale).as_py() or 0)
     return (table.filter(pc.invert(stale)), n) if n else (table, 0)
 

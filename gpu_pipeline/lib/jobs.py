@@ -1101,9 +1101,17 @@ def jobs_overlapping(table: pa.Table, start_utc: Any, end_utc: Any) -> pa.Table:
         pc.and_kleene(first, pc.and_kleene(pc.is_valid(queued), pc.less(queued, e))),
         pc.or_kleene(pc.is_null(queue_end), pc.greater(queue_end, s)),
     )
+    # a later run's row carries the first wait (JobStartDate) for a job of which no row of run 0 is
+    # among those read (adstash's job ads describe the last run); where run 0's row is read, it
+    # carries the wait itself (each later run's row in every day of the wait was copies for nothing,
+    # and a later run's row without the runs between reads as their waits' end)
     first_start = table["first_start_utc"]
+    with_run0 = pc.unique(table["global_job_id"].filter(
+        pc.and_(pc.equal(table["run_index"], 0), pc.is_valid(run_start))))
     first_wait_hit = pc.and_kleene(
-        pc.and_kleene(pc.greater(table["run_index"], 0), pc.less(queued, first_start)),
+        pc.and_kleene(pc.and_kleene(pc.greater(table["run_index"], 0),
+                                    pc.invert(pc.is_in(table["global_job_id"], value_set=with_run0))),
+                      pc.less(queued, first_start)),
         pc.and_kleene(pc.less(queued, e), pc.greater(first_start, s)),
     )
     queue_hit = pc.or_kleene(queue_hit, first_wait_hit)

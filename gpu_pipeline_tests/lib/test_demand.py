@@ -1304,6 +1304,24 @@ def test_a_job_held_while_running_then_removed_has_no_wait_after_its_run():
     old = _clean_from_documents([held]).drop_columns(["last_job_status", "first_start_utc"])
     assert _gpu_hours(demand_from_tables(old, states(8), DAY, END)) == 44.0
 
+    # evicted at 10:00 (an eviction's vacate reason code), idle, held at 16:00, removed at 20:00: the
+    # run sent it back to Idle, so it waited from 10:00 to the removal (its held time included: the
+    # final ad gives no hold start), 44 GPU-h -- not the first wait alone (4 GPU-h undercounts 24 of
+    # idle); so does an epoch of the run written with the job Idle
+    evicted = {**held, "LastVacateTime": _s(10), "VacateReasonCode": 1018, "EnteredCurrentStatus": _s(20)}
+    r = demand_from_tables(_clean_from_documents([evicted]), states(8), DAY, END)
+    assert _gpu_hours(r) == 44.0
+    epoch = {"GlobalJobId": held["GlobalJobId"], "QDate": _s(8), "JobCurrentStartDate": _s(9), "NumJobStarts": 1,
+             "NumShadowStarts": 1, "EpochAdType": "EPOCH", "EpochWriteDate": _s(10), "JobStatus": 1,
+             "LastVacateTime": _s(10), "RequestGpus": 4}
+    r = demand_from_tables(_clean_from_documents([held, epoch]), states(8), DAY, END)
+    assert _gpu_hours(r) == 44.0
+    # a hold's vacate code (below 1000), or the removal's (1023): held or removed while running, no wait
+    for code in (21, 1023):
+        r = demand_from_tables(_clean_from_documents([{**held, "LastVacateTime": _s(10), "VacateReasonCode": code}]),
+                               states(8), DAY, END)
+        assert _gpu_hours(r) == 4.0, code
+
 
 def test_job_ads_only_count_the_first_wait_up_to_the_first_start():
     """adstash's default (job history ads, no epochs): one ad of a 2-GPU job queued 08:00, first run

@@ -141,9 +141,16 @@ def test_jobs_overlapping_windows():
     bf = "7001234.0"
     assert (bf, 0, "epoch") in hits(t(10), t(10, 30))  # during run 0
     assert [h for h in hits(t(13), t(13, 30)) if h[0] == bf] == [(bf, 1, "epoch"), (bf, 1, "job")]
-    # queued 08:00 -> first start 09:00: the first run's row carries the queue wait, and so do the later
-    # run's rows by their JobStartDate (first_start_utc): a day with the job ad alone finds the wait
-    assert [h for h in hits(t(8, 15), t(8, 30)) if h[0] == bf] == [(bf, 0, "epoch"), (bf, 1, "epoch"), (bf, 1, "job")]
+    # queued 08:00 -> first start 09:00: the first run's row carries the queue wait; the later run's rows
+    # do not where run 0's is read (a copy in every day of the wait), and do by their JobStartDate
+    # (first_start_utc) where it is not (a day with the job ad alone finds the wait)
+    assert [h for h in hits(t(8, 15), t(8, 30)) if h[0] == bf] == [(bf, 0, "epoch")]
+    later = table.filter(pa.compute.invert(pa.compute.and_(
+        pa.compute.equal(table["global_job_id"], table.filter(pa.compute.match_substring(
+            table["global_job_id"], f"#{bf}#"))["global_job_id"][0]), pa.compute.equal(table["run_index"], 0))))
+    out = jobs_overlapping(later, t(8, 15), t(8, 30))
+    assert sorted((r["run_index"], r["doc_kind"]) for r in out.to_pylist() if f"#{bf}#" in r["global_job_id"]) == [
+        (1, "epoch"), (1, "job")]
     assert [h for h in hits(t(9), t(9, 30)) if h[0] == bf] == [(bf, 0, "epoch")]  # during run 0 only
     assert [h for h in hits(t(14), t(15)) if h[0] == bf] == []  # completed at 14:00 (end exclusive)
     # evicted at 11:00, run again at 12:00: the second run's rows carry the wait between
@@ -840,6 +847,26 @@ def test_a_range_files_snapshot_older_than_the_days_files_is_no_open_run_there(t
                 for r in got.table.to_pylist() if r["doc_kind"] == "job"]
         assert sorted(set(ends)) == rows, day
         assert got.stale_open_runs_dropped == stale, day
+
+
+def test_a_daily_dump_without_server_time_keeps_a_job_running_since_days_before(tmp_path):
+    """A dump of the queue without ServerTime (Python bindings, a projection): its record time is the
+    job's EnteredCurrentStatus, when its run began, three days before the day -- not when it was seen
+    running. The stale rule dropped it from the day of its own file; it is kept."""
+    from gpu_pipeline.lib.job_source import clean_job_documents, raw_docs_from_files
+
+    ad = {"GlobalJobId": "ap1#5.0#1754000000", "JobStatus": 2, "NumJobStarts": 1, "QDate": _at(7, 9),
+          "JobCurrentStartDate": _at(7, 10), "EnteredCurrentStatus": _at(7, 10), "RemoteHost": "slot1_1@gpu01",
+          "RequestGPUs": 1}
+    (tmp_path / "condor_q_2025-08-10.json").write_text(json.dumps([ad]))
+    s, e = _day("2025-08-10")
+    got = clean_job_documents(raw_docs_from_files(tmp_path, s, e, 7).table, s, e)
+    assert got.table["global_job_id"].to_pylist() == ["ap1#5.0#1754000000"] and got.stale_open_runs_dropped == 0
+    # seen running three days before (ServerTime), in a file the day reads (undated): stale
+    (tmp_path / "condor_q_2025-08-10.json").unlink()
+    (tmp_path / "condor_q_export.json").write_text(json.dumps([dict(ad, ServerTime=_at(7, 12))]))
+    got = clean_job_documents(raw_docs_from_files(tmp_path, s, e, 7).table, s, e)
+    assert got.table.num_rows == 0 and got.stale_open_runs_dropped == 1
 
 
 def _snapshot_and_closer(closer_kind: str) -> tuple[dict, dict, str]:
