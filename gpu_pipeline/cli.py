@@ -382,6 +382,38 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_dumps(args: argparse.Namespace) -> int:
+    """``collect condor --from-file``: each saved dump one snapshot of the archive, at --snapshot-time or
+    the file's modification time."""
+    from gpu_pipeline.lib.condor_collector import ArchiveWriteError, import_dump
+
+    when = None
+    if args.snapshot_time:
+        try:
+            when = dt.datetime.fromisoformat(args.snapshot_time)
+        except ValueError:
+            print(f"error: --snapshot-time {args.snapshot_time!r} is not an ISO 8601 time", file=sys.stderr)
+            return 2
+        if when.tzinfo is None:
+            print(f"error: --snapshot-time {args.snapshot_time!r} has no UTC offset (e.g. 2025-08-05T10:00:00+00:00)",
+                  file=sys.stderr)
+            return 2
+        if len(args.from_file) > 1:
+            print("error: --snapshot-time names one instant: give one --from-file with it", file=sys.stderr)
+            return 2
+    failures = 0
+    for name in args.from_file:
+        try:
+            r = import_dump(name, Path(args.out), args.archive_tz, when)
+        except (OSError, ValueError, ArchiveWriteError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failures += 1
+            continue
+        print(f"{name}: {r.slots} slot(s), {r.rows} row(s) at {r.snapshot_time.isoformat()} -> {r.path}"
+              + (f" ({r.skipped_ads} malformed ad(s) skipped)" if r.skipped_ads else ""))
+    return 1 if failures else 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     _load_env(args.dir)
     _default_dagster_home()
@@ -416,6 +448,11 @@ def cmd_collect_condor(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.from_file:
+        return _import_dumps(args)
+    if not args.collector:
+        print("error: collect condor needs --collector HOST, or --from-file DUMP", file=sys.stderr)
+        return 2
     result = collect_loop(
         args.collector,
         Path(args.out),
@@ -487,7 +524,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("collect", help="live collectors: HTCondor slot snapshots, NVML GPU samples")
     csub = c.add_subparsers(dest="source", required=True)
     cc = csub.add_parser("condor", help="append collector snapshots to the monthly gpu_state archive")
-    cc.add_argument("--collector", required=True, help="HOST[:PORT] of the HTCondor collector")
+    cc.add_argument("--collector", help="HOST[:PORT] of the HTCondor collector")
+    cc.add_argument("--from-file", action="append", metavar="DUMP",
+                    help="instead of a collector: a saved `condor_status -long` or `condor_status -json` dump, "
+                    "appended as one snapshot (repeatable)")
+    cc.add_argument("--snapshot-time", help="with one --from-file: when the dump was taken, ISO 8601 with a UTC "
+                    "offset (default: the file's modification time)")
     cc.add_argument("--out", required=True, help="archive directory (gpu_state_YYYY-MM.db files)")
     cc.add_argument("--interval", type=_positive, default=300.0, help="seconds between snapshots")
     cc.add_argument("--iterations", type=_count, help="stop after N snapshots (default: run until stopped)")

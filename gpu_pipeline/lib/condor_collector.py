@@ -1021,6 +1021,42 @@ class LoopResult:
         return EXIT_FAILED  # nothing written: not the "some written" of EXIT_PARTIAL
 
 
+def import_dump(
+    path: str | Path,
+    archive_dir: str | Path,
+    archive_tz: str = "UTC",
+    snapshot_time: dt.datetime | None = None,
+) -> CollectResult:
+    """Append a saved ``condor_status -long`` (old ClassAd syntax) or ``condor_status -json`` dump as
+    one snapshot of the monthly archive, as :func:`collect_once` appends a live query: the way to
+    bring dumps taken before the collector ran into the archive. ``snapshot_time`` (aware) is when
+    the dump was taken; None: the file's modification time. The format is told by the text (a JSON
+    array or object, else old syntax). Raises ValueError naming the file for an unreadable dump, or a
+    naive time."""
+    path = Path(path)
+    _zone(archive_tz)
+    if snapshot_time is None:
+        snapshot_time = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.UTC)
+    elif snapshot_time.tzinfo is None:
+        raise ValueError(f"{path}: snapshot time {snapshot_time.isoformat()} has no time zone")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        ads = parse_json_ads(text) if text.lstrip().startswith(("[", "{")) else parse_old_ads(text)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    conv = convert_ads(ads, snapshot_time)
+    if not conv.slots:
+        raise ValueError(f"{path}: no slot ad (an ad with Name and State) in the dump"
+                         + (f"; skipped: {'; '.join(conv.skipped_reasons[:3])}" if conv.skipped_reasons else ""))
+    archive = append_snapshot(Path(archive_dir), conv.rows, snapshot_time, archive_tz)
+    if conv.skipped_ads:
+        log.warning("%s: skipped %d malformed ads: %s", path, conv.skipped_ads, "; ".join(conv.skipped_reasons[:5]))
+    log.info("%s: %d slots -> %d rows appended to %s at %s", path, conv.slots, len(conv.rows), archive,
+             snapshot_time.isoformat())
+    return CollectResult(rows=len(conv.rows), slots=conv.slots, skipped_ads=conv.skipped_ads, path=archive,
+                         snapshot_time=snapshot_time, slots_without_gpus=conv.slots_without_gpus)
+
+
 def collect_loop(
     collector: str,
     archive_dir: str | Path,

@@ -784,3 +784,44 @@ def test_sqlite_unable_to_open_its_journal_on_a_full_file_system_is_retried(tmp_
     else:
         assert (result.iterations, result.failures, result.stopped_reason) == (3, 3, None)
     assert result.exit_code == cc.EXIT_ARCHIVE_ERROR
+
+
+# ------------------------------------------------------------------ saved dumps into the archive
+
+
+@pytest.mark.parametrize("name", ["startd_gpu_slots.long.txt", "startd_gpu_slots.json"])
+def test_a_saved_condor_status_dump_is_appended_as_one_snapshot_through_the_cli(tmp_path, name):
+    """An operator's dumps taken before the collector ran (`condor_status -long` / `-json`) go into the
+    monthly archive with `collect condor --from-file`, at their modification time or the time given,
+    and read back as the live collector's snapshot of the same ads does."""
+    import os
+
+    from gpu_pipeline import cli
+
+    dump = tmp_path / name
+    dump.write_bytes((FIXTURES / name).read_bytes())
+    t_mtime = dt.datetime(2025, 8, 5, 10, 0, 7, tzinfo=UTC)
+    os.utime(dump, (t_mtime.timestamp(), t_mtime.timestamp()))
+    archive = tmp_path / "archive"
+    assert cli.main(["collect", "condor", "--from-file", str(dump), "--out", str(archive),
+                     "--archive-tz", "America/Chicago"]) == 0
+    at = dt.datetime(2025, 8, 5, 10, 5, 7, tzinfo=UTC)
+    assert cli.main(["collect", "condor", "--from-file", str(dump), "--out", str(archive), "--archive-tz",
+                     "America/Chicago", "--snapshot-time", at.isoformat()]) == 0
+    read = read_window(archive, dt.datetime(2025, 8, 5, tzinfo=UTC), dt.datetime(2025, 8, 6, tzinfo=UTC),
+                       "America/Chicago")
+    times = sorted(set(read.table.column("snapshot_utc").to_pylist()))
+    assert times == [t_mtime, at]
+    first = [r for r in read.table.to_pylist() if r["snapshot_utc"] == t_mtime]
+    assert sorted((r["Name"], r["AssignedGPUs"], r["State"]) for r in first) == sorted(
+        (r["Name"], r["AssignedGPUs"], r["State"]) for r in EXPECTED)
+    # a file that holds no slot ad, a naive time: refused, naming the file or the option; nothing appended
+    junk = tmp_path / "notes.txt"
+    junk.write_text("MyType = \"Machine\"\n")
+    assert cli.main(["collect", "condor", "--from-file", str(junk), "--out", str(archive), "--archive-tz", "UTC"]) == 1
+    assert cli.main(["collect", "condor", "--from-file", str(dump), "--out", str(archive), "--archive-tz", "UTC",
+                     "--snapshot-time", "2025-08-05T10:10:00"]) == 2
+    assert cli.main(["collect", "condor", "--out", str(archive), "--archive-tz", "UTC"]) == 2
+    read = read_window(archive, dt.datetime(2025, 8, 5, tzinfo=UTC), dt.datetime(2025, 8, 6, tzinfo=UTC),
+                       "America/Chicago")
+    assert len(set(read.table.column("snapshot_utc").to_pylist())) == 2
