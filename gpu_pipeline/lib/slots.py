@@ -62,6 +62,27 @@ def _several_ids(raw: str | None) -> bool:
     return len(_id_parts(raw)) > 1
 
 
+def gpu_id_collisions(con: duckdb.DuckDBPyConnection, from_sql: str, params: list | None = None,
+                      limit: int = 20) -> dict[str, dict]:
+    """GPU ids that slots of two or more hosts name in one snapshot, from the clean slot rows
+    ``from_sql``: two boards whose HTCondor short ids (``GPU-`` and 8 hex digits of the UUID) are the
+    same, or HTCondor 9.1's 4-hex MIG ids, which the states and every table keyed by ``gpu_id`` read
+    as one GPU. ``{gpu_id: {"hosts": [...], "snapshots": n}}`` for at most ``limit`` ids (by id). A
+    GPU moved between hosts in the day is no collision: each snapshot names it on one host. The
+    first pass groups the day by GPU only; the ids on several hosts are then read per snapshot."""
+    moved = [r[0] for r in con.execute(
+        f"SELECT gpu_id FROM {from_sql} GROUP BY gpu_id HAVING count(DISTINCT host) > 1", params or []).fetchall()]
+    if not moved:
+        return {}
+    rows = con.execute(
+        f"""SELECT gpu_id, count(*) AS snapshots, list_sort(list_distinct(flatten(list(hosts)))) AS hosts
+            FROM (SELECT snapshot_utc, gpu_id, list(DISTINCT host) AS hosts FROM {from_sql}
+                  WHERE list_contains(?, gpu_id) GROUP BY snapshot_utc, gpu_id HAVING count(DISTINCT host) > 1)
+            GROUP BY gpu_id ORDER BY gpu_id LIMIT {int(limit)}""",
+        [*(params or []), moved]).fetchall()
+    return {g: {"hosts": list(hosts), "snapshots": int(n)} for g, n, hosts in rows}
+
+
 @dataclass
 class CleanResult:
     table: pa.Table | None  #: the clean rows; None when they went to ``sink`` instead

@@ -580,3 +580,24 @@ def test_a_tier_without_capacity_has_no_allocation_kpi_not_zero(tmp_path, store_
     assert daily["priority"]["allocation_pct"] is None
     assert "priority_allocation_pct" not in md
     assert md["shared_allocation_pct"].value == 100.0
+
+
+def test_a_gpu_id_two_hosts_name_in_one_snapshot_is_warned_about(tmp_path, store_res):
+    """Two boards whose HTCondor short ids are the same (8 hex digits of the UUID; HTCondor 9.1's MIG
+    ids have 4) are one GPU in the states: the clean step warns, naming the id and its hosts. A GPU
+    moved from one host to another in the day is no collision."""
+    rows = []
+    for k in range(3):
+        ts = f"2025-08-05 10:{5 * k:02d}:01.000000"
+        rows += [slot_row(ts, "slot1", "GPU-00000000", "Unclaimed", host="h100-a"),
+                 slot_row(ts, "slot1", "GPU-00000000", "Claimed", host="h100-b", job="s#1.0#1"),
+                 slot_row(ts, "slot1", "GPU-bbbbbbbb", "Unclaimed", host="moved-from" if k < 2 else "moved-to")]
+    write_gpu_state_db(tmp_path / "arch" / "gpu_state_2025-08.db", rows)
+    res = {"data_store": store_res, "condor_archive": CondorArchiveResource(archive_dir=str(tmp_path / "arch"))}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([condor_slot_snapshots, slot_snapshots], resources=res, partition_key=DAY,
+                                instance=instance, raise_on_error=False)
+        (ev,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "gpu_id_on_one_host"]
+    assert result.success and ev.passed is False and ev.severity == dg.AssetCheckSeverity.WARN
+    assert ev.metadata["gpu_ids_on_several_hosts_by_day"].value == {
+        DAY: {"GPU-00000000": {"hosts": ["h100-a", "h100-b"], "snapshots": 3}}}

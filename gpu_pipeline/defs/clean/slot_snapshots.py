@@ -11,9 +11,10 @@ from gpu_pipeline.defs.common import (
 )
 from gpu_pipeline.defs.raw.condor_slot_snapshots import KEY as RAW_KEY
 from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
+from gpu_pipeline.lib.db import connect
 from gpu_pipeline.lib.schemas import CLEAN_SLOT_SNAPSHOTS as SPEC
 from gpu_pipeline.lib.schemas import QUARANTINE, RAW_CONDOR_SLOT_SNAPSHOTS
-from gpu_pipeline.lib.slots import CLEAN_INPUT_COLUMNS, DICTIONARY_COLUMNS, clean_slot_rows
+from gpu_pipeline.lib.slots import CLEAN_INPUT_COLUMNS, DICTIONARY_COLUMNS, clean_slot_rows, gpu_id_collisions
 
 KEY = table_key(SPEC)
 UNIQUE_KEY = dg.AssetCheckSpec(
@@ -23,7 +24,16 @@ UNIQUE_KEY = dg.AssetCheckSpec(
 )
 
 
-@daily_table_asset(SPEC, deps=[RAW_KEY], check_specs=[UNIQUE_KEY])
+ONE_HOST = dg.AssetCheckSpec(
+    "gpu_id_on_one_host",
+    asset=KEY,
+    description="No GPU id is named by slots of two hosts in one snapshot (two boards with the same HTCondor short "
+                "id, or HTCondor 9.1's 4-hex MIG ids): the states and every table keyed by gpu_id would read them as "
+                "one GPU. A warning naming the ids and their hosts.",
+)
+
+
+@daily_table_asset(SPEC, deps=[RAW_KEY], check_specs=[UNIQUE_KEY, ONE_HOST])
 def slot_snapshots(
     context: dg.AssetExecutionContext,
     data_store: DataStoreResource,
@@ -31,6 +41,7 @@ def slot_snapshots(
 ) -> dg.MaterializeResult:
     store = data_store.store()
     duplicate_keys: dict[str, int] = {}
+    collisions: dict[str, dict] = {}
 
     def one_day(day: str) -> DayOutcome:
         # Only the columns cleaning reads, repetitive text dictionary-encoded (a 10,000-GPU day is
@@ -44,6 +55,16 @@ def slot_snapshots(
         )
         store.write_partition(QUARANTINE, day, cleaned.quarantine)
         duplicate_keys[day] = cleaned.duplicate_keys
+        if cleaned.rows_out:
+            con = connect()
+            try:
+                found = gpu_id_collisions(con, "read_parquet(?)", [str(store.partition_file(SPEC, day))])
+            finally:
+                con.close()
+            if found:
+                collisions[day] = found
+                context.log.warning(f"{day}: {len(found)} GPU id(s) named on two hosts in one snapshot, read as one "
+                                    f"GPU downstream: {dict(list(found.items())[:3])}")
         return DayOutcome(
             day=day,
             result=cleaned.written,
@@ -67,4 +88,8 @@ def slot_snapshots(
         passed=not any(duplicate_keys.values()),
         metadata={"duplicate_keys_by_day": dg.MetadataValue.json(duplicate_keys)},
     )
-    return materialize_result(SPEC, outcomes, check_results=[check])
+    one_host = dg.AssetCheckResult(
+        check_name=ONE_HOST.name, passed=not collisions, severity=dg.AssetCheckSeverity.WARN,
+        metadata={"gpu_ids_on_several_hosts_by_day": dg.MetadataValue.json(collisions)},
+    )
+    return materialize_result(SPEC, outcomes, check_results=[check, one_host])
