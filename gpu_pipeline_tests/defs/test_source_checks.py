@@ -2,6 +2,7 @@
 
 import datetime as dt
 import json
+import os
 
 import dagster as dg
 import pyarrow as pa
@@ -601,3 +602,26 @@ def test_a_gpu_id_two_hosts_name_in_one_snapshot_is_warned_about(tmp_path, store
     assert result.success and ev.passed is False and ev.severity == dg.AssetCheckSeverity.WARN
     assert ev.metadata["gpu_ids_on_several_hosts_by_day"].value == {
         DAY: {"GPU-00000000": {"hosts": ["h100-a", "h100-b"], "snapshots": 3}}}
+
+
+def test_a_scrape_file_copied_without_its_time_is_counted_and_warned_about(tmp_path, store_res):
+    """dcgm-exporter writes no timestamps by default: a scrape file's samples take its modification
+    time. Copied without it (cp without -p), the day's file reads as the copy's day: its rows fell
+    outside the day with nothing in the metadata or the log; both counters are there now, with a
+    warning saying what to do."""
+    uuid = 'UUID="GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005",gpu="0",modelName="NVIDIA H100 80GB HBM3"'
+    path = tmp_path / "tel" / "dcgm" / "nodeA" / "dcgm-2025-08-05.prom"
+    path.parent.mkdir(parents=True)
+    path.write_text(f"DCGM_FI_DEV_GPU_UTIL{{{uuid}}} 10\nDCGM_FI_DEV_POWER_USAGE{{{uuid}}} 300\n")
+    copied = dt.datetime(2026, 11, 28, 12, tzinfo=dt.UTC).timestamp()  # the copy's time, not the scrape's
+    os.utime(path, (copied, copied))
+    res = {"data_store": store_res, "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"))}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([gpu_telemetry], resources=res, partition_key=DAY, instance=instance,
+                                raise_on_error=False)
+        (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
+        logs = [r.user_message for r in instance.all_logs(result.run_id) if "modification time" in r.user_message]
+    md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+    assert md["samples"] == 0
+    assert md["samples_default_time"] == 2 and md["rows_outside_window"] == 1  # two sample lines, one row
+    assert len(logs) == 1 and "cp -p" in logs[0]

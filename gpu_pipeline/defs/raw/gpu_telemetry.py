@@ -50,6 +50,10 @@ LAYOUT_COUNTERS = ("layouts_without_time",)
 #: samples two scrapes shared a grid step lost, a warning in the run's log) and the chunks read in
 #: halves for ``--query.max-samples``
 PROMETHEUS_COUNTERS = ("step_too_coarse", "max_samples_splits")
+#: Reader counters of time, in the day's metadata: exporter samples without a timestamp, timed by their
+#: file's modification time, and rows of the files read that fall outside the day (a scrape file copied
+#: without its modification time is read at the copy's: a warning when both are there)
+TIME_COUNTERS = ("samples_default_time", "rows_outside_window")
 
 
 @daily_table_asset(SPEC, kinds={"nvidia", "prometheus", "parquet"}, check_specs=[HAS_SAMPLES, COVERAGE])
@@ -94,12 +98,18 @@ def gpu_telemetry(
                    "files_not_recognized": unread}
         # values read as null, not as numbers: NaN (nvidia-smi's "nan W", an exporter's NaN) and DCGM's
         # "blank" sentinels, summed over the readers (their counters are "<kind>:<name>")
-        for name in (*VALUE_COUNTERS, *DROP_COUNTERS, *LAYOUT_COUNTERS, *PROMETHEUS_COUNTERS):
+        for name in (*VALUE_COUNTERS, *DROP_COUNTERS, *LAYOUT_COUNTERS, *PROMETHEUS_COUNTERS, *TIME_COUNTERS):
             metrics[name] = int(sum(v for k, v in stream.counters.items()
                                     if k == name or k.endswith((f":{name}", f"_{name}"))))
         dropped = {name: metrics[name] for name in DROP_COUNTERS if metrics[name]}
         if dropped:
             context.log.warning(f"{day}: samples read and not kept (see the day's metadata): {dropped}")
+        if metrics["samples_default_time"] and metrics["rows_outside_window"]:
+            context.log.warning(f"{day}: {metrics['samples_default_time']:,} exporter sample(s) without a timestamp "
+                                "were timed by their file's modification time, and "
+                                f"{metrics['rows_outside_window']:,} row(s) read fell outside the day: a scrape file "
+                                "copied without its modification time (cp without -p, a download) is read at the "
+                                "copy's time; keep the times (cp -p, rsync -t) or let the exporter stamp its samples")
         if metrics["step_too_coarse"]:
             context.log.warning(f"{day}: the Prometheus step is too coarse for the scrape interval: the raw "
                                 "samples kept are a median "
