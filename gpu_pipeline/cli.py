@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import math
 import os
 import shlex
@@ -110,7 +111,29 @@ def run_pipeline(start: dt.date, end: dt.date, instance=None) -> bool:  # noqa: 
     # failures, without a DEBUG line per event (about 400 for a demo week) burying them
     run_config = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
     result = job.execute_in_process(instance=instance, tags=tags, raise_on_error=False, run_config=run_config)
+    for line in _failed_checks(result.get_asset_check_evaluations()):
+        print(line)
     return result.success
+
+
+def _failed_checks(evaluations) -> list[str]:  # noqa: ANN001
+    """A line per failed asset check with its figures (the metadata a check fails on: the days, the
+    coverage, the violations), so that a console run says why, not only which check."""
+    lines = []
+    for ev in evaluations:
+        if ev.passed:
+            continue
+        figures = []
+        for key, value in (ev.metadata or {}).items():
+            shown = getattr(value, "value", value)
+            if shown in (None, {}, [], 0, False) or key == "stops_downstream":
+                continue
+            text = json.dumps(shown, default=str) if isinstance(shown, dict | list) else str(shown)
+            figures.append(f"{key}={text if len(text) <= 160 else text[:157] + '...'}")
+        severity = getattr(ev.severity, "value", ev.severity)
+        lines.append(f"check failed ({severity}): {ev.asset_key.to_user_string()} {ev.check_name}"
+                     + (f": {'; '.join(figures[:4])}" if figures else ""))
+    return lines
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -347,7 +370,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
     # unset, the root the runs of this folder take: DAGSTER_HOME's, ./.dagster_home when that is unset too
     root = args.data_root or data_root({**os.environ, "DAGSTER_HOME": _dagster_home()})
     if not Path(str(root).removeprefix("file://")).expanduser().is_dir():
-        print(f"error: {root}: no such data root", file=sys.stderr)
+        how = ("" if args.data_root or (os.environ.get(DATA_ROOT_VAR) or "").strip() else
+               f" ({DATA_ROOT_VAR} is set neither in the environment nor in a .env of this folder: run in the "
+               "folder whose .env configures the pipeline, or give --dir DIR or --data-root PATH)")
+        print(f"error: {root}: no such data root{how}", file=sys.stderr)
         return 2
     store = Store(root)
     if args.catalog:

@@ -98,6 +98,12 @@ def test_sql_errors_are_one_message(tmp_path):
     missing = subprocess.run([EXE, "sql", "--data-root", str(tmp_path / "nowhere"), "SELECT 1"], cwd=tmp_path,
                              env=_env(), capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no such data root" in missing.stderr
+    assert "--dir DIR or --data-root" not in missing.stderr  # it was given: nothing to tell
+    # run outside the folder whose .env configures the pipeline: the message says so
+    (tmp_path / "elsewhere").mkdir()
+    lost = subprocess.run([EXE, "sql", "SELECT 1"], cwd=tmp_path / "elsewhere", env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert lost.returncode == 2 and "no such data root" in lost.stderr and "--dir DIR or --data-root" in lost.stderr
     (tmp_path / "data").mkdir()
     bad = subprocess.run([EXE, "sql", "--data-root", str(tmp_path / "data"), "SELEC 1"], cwd=tmp_path, env=_env(),
                          capture_output=True, text=True, timeout=120)
@@ -297,3 +303,25 @@ def test_the_readme_counts_the_spec_tables_models():
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert f"the spec table: {spec_table().num_rows} models" in readme
+
+
+def test_materialize_says_why_a_check_failed(tmp_path):
+    """A configured telemetry folder with nothing for the day: the run printed only which check
+    failed (in Dagster's error), not the day or the figure it failed on."""
+    _hand_archive(tmp_path / "archive", ["2025-08-05"])
+    (tmp_path / "home").mkdir()
+    (tmp_path / "telemetry").mkdir()
+    (tmp_path / ".env").write_text(
+        f"GPU_PIPELINE_DATA_ROOT={tmp_path / 'data'}\n"
+        f"GPU_PIPELINE_CONDOR_ARCHIVE={tmp_path / 'archive'}\n"
+        f"GPU_PIPELINE_TELEMETRY_DIR={tmp_path / 'telemetry'}\n"
+        f"DAGSTER_HOME={tmp_path / 'home'}\n"
+        "GPU_PIPELINE_START_DATE=2025-08-01\n"
+    )
+    proc = subprocess.run([EXE, "materialize", "--start", "2025-08-05"], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("check failed")]
+    assert 'check failed (ERROR): raw/gpu_telemetry has_samples: days_without_samples=["2025-08-05"]' in lines
+    assert any(ln.startswith("check failed (ERROR): raw/gpu_telemetry coverage: ") and "below_threshold=" in ln
+               for ln in lines)
