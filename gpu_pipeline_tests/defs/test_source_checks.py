@@ -63,7 +63,8 @@ def test_job_documents_pass_and_broken_line_is_quarantined(tmp_path, store_res):
     res = {"data_store": store_res, "job_records": JobRecordsResource(files_dir=str(d))}
     result, checks, mats = run([job_documents, jobs], res)
     assert result.success
-    assert checks == {"has_documents": True, "unique_run_key": True, "run_intervals_ordered": True}
+    assert checks == {"has_documents": True, "unique_run_key": True, "run_intervals_ordered": True,
+                      "documents_give_job_runs": True}
     store = Store(tmp_path / "data")
     clean = store.read_table(JOBS, DAY)
     assert sorted(clean["global_job_id"].to_pylist()) == ["s#1.0#1", "s#2.0#1"]
@@ -625,3 +626,23 @@ def test_a_scrape_file_copied_without_its_time_is_counted_and_warned_about(tmp_p
     assert md["samples"] == 0
     assert md["samples_default_time"] == 2 and md["rows_outside_window"] == 1  # two sample lines, one row
     assert len(logs) == 1 and "cp -p" in logs[0]
+
+
+def test_a_day_whose_documents_are_all_set_aside_is_warned_about(tmp_path, store_res):
+    """An undated export of accounting records (no GlobalJobId: not job ads) in the job-record folder:
+    it is every day's own documents, so has_documents passes, and every one was set aside -- the day
+    had no job run and nothing said so."""
+    d = tmp_path / "jobs"
+    d.mkdir()
+    (d / "accounting.ndjson").write_text("\n".join(json.dumps({"RecordId": f"r{i}", "WallDuration": 60})
+                                                   for i in range(3)) + "\n")
+    res = {"data_store": store_res, "job_records": JobRecordsResource(files_dir=str(d))}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([job_documents, jobs], resources=res, partition_key=DAY, instance=instance,
+                                raise_on_error=False)
+        evs = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert result.success and evs["has_documents"].passed
+    ev = evs["documents_give_job_runs"]
+    assert ev.passed is False and ev.severity == dg.AssetCheckSeverity.WARN
+    (reasons,) = ev.metadata["days_all_set_aside"].value.values()
+    assert sum(reasons.values()) == 3

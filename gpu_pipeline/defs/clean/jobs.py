@@ -22,6 +22,12 @@ UNIQUE = dg.AssetCheckSpec("unique_run_key", asset=KEY, description="(global_job
 VALID_INTERVALS = dg.AssetCheckSpec(
     "run_intervals_ordered", asset=KEY, description="queued <= run start <= run end wherever they are known."
 )
+JOB_RECORDS = dg.AssetCheckSpec(
+    "documents_give_job_runs", asset=KEY,
+    description="A day whose documents were all set aside (accounting records, ads without GlobalJobId, not JSON) "
+                "has no job run: a warning naming the reasons (the raw step's has_documents counts documents, "
+                "whatever they hold).",
+)
 
 
 def interval_violations(table) -> int:
@@ -39,13 +45,14 @@ def duplicate_keys(table) -> int:
     SPEC,
     deps=[RAW_KEY],
     kinds={"parquet"},
-    check_specs=[UNIQUE, VALID_INTERVALS],
+    check_specs=[UNIQUE, VALID_INTERVALS, JOB_RECORDS],
     description=SPEC.description + " A run crossing midnight appears in each day it overlaps.",
 )
 def jobs(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg.MaterializeResult:
     store = data_store.store()
     dupes: dict[str, int] = {}
     bad_intervals: dict[str, int] = {}
+    all_aside: dict[str, dict[str, int]] = {}
 
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
@@ -54,6 +61,10 @@ def jobs(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg
         result = store.write_partition(SPEC, day, cleaned.table)
         dupes[day] = duplicate_keys(cleaned.table)
         bad_intervals[day] = interval_violations(cleaned.table)
+        if not cleaned.table.num_rows and cleaned.quarantine.num_rows:
+            all_aside[day] = cleaned.quarantined_by_reason
+            context.log.warning(f"{day}: every job document read was set aside ({cleaned.quarantine.num_rows:,}), no "
+                                f"job run: {cleaned.quarantined_by_reason}")
         return DayOutcome(
             day=day,
             result=result,
@@ -74,5 +85,7 @@ def jobs(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg
                             metadata={"duplicates_by_day": dg.MetadataValue.json(dupes)}),
         dg.AssetCheckResult(check_name=VALID_INTERVALS.name, passed=not any(bad_intervals.values()),
                             metadata={"violations_by_day": dg.MetadataValue.json(bad_intervals)}),
+        dg.AssetCheckResult(check_name=JOB_RECORDS.name, passed=not all_aside, severity=dg.AssetCheckSeverity.WARN,
+                            metadata={"days_all_set_aside": dg.MetadataValue.json(all_aside)}),
     ]
     return materialize_result(SPEC, outcomes, check_results=checks)
