@@ -116,20 +116,33 @@ def run_pipeline(start: dt.date, end: dt.date, instance=None) -> bool:  # noqa: 
     return result.success
 
 
+#: A per-day figure's values that say nothing (a healthy day), and the words of the keys that name
+#: what a check fails on (shown first)
+_NOTHING = (0, 0.0, False, None, [], {}, "")
+_FAILING_WORDS = ("below", "without", "violation", "missing", "duplicate", "bad", "failed", "set_aside", "several")
+
+
 def _failed_checks(evaluations) -> list[str]:  # noqa: ANN001
     """A line per failed asset check with its figures (the metadata a check fails on: the days, the
-    coverage, the violations), so that a console run says why, not only which check."""
+    coverage, the violations), so that a console run says why, not only which check. A figure by
+    day shows only the days with something to say (a run's healthy days hid the bad one behind the
+    line's cut), those first; a scalar 0 is kept (a coverage of 0 is what a check fails on)."""
     lines = []
     for ev in evaluations:
         if ev.passed:
             continue
-        figures = []
+        telling, others = [], []
         for key, value in (ev.metadata or {}).items():
             shown = getattr(value, "value", value)
-            if shown in (None, {}, [], 0, False) or key == "stops_downstream":
+            if key == "stops_downstream" or shown is None or shown == "" or shown == [] or shown == {}:
                 continue
+            if isinstance(shown, dict) and any(v not in _NOTHING for v in shown.values()):
+                shown = {k: v for k, v in shown.items() if v not in _NOTHING}  # the days with something
             text = json.dumps(shown, default=str) if isinstance(shown, dict | list) else str(shown)
-            figures.append(f"{key}={text if len(text) <= 160 else text[:157] + '...'}")
+            text = " ".join(text.split())  # one line
+            first = any(word in key for word in _FAILING_WORDS)
+            (telling if first else others).append(f"{key}={text if len(text) <= 160 else text[:157] + '...'}")
+        figures = telling + others
         severity = getattr(ev.severity, "value", ev.severity)
         lines.append(f"check failed ({severity}): {ev.asset_key.to_user_string()} {ev.check_name}"
                      + (f": {'; '.join(figures[:4])}" if figures else ""))
@@ -427,11 +440,20 @@ def _import_dumps(args: argparse.Namespace) -> int:
         if len(args.from_file) > 1:
             print("error: --snapshot-time names one instant: give one --from-file with it", file=sys.stderr)
             return 2
+    if args.collector:
+        print("error: give --collector or --from-file, not both", file=sys.stderr)
+        return 2
+    names = list(dict.fromkeys(str(Path(n).resolve()) for n in args.from_file))
+    if len(names) < len(args.from_file):
+        print("note: a file given twice is imported once", file=sys.stderr)
     failures = 0
-    for name in args.from_file:
+    for name in names:
         try:
             r = import_dump(name, Path(args.out), args.archive_tz, when)
-        except (OSError, ValueError, ArchiveWriteError) as exc:
+        except ArchiveWriteError as exc:  # the archive cannot be written: as the live collector, exit 4
+            print(f"error: {exc}", file=sys.stderr)
+            return 4
+        except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             failures += 1
             continue

@@ -1021,6 +1021,18 @@ class LoopResult:
         return EXIT_FAILED  # nothing written: not the "some written" of EXIT_PARTIAL
 
 
+def _ads_time(ads: list) -> dt.datetime | None:
+    """When the collector answered the dump's query: the latest ``LastHeardFrom`` / ``MyCurrentTime``
+    (epoch seconds) of its ads, or None."""
+    times = []
+    for ad in ads:
+        for attr in ("LastHeardFrom", "MyCurrentTime"):
+            v = _scalar(ad, attr) if isinstance(ad, classad2.ClassAd) else None
+            if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+                times.append(float(v))
+    return dt.datetime.fromtimestamp(max(times), tz=dt.UTC) if times else None
+
+
 def import_dump(
     path: str | Path,
     archive_dir: str | Path,
@@ -1030,24 +1042,39 @@ def import_dump(
     """Append a saved ``condor_status -long`` (old ClassAd syntax) or ``condor_status -json`` dump as
     one snapshot of the monthly archive, as :func:`collect_once` appends a live query: the way to
     bring dumps taken before the collector ran into the archive. ``snapshot_time`` (aware) is when
-    the dump was taken; None: the file's modification time. The format is told by the text (a JSON
-    array or object, else old syntax). Raises ValueError naming the file for an unreadable dump, or a
-    naive time."""
+    the dump was taken; None: the ads' own time (the latest ``LastHeardFrom`` / ``MyCurrentTime``,
+    which ``condor_status -long`` prints), else the file's modification time, with a warning (a
+    copy's is the copy's). The format is told by the text (a JSON array or object, else old syntax).
+    A snapshot time the archive already holds is refused (the dump imported twice). Raises
+    ValueError naming the file for an unreadable dump, a naive time or a repeated snapshot."""
     path = Path(path)
     _zone(archive_tz)
-    if snapshot_time is None:
-        snapshot_time = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.UTC)
-    elif snapshot_time.tzinfo is None:
+    if snapshot_time is not None and snapshot_time.tzinfo is None:
         raise ValueError(f"{path}: snapshot time {snapshot_time.isoformat()} has no time zone")
     text = path.read_text(encoding="utf-8", errors="replace")
     try:
         ads = parse_json_ads(text) if text.lstrip().startswith(("[", "{")) else parse_old_ads(text)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+    if snapshot_time is None:
+        snapshot_time = _ads_time(ads)
+        if snapshot_time is None:
+            snapshot_time = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.UTC)
+            log.warning("%s: no LastHeardFrom / MyCurrentTime in the ads: the snapshot is taken at the file's "
+                        "modification time, %s (a copy's time, if the file was copied without it)",
+                        path, snapshot_time.isoformat())
     conv = convert_ads(ads, snapshot_time)
     if not conv.slots:
         raise ValueError(f"{path}: no slot ad (an ad with Name and State) in the dump"
                          + (f"; skipped: {'; '.join(conv.skipped_reasons[:3])}" if conv.skipped_reasons else ""))
+    from gpu_pipeline.lib.condor_archive import read_window
+
+    if Path(archive_dir).is_dir():
+        held = read_window(Path(archive_dir), snapshot_time - dt.timedelta(seconds=1),
+                           snapshot_time + dt.timedelta(seconds=1), archive_tz)
+        if held.snapshots:
+            raise ValueError(f"{path}: the archive already holds a snapshot at {snapshot_time.isoformat()} "
+                             "(this dump imported before?); nothing appended")
     archive = append_snapshot(Path(archive_dir), conv.rows, snapshot_time, archive_tz)
     if conv.skipped_ads:
         log.warning("%s: skipped %d malformed ads: %s", path, conv.skipped_ads, "; ".join(conv.skipped_reasons[:5]))

@@ -263,24 +263,46 @@ def _close_open_runs(table: pa.Table, candidates: pa.Table) -> tuple[pa.Table, i
     return closed_table, closed
 
 
-def _drop_stale_open_runs(table: pa.Table, start_utc: dt.datetime) -> tuple[pa.Table, int]:
+def _drop_stale_open_runs(table: pa.Table, start_utc: dt.datetime, candidates: pa.Table) -> tuple[pa.Table, int]:
     """The rows without those of a run still open (no end) in a record taken before the first day whose
     files the day reads (the day before its window's first date, 00:00 UTC: :func:`select_files`): a
     ``condor_q`` snapshot in a file named for a range of days, or for none, that a day long after reads.
     The records that would close it (a later snapshot, the job's history ad) lie in the files between,
     which the day does not read: carried, the run ran on every later day of the range. A snapshot of
-    the day before, or of the day, is kept: it says the job runs; so is a row whose record time is its
-    EnteredCurrentStatus (a dump without ServerTime: when the run began, not when it was seen).
-    Returns the table and the rows left out."""
+    the day before, or of the day, is kept: it says the job runs. A record without the time it was
+    taken (a dump without ServerTime: its record time is the job's EnteredCurrentStatus, when the run
+    began) is kept where a document of the job comes from Elasticsearch or from a file named for one
+    day the day reads (``candidates``: the raw documents with their origin and job), else it is as
+    old as its record time. Returns the table and the rows left out."""
     if not table.num_rows:
         return table, 0
-    cut = pa.scalar(dt.datetime.combine(start_utc.astimezone(dt.UTC).date() - dt.timedelta(days=1), dt.time(),
-                                        tzinfo=dt.UTC), type=table.schema.field("record_utc").type)
-    # (a record time that is the job's EnteredCurrentStatus, a dump without ServerTime, is when the run
-    # began, not when it was seen running: such a row is kept)
-    observed = pc.fill_null(pc.not_equal(table["record_utc"], table["status_entered_utc"]), True)
-    stale = pc.fill_null(pc.and_(pc.and_(pc.is_null(table["run_end_utc"]), pc.is_valid(table["run_start_utc"])),
-                                 pc.and_(pc.less(table["record_utc"], cut), observed)), False)
+    first_day = start_utc.astimezone(dt.UTC).date() - dt.timedelta(days=1)
+    cut = pa.scalar(dt.datetime.combine(first_day, dt.time(), tzinfo=dt.UTC), type=table.schema.field("record_utc").type)
+    old_open = pc.fill_null(pc.and_(pc.and_(pc.is_null(table["run_end_utc"]), pc.is_valid(table["run_start_utc"])),
+                                    pc.less(table["record_utc"], cut)), False)
+    if not pc.any(old_open).as_py():
+        return table, 0
+    # the jobs a fresh document names: from Elasticsearch, or a file named for one day from the first on
+    fresh = set()
+    for origin, source, job, text in zip(candidates["origin"].to_pylist(), candidates["source"].to_pylist(),
+                                         candidates["_job_id"].to_pylist(), candidates["doc_json"].to_pylist(),
+                                         strict=True):
+        if job in fresh:
+            continue
+        days = None if source == "elasticsearch" else _named_days(Path(origin))
+        if not (source == "elasticsearch" or (days is not None and days[0] == days[1] and days[0] >= first_day)):
+            continue
+        if job is None:  # a document not read plainly: its id from the text (rare)
+            try:
+                doc = json.loads(text) if text else None
+            except (TypeError, ValueError):
+                doc = None
+            job = str(doc.get("GlobalJobId", "")).strip() or None if isinstance(doc, dict) else None
+        if job is not None:
+            fresh.add(job)
+    unobserved = pc.fill_null(pc.equal(table["record_utc"], table["status_entered_utc"]), False)
+    kept_fresh = pc.and_(unobserved, pc.is_in(table["global_job_id"], value_set=pa.array(sorted(fresh), pa.string())))
+    stale = pc.and_(old_open, pc.invert(kept_fresh))
     n = int(pc.sum(stale).as_py() or 0)
     return (table.filter(pc.invert(stale)), n) if n else (table, 0)
 
@@ -357,7 +379,7 @@ def clean_job_documents(raw: pa.Table, start_utc: dt.datetime, end_utc: dt.datet
         skipped += result.skipped_outside_window
     table = pa.concat_tables(tables) if tables else JOBS.empty()
     table, closed = _close_open_runs(table, candidates)
-    table, stale = _drop_stale_open_runs(table, start_utc)
+    table, stale = _drop_stale_open_runs(table, start_utc, candidates)
     kept = jobs_overlapping(table, start_utc, end_utc)
     kept = kept.sort_by([("global_job_id", "ascending"), ("run_index", "ascending"), ("doc_kind", "ascending"),
                          ("source", "ascending")])

@@ -602,7 +602,19 @@ def test_a_gpu_id_two_hosts_name_in_one_snapshot_is_warned_about(tmp_path, store
         (ev,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "gpu_id_on_one_host"]
     assert result.success and ev.passed is False and ev.severity == dg.AssetCheckSeverity.WARN
     assert ev.metadata["gpu_ids_on_several_hosts_by_day"].value == {
-        DAY: {"GPU-00000000": {"hosts": ["h100-a", "h100-b"], "snapshots": 3}}}
+        DAY: {"gpu_ids": 1, "examples": {"GPU-00000000": {"hosts": ["h100-a", "h100-b"], "snapshots": 3}}}}
+    # one host spelled two ways (its Machine in capitals, or a short name beside the full one) is one host
+    from gpu_pipeline.lib.db import connect
+    from gpu_pipeline.lib.slots import gpu_id_collisions
+
+    con = connect()
+    con.register("t", pa.table({"snapshot_utc": [1, 1, 1, 1], "gpu_id": ["GPU-a", "GPU-a", "GPU-b", "GPU-b"],
+                                "host": ["GPU01.example.org", "gpu01.example.org", "gpu02", "gpu02.example.org"]}))
+    assert gpu_id_collisions(con, "t") == (0, {})
+    con.register("u", pa.table({"snapshot_utc": [1] * 6, "gpu_id": ["GPU-a", "GPU-a", "GPU-b", "GPU-b", "GPU-c", "GPU-c"],
+                                "host": ["h1", "h2", "h1", "h2", "h1", "h2"]}))
+    total, examples = gpu_id_collisions(con, "u", limit=2)
+    assert total == 3 and list(examples) == ["GPU-a", "GPU-b"]
 
 
 def test_a_scrape_file_copied_without_its_time_is_counted_and_warned_about(tmp_path, store_res):
@@ -626,6 +638,22 @@ def test_a_scrape_file_copied_without_its_time_is_counted_and_warned_about(tmp_p
     assert md["samples"] == 0
     assert md["samples_default_time"] == 2 and md["rows_outside_window"] == 1  # two sample lines, one row
     assert len(logs) == 1 and "cp -p" in logs[0]
+    # a healthy day: the file keeps its time; the next day's file (a margin file, read in case it holds
+    # the day's samples) falls outside it -- counted, no warning
+    scraped = dt.datetime(2025, 8, 5, 12, tzinfo=dt.UTC).timestamp()
+    os.utime(path, (scraped, scraped))
+    other = path.with_name("dcgm-2025-08-06.prom")
+    other.write_text(path.read_text())
+    nxt = dt.datetime(2025, 8, 6, 12, tzinfo=dt.UTC).timestamp()
+    os.utime(other, (nxt, nxt))
+    res["telemetry"] = TelemetryResource(telemetry_dir=str(tmp_path / "tel"), file_margin_days="1")
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([gpu_telemetry], resources=res, partition_key=DAY, instance=instance,
+                                raise_on_error=False)
+        (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
+        logs = [r.user_message for r in instance.all_logs(result.run_id) if "modification time" in r.user_message]
+    md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+    assert md["samples"] == 1 and logs == []
 
 
 def test_a_day_whose_documents_are_all_set_aside_is_warned_about(tmp_path, store_res):
@@ -646,3 +674,14 @@ def test_a_day_whose_documents_are_all_set_aside_is_warned_about(tmp_path, store
     assert ev.passed is False and ev.severity == dg.AssetCheckSeverity.WARN
     (reasons,) = ev.metadata["days_all_set_aside"].value.values()
     assert sum(reasons.values()) == 3
+    # a quiet day: its file holds a record of a run of the day before (outside the day) and the next
+    # day's file a line still being written: no such day
+    (d / "accounting.ndjson").unlink()
+    (d / "jobs-2025-08-05.ndjson").write_text(json.dumps(job_doc("s#1.0#1", epoch("2025-08-04T01:00:00"),
+                                                                 epoch("2025-08-04T03:00:00"))) + "\n")
+    (d / "jobs-2025-08-06.ndjson").write_text('{"GlobalJobId": "s#2.0#1", "QDa')
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([job_documents, jobs], resources=res, partition_key=DAY, instance=instance,
+                                raise_on_error=False)
+        evs = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert evs["documents_give_job_runs"].passed

@@ -325,3 +325,29 @@ def test_materialize_says_why_a_check_failed(tmp_path):
     assert 'check failed (ERROR): raw/gpu_telemetry has_samples: days_without_samples=["2025-08-05"]' in lines
     assert any(ln.startswith("check failed (ERROR): raw/gpu_telemetry coverage: ") and "below_threshold=" in ln
                for ln in lines)
+
+
+def test_a_failed_checks_line_shows_the_days_with_something_to_say_first():
+    """A month's run: the per-day figure of every healthy day (0, 0.95) came first and the line's cut
+    hid the bad day; a coverage of 0.0, what a check fails on, was dropped as empty."""
+    import dagster as dg
+
+    from gpu_pipeline import cli
+
+    days = {f"2025-08-{d:02d}": 0 for d in range(1, 31)}
+    ev = dg.AssetCheckEvaluation(
+        asset_key=dg.AssetKey(["clean", "jobs"]), check_name="unique_run_key", passed=False,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"coverage_by_day": dg.MetadataValue.json({**{d: 0.95 for d in days}, "2025-08-31": 0.42}),
+                  "duplicates_by_day": dg.MetadataValue.json({**days, "2025-08-31": 3}),
+                  "coverage": 0.0, "note": dg.MetadataValue.md("two\nlines")})
+    (line,) = cli._failed_checks([ev])
+    # what the check fails on first (the duplicates, only the day that has them), then the rest
+    assert line.startswith('check failed (ERROR): clean/jobs unique_run_key: duplicates_by_day={"2025-08-31": 3}; '
+                           "coverage_by_day=")
+    assert "coverage=0.0" in line and "\n" not in line and '"2025-08-01": 0,' not in line
+    # a figure whose every day is 0 (coverage 0 on the one day that failed) is shown whole
+    ev2 = dg.AssetCheckEvaluation(asset_key=dg.AssetKey(["raw", "gpu_telemetry"]), check_name="coverage",
+                                  passed=False, metadata={"below_threshold": dg.MetadataValue.json({"2025-08-05": 0.0})})
+    assert cli._failed_checks([ev2]) == ['check failed (ERROR): raw/gpu_telemetry coverage: '
+                                         'below_threshold={"2025-08-05": 0.0}']

@@ -822,6 +822,26 @@ def test_a_saved_condor_status_dump_is_appended_as_one_snapshot_through_the_cli(
     assert cli.main(["collect", "condor", "--from-file", str(dump), "--out", str(archive), "--archive-tz", "UTC",
                      "--snapshot-time", "2025-08-05T10:10:00"]) == 2
     assert cli.main(["collect", "condor", "--out", str(archive), "--archive-tz", "UTC"]) == 2
+    assert cli.main(["collect", "condor", "--collector", "cm", "--from-file", str(dump), "--out", str(archive)]) == 2
+    # the same dump again (twice in one call, or a second run): refused, the archive holds that snapshot
+    assert cli.main(["collect", "condor", "--from-file", str(dump), "--from-file", str(dump), "--out", str(archive),
+                     "--archive-tz", "America/Chicago"]) == 1
     read = read_window(archive, dt.datetime(2025, 8, 5, tzinfo=UTC), dt.datetime(2025, 8, 6, tzinfo=UTC),
                        "America/Chicago")
     assert len(set(read.table.column("snapshot_utc").to_pylist())) == 2
+    assert read.table.num_rows == 2 * len(EXPECTED)
+
+
+def test_a_dump_is_taken_at_its_ads_time_not_its_copys(tmp_path):
+    """`condor_status -long` prints each ad's LastHeardFrom / MyCurrentTime: a dump copied without its
+    modification time (a copy's is today) is still the snapshot of when the collector answered."""
+    from gpu_pipeline.lib.condor_collector import import_dump
+
+    taken = dt.datetime(2025, 8, 5, 10, 0, 7, tzinfo=UTC)
+    text = (FIXTURES / "startd_gpu_slots.long.txt").read_text()
+    blocks = [b for b in re.split(r"\n\s*\n", text) if b.strip()]
+    dump = tmp_path / "status.txt"
+    dump.write_text("\n\n".join(f"{b}\nLastHeardFrom = {int(taken.timestamp()) - i}\n"
+                                  f"MyCurrentTime = {int(taken.timestamp()) - i}" for i, b in enumerate(blocks)) + "\n")
+    r = import_dump(dump, tmp_path / "archive", "UTC")
+    assert r.snapshot_time == taken and r.path.name == "gpu_state_2025-08.db"

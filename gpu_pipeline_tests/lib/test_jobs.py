@@ -867,6 +867,10 @@ def test_a_daily_dump_without_server_time_keeps_a_job_running_since_days_before(
     (tmp_path / "condor_q_export.json").write_text(json.dumps([dict(ad, ServerTime=_at(7, 12))]))
     got = clean_job_documents(raw_docs_from_files(tmp_path, s, e, 7).table, s, e)
     assert got.table.num_rows == 0 and got.stale_open_runs_dropped == 1
+    # without ServerTime in an undated (or range-named) file: no sign it is fresh, as old as its record
+    (tmp_path / "condor_q_export.json").write_text(json.dumps([ad]))
+    got = clean_job_documents(raw_docs_from_files(tmp_path, s, e, 7).table, s, e)
+    assert got.table.num_rows == 0 and got.stale_open_runs_dropped == 1
 
 
 def _snapshot_and_closer(closer_kind: str) -> tuple[dict, dict, str]:

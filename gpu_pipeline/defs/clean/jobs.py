@@ -61,7 +61,9 @@ def jobs(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg
         result = store.write_partition(SPEC, day, cleaned.table)
         dupes[day] = duplicate_keys(cleaned.table)
         bad_intervals[day] = interval_violations(cleaned.table)
-        if not cleaned.table.num_rows and cleaned.quarantine.num_rows:
+        # (nothing read: no run of the day's, nor of the neighbours' files outside the day, only documents
+        # set aside -- a broken line beside a day of runs outside the window is no such day)
+        if not cleaned.table.num_rows and not cleaned.outside_window and cleaned.quarantine.num_rows:
             all_aside[day] = cleaned.quarantined_by_reason
             context.log.warning(f"{day}: every job document read was set aside ({cleaned.quarantine.num_rows:,}), no "
                                 f"job run: {cleaned.quarantined_by_reason}")

@@ -58,13 +58,14 @@ def slot_snapshots(
         if cleaned.rows_out:
             con = connect()
             try:
-                found = gpu_id_collisions(con, "read_parquet(?)", [str(store.partition_file(SPEC, day))])
+                total, found = gpu_id_collisions(con, "read_parquet(?)", [str(store.partition_file(SPEC, day))])
             finally:
                 con.close()
             if found:
-                collisions[day] = found
-                context.log.warning(f"{day}: {len(found)} GPU id(s) named on two hosts in one snapshot, read as one "
-                                    f"GPU downstream: {dict(list(found.items())[:3])}")
+                collisions[day] = {"gpu_ids": total, "examples": found}
+                context.log.warning(f"{day}: {total} GPU id(s) named by two hosts in one snapshot (short ids that "
+                                    "collide, or one board two hosts advertise), read as one GPU downstream: "
+                                    f"{dict(list(found.items())[:3])}")
         return DayOutcome(
             day=day,
             result=cleaned.written,

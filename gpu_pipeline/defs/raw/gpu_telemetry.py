@@ -52,7 +52,8 @@ LAYOUT_COUNTERS = ("layouts_without_time",)
 PROMETHEUS_COUNTERS = ("step_too_coarse", "max_samples_splits")
 #: Reader counters of time, in the day's metadata: exporter samples without a timestamp, timed by their
 #: file's modification time, and rows of the files read that fall outside the day (a scrape file copied
-#: without its modification time is read at the copy's: a warning when both are there)
+#: without its modification time is read at the copy's: a warning when both are there and the day has
+#: no sample)
 TIME_COUNTERS = ("samples_default_time", "rows_outside_window")
 
 
@@ -104,7 +105,9 @@ def gpu_telemetry(
         dropped = {name: metrics[name] for name in DROP_COUNTERS if metrics[name]}
         if dropped:
             context.log.warning(f"{day}: samples read and not kept (see the day's metadata): {dropped}")
-        if metrics["samples_default_time"] and metrics["rows_outside_window"]:
+        # (the margin days' files are read and fall outside the day on every healthy day: only a day
+        # left without samples says a copy lost the times)
+        if not metrics["samples"] and metrics["samples_default_time"] and metrics["rows_outside_window"]:
             context.log.warning(f"{day}: {metrics['samples_default_time']:,} exporter sample(s) without a timestamp "
                                 "were timed by their file's modification time, and "
                                 f"{metrics['rows_outside_window']:,} row(s) read fell outside the day: a scrape file "
