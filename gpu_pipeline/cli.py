@@ -116,17 +116,15 @@ def run_pipeline(start: dt.date, end: dt.date, instance=None) -> bool:  # noqa: 
     return result.success
 
 
-#: A per-day figure's values that say nothing (a healthy day), and the words of the keys that name
-#: what a check fails on (shown first)
-_NOTHING = (0, 0.0, False, None, [], {}, "")
+#: The words of the metadata keys that name what a check fails on (shown first)
 _FAILING_WORDS = ("below", "without", "violation", "missing", "duplicate", "bad", "failed", "set_aside", "several")
 
 
 def _failed_checks(evaluations) -> list[str]:  # noqa: ANN001
     """A line per failed asset check with its figures (the metadata a check fails on: the days, the
-    coverage, the violations), so that a console run says why, not only which check. A figure by
-    day shows only the days with something to say (a run's healthy days hid the bad one behind the
-    line's cut), those first; a scalar 0 is kept (a coverage of 0 is what a check fails on)."""
+    coverage, the violations), so that a console run says why, not only which check. What the check
+    fails on comes first; a count by day shows only the days that have some, a share or flag by day
+    the worst days first (a run's healthy days hid the bad one behind the line's cut)."""
     lines = []
     for ev in evaluations:
         if ev.passed:
@@ -136,8 +134,12 @@ def _failed_checks(evaluations) -> list[str]:  # noqa: ANN001
             shown = getattr(value, "value", value)
             if key == "stops_downstream" or shown is None or shown == "" or shown == [] or shown == {}:
                 continue
-            if isinstance(shown, dict) and any(v not in _NOTHING for v in shown.values()):
-                shown = {k: v for k, v in shown.items() if v not in _NOTHING}  # the days with something
+            if isinstance(shown, dict) and shown:
+                values = list(shown.values())
+                if all(isinstance(v, int) and not isinstance(v, bool) for v in values) and any(values):
+                    shown = {k: v for k, v in shown.items() if v}  # counts: the days that have some
+                elif all(isinstance(v, int | float) for v in values):  # shares, flags: the worst first
+                    shown = dict(sorted(shown.items(), key=lambda kv: (float(kv[1]), kv[0])))
             text = json.dumps(shown, default=str) if isinstance(shown, dict | list) else str(shown)
             text = " ".join(text.split())  # one line
             first = any(word in key for word in _FAILING_WORDS)
@@ -422,8 +424,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def _import_dumps(args: argparse.Namespace) -> int:
-    """``collect condor --from-file``: each saved dump one snapshot of the archive, at --snapshot-time or
-    the file's modification time."""
+    """``collect condor --from-file``: each saved dump one snapshot of the archive, at --snapshot-time, else
+    the ads' own time, else the file's modification time (``condor_collector.import_dump``)."""
+    from gpu_pipeline.lib.condor_archive import ArchiveError
     from gpu_pipeline.lib.condor_collector import ArchiveWriteError, import_dump
 
     when = None
@@ -450,7 +453,7 @@ def _import_dumps(args: argparse.Namespace) -> int:
     for name in names:
         try:
             r = import_dump(name, Path(args.out), args.archive_tz, when)
-        except ArchiveWriteError as exc:  # the archive cannot be written: as the live collector, exit 4
+        except (ArchiveWriteError, ArchiveError) as exc:  # the archive cannot be written: as the live collector, exit 4
             print(f"error: {exc}", file=sys.stderr)
             return 4
         except (OSError, ValueError) as exc:
@@ -577,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="instead of a collector: a saved `condor_status -long` or `condor_status -json` dump, "
                     "appended as one snapshot (repeatable)")
     cc.add_argument("--snapshot-time", help="with one --from-file: when the dump was taken, ISO 8601 with a UTC "
-                    "offset (default: the file's modification time)")
+                    "offset (default: the ads' LastHeardFrom / MyCurrentTime, else the file's modification time)")
     cc.add_argument("--out", required=True, help="archive directory (gpu_state_YYYY-MM.db files)")
     cc.add_argument("--interval", type=_positive, default=300.0, help="seconds between snapshots")
     cc.add_argument("--iterations", type=_count, help="stop after N snapshots (default: run until stopped)")

@@ -1022,15 +1022,29 @@ class LoopResult:
 
 
 def _ads_time(ads: list) -> dt.datetime | None:
-    """When the collector answered the dump's query: the latest ``LastHeardFrom`` / ``MyCurrentTime``
-    (epoch seconds) of its ads, or None."""
-    times = []
-    for ad in ads:
-        for attr in ("LastHeardFrom", "MyCurrentTime"):
-            v = _scalar(ad, attr) if isinstance(ad, classad2.ClassAd) else None
-            if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
-                times.append(float(v))
-    return dt.datetime.fromtimestamp(max(times), tz=dt.UTC) if times else None
+    """When the collector answered the dump's query: the latest ``LastHeardFrom`` of its ads (the
+    collector's clock), else the latest ``MyCurrentTime`` (each startd's own), or None."""
+    for attr in ("LastHeardFrom", "MyCurrentTime"):
+        times = [float(v) for ad in ads if isinstance(ad, classad2.ClassAd)
+                 for v in [_scalar(ad, attr)] if isinstance(v, int | float) and not isinstance(v, bool) and v > 0]
+        if times:
+            return dt.datetime.fromtimestamp(max(times), tz=dt.UTC)
+    return None
+
+
+def _holds_snapshot(path: Path, ts_text: str) -> bool:
+    """Whether the month file ``path`` holds rows stamped ``ts_text`` (one indexed-free query of the
+    timestamp text; no file: False). An unreadable file raises :class:`ArchiveWriteError`."""
+    if not _exists(path):
+        return False
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            return con.execute("SELECT 1 FROM gpu_state WHERE timestamp = ? LIMIT 1", (ts_text,)).fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise ArchiveWriteError(f"{path}: cannot read the archive to check for the snapshot: {exc}") from exc
 
 
 def import_dump(
@@ -1042,9 +1056,9 @@ def import_dump(
     """Append a saved ``condor_status -long`` (old ClassAd syntax) or ``condor_status -json`` dump as
     one snapshot of the monthly archive, as :func:`collect_once` appends a live query: the way to
     bring dumps taken before the collector ran into the archive. ``snapshot_time`` (aware) is when
-    the dump was taken; None: the ads' own time (the latest ``LastHeardFrom`` / ``MyCurrentTime``,
-    which ``condor_status -long`` prints), else the file's modification time, with a warning (a
-    copy's is the copy's). The format is told by the text (a JSON array or object, else old syntax).
+    the dump was taken; None: the ads' own time (the latest ``LastHeardFrom``, the collector's clock,
+    else ``MyCurrentTime``; ``condor_status -long`` prints both), else the file's modification time,
+    with a warning (a copy's is the copy's). The format is told by the text (a JSON array or object, else old syntax).
     A snapshot time the archive already holds is refused (the dump imported twice). Raises
     ValueError naming the file for an unreadable dump, a naive time or a repeated snapshot."""
     path = Path(path)
@@ -1057,24 +1071,25 @@ def import_dump(
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     if snapshot_time is None:
+        mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.UTC)
         snapshot_time = _ads_time(ads)
         if snapshot_time is None:
-            snapshot_time = dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.UTC)
+            snapshot_time = mtime
             log.warning("%s: no LastHeardFrom / MyCurrentTime in the ads: the snapshot is taken at the file's "
                         "modification time, %s (a copy's time, if the file was copied without it)",
                         path, snapshot_time.isoformat())
+        elif snapshot_time > mtime + dt.timedelta(hours=1):
+            log.warning("%s: the ads' time %s is after the file was last written (%s): a clock ahead? give "
+                        "--snapshot-time", path, snapshot_time.isoformat(), mtime.isoformat())
     conv = convert_ads(ads, snapshot_time)
     if not conv.slots:
         raise ValueError(f"{path}: no slot ad (an ad with Name and State) in the dump"
                          + (f"; skipped: {'; '.join(conv.skipped_reasons[:3])}" if conv.skipped_reasons else ""))
-    from gpu_pipeline.lib.condor_archive import read_window
-
-    if Path(archive_dir).is_dir():
-        held = read_window(Path(archive_dir), snapshot_time - dt.timedelta(seconds=1),
-                           snapshot_time + dt.timedelta(seconds=1), archive_tz)
-        if held.snapshots:
-            raise ValueError(f"{path}: the archive already holds a snapshot at {snapshot_time.isoformat()} "
-                             "(this dump imported before?); nothing appended")
+    if _holds_snapshot(archive_path(Path(archive_dir), snapshot_time, archive_tz),
+                       local_timestamp(snapshot_time, archive_tz)):
+        raise ValueError(f"{path}: the archive already holds a snapshot at {snapshot_time.isoformat()} (this dump "
+                         "imported before, or another taken within one collector update: give --snapshot-time); "
+                         "nothing appended")
     archive = append_snapshot(Path(archive_dir), conv.rows, snapshot_time, archive_tz)
     if conv.skipped_ads:
         log.warning("%s: skipped %d malformed ads: %s", path, conv.skipped_ads, "; ".join(conv.skipped_reasons[:5]))

@@ -213,15 +213,30 @@ def documents_of_the_day(raw: pa.Table, day: dt.date) -> int:
     none of its own: with the day's file gone (rotated away) they alone are no day."""
     if not raw.num_rows:
         return 0
-    n = 0
-    for origin, source, count in _origin_counts(raw):
-        if source == "elasticsearch":
-            n += count
-            continue
-        named = _named_days(Path(origin))
-        if named is None or named[0] <= day <= named[1]:
-            n += count
-    return n
+    return sum(count for origin, source, count in _origin_counts(raw) if _own(origin, source, day))
+
+
+def _own(origin: str, source: str, day: dt.date) -> bool:
+    """Whether a document of ``origin`` (a file, an index) is the day's own (:func:`documents_of_the_day`)."""
+    if source == "elasticsearch":
+        return True
+    named = _named_days(Path(origin))
+    return named is None or named[0] <= day <= named[1]
+
+
+def own_documents_set_aside(raw: pa.Table, quarantine: pa.Table, day: dt.date) -> tuple[int, int]:
+    """The day's own documents (:func:`documents_of_the_day`), and how many of them the cleaning set
+    aside for what they are (not JSON, not a job ad, no GlobalJobId...; a record another one of the same
+    run superseded, ``duplicate_key``, is no such document)."""
+    own = documents_of_the_day(raw, day)
+    if not own or not quarantine.num_rows:
+        return own, 0
+    source_of = {origin: source for origin, source, _ in _origin_counts(raw)}
+    aside = sum(1 for origin, reason in zip(quarantine["source_file"].to_pylist(), quarantine["reason"].to_pylist(),
+                                            strict=True)
+                if not str(reason).startswith("duplicate_key") and origin in source_of
+                and _own(origin, source_of[origin], day))
+    return own, aside
 
 
 def _origin_counts(raw: pa.Table) -> list[tuple[str, str, int]]:
@@ -282,24 +297,27 @@ def _drop_stale_open_runs(table: pa.Table, start_utc: dt.datetime, candidates: p
                                     pc.less(table["record_utc"], cut)), False)
     if not pc.any(old_open).as_py():
         return table, 0
-    # the jobs a fresh document names: from Elasticsearch, or a file named for one day from the first on
+    # the jobs a fresh document names -- from Elasticsearch, or a file named for one day from the first
+    # on -- among the old open runs' jobs: freshness once per origin, the documents of those jobs only
+    # (and those whose job was not read plainly, their id from the text)
+    old_ids = pc.unique(table["global_job_id"].filter(old_open))
+    origins = candidates["origin"]
+    fresh_origin = {o: s == "elasticsearch" or ((d := _named_days(Path(o))) is not None and d[0] == d[1] >= first_day)
+                    for o, s, _ in _origin_counts(candidates)}
+    from_fresh = pc.is_in(origins, value_set=pa.array([o for o, f in fresh_origin.items() if f], pa.string()))
+    job = candidates["_job_id"]
+    picked = candidates.filter(pc.and_(from_fresh, pc.or_(pc.is_null(job), pc.fill_null(
+        pc.is_in(job, value_set=old_ids), False))))
     fresh = set()
-    for origin, source, job, text in zip(candidates["origin"].to_pylist(), candidates["source"].to_pylist(),
-                                         candidates["_job_id"].to_pylist(), candidates["doc_json"].to_pylist(),
-                                         strict=True):
-        if job in fresh:
-            continue
-        days = None if source == "elasticsearch" else _named_days(Path(origin))
-        if not (source == "elasticsearch" or (days is not None and days[0] == days[1] and days[0] >= first_day)):
-            continue
-        if job is None:  # a document not read plainly: its id from the text (rare)
+    for job_id, text in zip(picked["_job_id"].to_pylist(), picked["doc_json"].to_pylist(), strict=True):
+        if job_id is None:  # a document not read plainly (rare)
             try:
                 doc = json.loads(text) if text else None
             except (TypeError, ValueError):
                 doc = None
-            job = str(doc.get("GlobalJobId", "")).strip() or None if isinstance(doc, dict) else None
-        if job is not None:
-            fresh.add(job)
+            job_id = (str(doc.get("GlobalJobId", "")).strip() or None) if isinstance(doc, dict) else None
+        if job_id is not None:
+            fresh.add(job_id)
     unobserved = pc.fill_null(pc.equal(table["record_utc"], table["status_entered_utc"]), False)
     kept_fresh = pc.and_(unobserved, pc.is_in(table["global_job_id"], value_set=pa.array(sorted(fresh), pa.string())))
     stale = pc.and_(old_open, pc.invert(kept_fresh))

@@ -62,31 +62,41 @@ def _several_ids(raw: str | None) -> bool:
     return len(_id_parts(raw)) > 1
 
 
+def _distinct_hosts(names: list[str]) -> set[str]:
+    """Host names that are different machines: compared in any case, a short name and the full name it
+    begins (``gpu01`` and ``gpu01.example.org``) being one; an IP address and other full names whole."""
+    lower = {n.lower() for n in names if n}
+    return {h for h in lower if not any(g != h and g.startswith(h + ".") for g in lower)}
+
+
 def gpu_id_collisions(con: duckdb.DuckDBPyConnection, from_sql: str, params: list | None = None,
                       limit: int = 20) -> tuple[int, dict[str, dict]]:
     """GPU ids that slots of two or more hosts name in one snapshot, from the clean slot rows
     ``from_sql``: two boards whose HTCondor short ids (``GPU-`` and 8 hex digits of the UUID) are the
     same, HTCondor 9.1's 4-hex MIG ids, or one board that two hosts advertise (a GPU shared by
     time-slicing), which the states and every table keyed by ``gpu_id`` read as one GPU. Hosts are
-    compared by their first name, in any case (``GPU01`` and ``gpu01.example.org`` are one host). A
-    GPU moved between hosts in the day is no collision: each snapshot names it on one host. Returns
-    how many ids collide and ``{gpu_id: {"hosts": [...], "snapshots": n}}`` for at most ``limit`` of
-    them (by id). The first pass groups the day by GPU only; the ids on several hosts are then read
-    per snapshot."""
-    host = "split_part(lower(host), '.', 1)"
+    compared in any case, a short name and the full name it begins being one host
+    (:func:`_distinct_hosts`). A GPU moved between hosts in the day is no collision: each snapshot
+    names it on one host. Returns how many ids collide and ``{gpu_id: {"hosts": [...],
+    "snapshots": n}}`` for at most ``limit`` of them (by id). The first pass groups the day by GPU
+    only; the ids on several hosts are then read per snapshot."""
     moved = [r[0] for r in con.execute(
-        f"SELECT gpu_id FROM {from_sql} GROUP BY gpu_id HAVING count(DISTINCT {host}) > 1", params or []).fetchall()]
+        f"SELECT gpu_id FROM {from_sql} GROUP BY gpu_id HAVING count(DISTINCT lower(host)) > 1",
+        params or []).fetchall()]
     if not moved:
         return 0, {}
-    rows = con.execute(
-        f"""SELECT gpu_id, count(*) AS snapshots, list_sort(list_distinct(flatten(list(hosts)))) AS hosts,
-                   count(*) OVER () AS total
-            FROM (SELECT snapshot_utc, gpu_id, list(DISTINCT host) AS hosts FROM {from_sql}
-                  WHERE list_contains(?, gpu_id) GROUP BY snapshot_utc, gpu_id HAVING count(DISTINCT {host}) > 1)
-            GROUP BY gpu_id ORDER BY gpu_id LIMIT {int(limit)}""",
-        [*(params or []), moved]).fetchall()
-    total = int(rows[0][3]) if rows else 0
-    return total, {g: {"hosts": list(hosts), "snapshots": int(n)} for g, n, hosts, _ in rows}
+    found: dict[str, dict] = {}
+    for gpu, hosts in con.execute(
+            f"""SELECT gpu_id, list(DISTINCT lower(host)) FROM {from_sql} WHERE list_contains(?, gpu_id)
+                GROUP BY snapshot_utc, gpu_id HAVING count(DISTINCT lower(host)) > 1""",
+            [*(params or []), moved]).fetchall():
+        machines = _distinct_hosts(hosts)
+        if len(machines) > 1:
+            entry = found.setdefault(gpu, {"hosts": set(), "snapshots": 0})
+            entry["hosts"] |= machines
+            entry["snapshots"] += 1
+    return len(found), {g: {"hosts": sorted(found[g]["hosts"]), "snapshots": found[g]["snapshots"]}
+                        for g in sorted(found)[:limit]}
 
 
 @dataclass

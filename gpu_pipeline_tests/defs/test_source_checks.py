@@ -611,6 +611,10 @@ def test_a_gpu_id_two_hosts_name_in_one_snapshot_is_warned_about(tmp_path, store
     con.register("t", pa.table({"snapshot_utc": [1, 1, 1, 1], "gpu_id": ["GPU-a", "GPU-a", "GPU-b", "GPU-b"],
                                 "host": ["GPU01.example.org", "gpu01.example.org", "gpu02", "gpu02.example.org"]}))
     assert gpu_id_collisions(con, "t") == (0, {})
+    # machines named by IP address, or sharing their first label at two sites, are different hosts
+    con.register("v", pa.table({"snapshot_utc": [1] * 4, "gpu_id": ["GPU-a", "GPU-a", "GPU-b", "GPU-b"],
+                                "host": ["10.0.3.17", "10.0.5.42", "node001.site-a.edu", "node001.site-b.edu"]}))
+    assert gpu_id_collisions(con, "v")[0] == 2
     con.register("u", pa.table({"snapshot_utc": [1] * 6, "gpu_id": ["GPU-a", "GPU-a", "GPU-b", "GPU-b", "GPU-c", "GPU-c"],
                                 "host": ["h1", "h2", "h1", "h2", "h1", "h2"]}))
     total, examples = gpu_id_collisions(con, "u", limit=2)
@@ -685,3 +689,13 @@ def test_a_day_whose_documents_are_all_set_aside_is_warned_about(tmp_path, store
                                 raise_on_error=False)
         evs = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert evs["documents_give_job_runs"].passed
+    # the day's own file all set aside (a format change: no GlobalJobId) while the day before's file
+    # gives a run outside the day: still the day's documents all set aside
+    (d / "jobs-2025-08-06.ndjson").unlink()
+    (d / "jobs-2025-08-04.ndjson").write_text((d / "jobs-2025-08-05.ndjson").read_text())
+    (d / "jobs-2025-08-05.ndjson").write_text(json.dumps({"Owner": "alice", "JobStatus": 4}) + "\n")
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([job_documents, jobs], resources=res, partition_key=DAY, instance=instance,
+                                raise_on_error=False)
+        evs = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert evs["documents_give_job_runs"].passed is False

@@ -351,3 +351,10 @@ def test_a_failed_checks_line_shows_the_days_with_something_to_say_first():
                                   passed=False, metadata={"below_threshold": dg.MetadataValue.json({"2025-08-05": 0.0})})
     assert cli._failed_checks([ev2]) == ['check failed (ERROR): raw/gpu_telemetry coverage: '
                                          'below_threshold={"2025-08-05": 0.0}']
+    # shares by day: the worst first, a 0.0 (no data) kept
+    assert 'coverage_by_day={"2025-08-31": 0.42, "2025-08-01": 0.95' in line
+    ev3 = dg.AssetCheckEvaluation(asset_key=dg.AssetKey(["raw", "gpu_telemetry"]), check_name="coverage",
+                                  passed=False, metadata={"below_threshold": dg.MetadataValue.json(
+                                      {"2025-08-06": 0.5, "2025-08-05": 0.0})})
+    assert cli._failed_checks([ev3]) == ['check failed (ERROR): raw/gpu_telemetry coverage: '
+                                         'below_threshold={"2025-08-05": 0.0, "2025-08-06": 0.5}']

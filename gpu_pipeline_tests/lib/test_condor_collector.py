@@ -845,3 +845,17 @@ def test_a_dump_is_taken_at_its_ads_time_not_its_copys(tmp_path):
                                   f"MyCurrentTime = {int(taken.timestamp()) - i}" for i, b in enumerate(blocks)) + "\n")
     r = import_dump(dump, tmp_path / "archive", "UTC")
     assert r.snapshot_time == taken and r.path.name == "gpu_state_2025-08.db"
+    # LastHeardFrom is the collector's clock: a startd's MyCurrentTime a year ahead does not move it
+    skewed = tmp_path / "skewed.txt"
+    later = dt.datetime(2025, 8, 5, 10, 5, 7, tzinfo=UTC)
+    skewed.write_text("\n\n".join(f"{b}\nLastHeardFrom = {int(later.timestamp())}\n"
+                                    f"MyCurrentTime = {int(later.timestamp()) + 365 * 86400 * (i == 0)}"
+                                    for i, b in enumerate(blocks)) + "\n")
+    assert import_dump(skewed, tmp_path / "archive", "UTC").snapshot_time == later
+    # an archive file that is no database: an error naming it, exit 4 from the CLI (was a traceback)
+    from gpu_pipeline import cli
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "gpu_state_2025-08.db").write_bytes(b"not a database" * 100)
+    assert cli.main(["collect", "condor", "--from-file", str(dump), "--out", str(bad), "--archive-tz", "UTC"]) == 4

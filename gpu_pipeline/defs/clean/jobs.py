@@ -1,5 +1,7 @@
 """Clean layer: one row per job run (epoch) overlapping the day, typed and UTC."""
 
+import datetime as dt
+
 import dagster as dg
 import pyarrow.compute as pc
 
@@ -13,7 +15,7 @@ from gpu_pipeline.defs.common import (
 )
 from gpu_pipeline.defs.raw.job_documents import KEY as RAW_KEY
 from gpu_pipeline.defs.resources import DataStoreResource
-from gpu_pipeline.lib.job_source import clean_job_documents
+from gpu_pipeline.lib.job_source import clean_job_documents, own_documents_set_aside
 from gpu_pipeline.lib.schemas import JOBS as SPEC
 from gpu_pipeline.lib.schemas import QUARANTINE_JOBS, RAW_JOB_DOCUMENTS
 
@@ -56,17 +58,19 @@ def jobs(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg
 
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
-        cleaned = clean_job_documents(store.read_table(RAW_JOB_DOCUMENTS, day), start, end)
+        raw = store.read_table(RAW_JOB_DOCUMENTS, day)
+        cleaned = clean_job_documents(raw, start, end)
         store.write_partition(QUARANTINE_JOBS, day, cleaned.quarantine)
         result = store.write_partition(SPEC, day, cleaned.table)
         dupes[day] = duplicate_keys(cleaned.table)
         bad_intervals[day] = interval_violations(cleaned.table)
-        # (nothing read: no run of the day's, nor of the neighbours' files outside the day, only documents
-        # set aside -- a broken line beside a day of runs outside the window is no such day)
-        if not cleaned.table.num_rows and not cleaned.outside_window and cleaned.quarantine.num_rows:
+        # the day's own documents all set aside (a format change, an accounting export): the neighbours'
+        # files, read for the look-around, neither hide it nor raise it with a broken line
+        own, aside = own_documents_set_aside(raw, cleaned.quarantine, dt.date.fromisoformat(day))
+        if own and aside >= own:
             all_aside[day] = cleaned.quarantined_by_reason
-            context.log.warning(f"{day}: every job document read was set aside ({cleaned.quarantine.num_rows:,}), no "
-                                f"job run: {cleaned.quarantined_by_reason}")
+            context.log.warning(f"{day}: every one of the day's own {own:,} job document(s) was set aside: "
+                                f"{cleaned.quarantined_by_reason}")
         return DayOutcome(
             day=day,
             result=result,
