@@ -621,6 +621,16 @@ def test_a_gpu_id_two_hosts_name_in_one_snapshot_is_warned_about(tmp_path, store
     assert total == 3 and list(examples) == ["GPU-a", "GPU-b"]
 
 
+def _telemetry_day(res: dict, logged: str) -> tuple[dict, list[str]]:
+    """The raw telemetry day's metadata, and the run's log lines holding ``logged``."""
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([gpu_telemetry], resources=res, partition_key=DAY, instance=instance,
+                                raise_on_error=False)
+        (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
+        logs = [r.user_message for r in instance.all_logs(result.run_id) if logged in r.user_message]
+    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}, logs
+
+
 def test_a_scrape_file_copied_without_its_time_is_counted_and_warned_about(tmp_path, store_res):
     """dcgm-exporter writes no timestamps by default: a scrape file's samples take its modification
     time. Copied without it (cp without -p), the day's file reads as the copy's day: its rows fell
@@ -633,12 +643,7 @@ def test_a_scrape_file_copied_without_its_time_is_counted_and_warned_about(tmp_p
     copied = dt.datetime(2026, 11, 28, 12, tzinfo=dt.UTC).timestamp()  # the copy's time, not the scrape's
     os.utime(path, (copied, copied))
     res = {"data_store": store_res, "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"))}
-    with dg.instance_for_test() as instance:
-        result = dg.materialize([gpu_telemetry], resources=res, partition_key=DAY, instance=instance,
-                                raise_on_error=False)
-        (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
-        logs = [r.user_message for r in instance.all_logs(result.run_id) if "modification time" in r.user_message]
-    md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+    md, logs = _telemetry_day(res, "modification time")
     assert md["samples"] == 0
     assert md["samples_default_time"] == 2 and md["rows_outside_window"] == 1  # two sample lines, one row
     assert len(logs) == 1 and "cp -p" in logs[0]
@@ -651,12 +656,7 @@ def test_a_scrape_file_copied_without_its_time_is_counted_and_warned_about(tmp_p
     nxt = dt.datetime(2025, 8, 6, 12, tzinfo=dt.UTC).timestamp()
     os.utime(other, (nxt, nxt))
     res["telemetry"] = TelemetryResource(telemetry_dir=str(tmp_path / "tel"), file_margin_days="1")
-    with dg.instance_for_test() as instance:
-        result = dg.materialize([gpu_telemetry], resources=res, partition_key=DAY, instance=instance,
-                                raise_on_error=False)
-        (mat,) = [e.materialization for e in result.get_asset_materialization_events()]
-        logs = [r.user_message for r in instance.all_logs(result.run_id) if "modification time" in r.user_message]
-    md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+    md, logs = _telemetry_day(res, "modification time")
     assert md["samples"] == 1 and logs == []
 
 

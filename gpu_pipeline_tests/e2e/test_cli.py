@@ -19,6 +19,17 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _materialize_one_day(tmp_path, env_lines: str) -> subprocess.CompletedProcess:
+    """``materialize --start 2025-08-05`` in ``tmp_path`` over a hand-made archive of that day, its
+    ``.env`` the archive, a Dagster home and ``env_lines``."""
+    _hand_archive(tmp_path / "archive", ["2025-08-05"])
+    (tmp_path / "home").mkdir()
+    (tmp_path / ".env").write_text(env_lines + f"GPU_PIPELINE_CONDOR_ARCHIVE={tmp_path / 'archive'}\n"
+                                   f"DAGSTER_HOME={tmp_path / 'home'}\nGPU_PIPELINE_START_DATE=2025-08-01\n")
+    return subprocess.run([EXE, "materialize", "--start", "2025-08-05"], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
 def test_materialize_a_range_from_a_dotenv_file(tmp_path):
     _hand_archive(tmp_path / "archive", ["2025-08-05", "2025-08-06"])
     (tmp_path / "home").mkdir()
@@ -50,16 +61,7 @@ def test_a_blank_data_root_is_the_default_one_not_the_working_folder(tmp_path):
     """A ``.env`` line ``GPU_PIPELINE_DATA_ROOT=`` is unset: the tables go under
     ``$DAGSTER_HOME/data`` (DESIGN 3), and ``sql`` finds them there. It resolved to ``''``, which
     the store read as the working folder: raw/, clean/, ... written beside the checkout."""
-    _hand_archive(tmp_path / "archive", ["2025-08-05"])
-    (tmp_path / "home").mkdir()
-    (tmp_path / ".env").write_text(
-        "GPU_PIPELINE_DATA_ROOT=\n"
-        f"GPU_PIPELINE_CONDOR_ARCHIVE={tmp_path / 'archive'}\n"
-        f"DAGSTER_HOME={tmp_path / 'home'}\n"
-        "GPU_PIPELINE_START_DATE=2025-08-01\n"
-    )
-    proc = subprocess.run([EXE, "materialize", "--start", "2025-08-05"], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = _materialize_one_day(tmp_path, "GPU_PIPELINE_DATA_ROOT=\n")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"GPU_PIPELINE_DATA_ROOT not set: writing under {tmp_path / 'home' / 'data'}" in proc.stderr
     assert pq.read_table(tmp_path / "home" / "data" / "metrics" / "gpu_states" / "date=2025-08-05"
@@ -308,18 +310,9 @@ def test_the_readme_counts_the_spec_tables_models():
 def test_materialize_says_why_a_check_failed(tmp_path):
     """A configured telemetry folder with nothing for the day: the run printed only which check
     failed (in Dagster's error), not the day or the figure it failed on."""
-    _hand_archive(tmp_path / "archive", ["2025-08-05"])
-    (tmp_path / "home").mkdir()
     (tmp_path / "telemetry").mkdir()
-    (tmp_path / ".env").write_text(
-        f"GPU_PIPELINE_DATA_ROOT={tmp_path / 'data'}\n"
-        f"GPU_PIPELINE_CONDOR_ARCHIVE={tmp_path / 'archive'}\n"
-        f"GPU_PIPELINE_TELEMETRY_DIR={tmp_path / 'telemetry'}\n"
-        f"DAGSTER_HOME={tmp_path / 'home'}\n"
-        "GPU_PIPELINE_START_DATE=2025-08-01\n"
-    )
-    proc = subprocess.run([EXE, "materialize", "--start", "2025-08-05"], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = _materialize_one_day(tmp_path, f"GPU_PIPELINE_DATA_ROOT={tmp_path / 'data'}\n"
+                                          f"GPU_PIPELINE_TELEMETRY_DIR={tmp_path / 'telemetry'}\n")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("check failed")]
     assert 'check failed (ERROR): raw/gpu_telemetry has_samples: days_without_samples=["2025-08-05"]' in lines
