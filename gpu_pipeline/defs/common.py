@@ -279,10 +279,12 @@ def gate_check(spec: dg.AssetCheckSpec, outcomes: list[DayOutcome], label: str,
 
 
 def violations_check(spec: dg.AssetCheckSpec, asset_key: dg.AssetKey, by_day: dict[str, Any],
-                     label: str = "violations_by_day") -> dg.AssetCheckResult:
-    """A check that passes when no day has violations (a count or a list per day, in its metadata)."""
+                     label: str = "violations_by_day",
+                     severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
+    """A check that passes when no day has violations (a count, a list or a dict per day, in its
+    metadata), failing with ``severity``."""
     return dg.AssetCheckResult(check_name=spec.name, asset_key=asset_key, passed=not any(by_day.values()),
-                               metadata={label: dg.MetadataValue.json(by_day)})
+                               severity=severity, metadata={label: dg.MetadataValue.json(by_day)})
 
 
 def tables_results(context: dg.AssetExecutionContext, outcomes: dict[dg.AssetKey, list[DayOutcome]],

@@ -9,6 +9,7 @@ import dagster as dg
 
 from gpu_pipeline.defs.partitions import daily_partitions
 from gpu_pipeline.defs.raw.job_documents import KEY as JOB_DOCUMENTS_KEY
+from gpu_pipeline.defs.resources import DEFAULT_LOOKAHEAD_DAYS, LOOKAHEAD_ENV
 from gpu_pipeline.lib.envutil import whole_number_env
 
 daily_pipeline = dg.define_asset_job(
@@ -44,18 +45,12 @@ nightly_schedule = dg.build_schedule_from_partitioned_job(
 )
 
 
-#: The variable of the days a job-record file is read after its day (files mode), which is also how many
-#: complete days the late-records run re-runs (a record written up to that many days late is read).
-ENV_LOOKAHEAD = "GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS"
-DEFAULT_LOOKAHEAD_DAYS = 7
-
-
 def late_records_days(environ: Mapping[str, str] = os.environ) -> int:
     """How many complete days ``late_records_rerun`` re-runs: the job records' look-ahead
     (``GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS``, default 7; at least 1). A job is recorded when it leaves the
     queue, so a day's records keep arriving for as long as its jobs run; a nightly run reads the files up
     to that many days after its day, and so does this re-run for every day it covers."""
-    return max(1, whole_number_env(ENV_LOOKAHEAD, DEFAULT_LOOKAHEAD_DAYS, "days", "the day's own files only",
+    return max(1, whole_number_env(LOOKAHEAD_ENV, DEFAULT_LOOKAHEAD_DAYS, "days", "the day's own files only",
                                    environ))
 
 
@@ -76,7 +71,7 @@ late_records_pipeline = dg.define_asset_job(
     name="late_records_rerun",
     description=(
         "Re-materializes the job records and everything downstream of them for the last "
-        f"{ENV_LOOKAHEAD} (default {DEFAULT_LOOKAHEAD_DAYS}) complete days at 05:45 (partition time zone) as ONE "
+        f"{LOOKAHEAD_ENV} (default {DEFAULT_LOOKAHEAD_DAYS}) complete days at 05:45 (partition time zone) as ONE "
         "range run, so job records that arrive late (a job is recorded when it leaves the queue) are picked "
         "up. Re-runs replace partitions; they never append."
     ),

@@ -57,6 +57,12 @@ class CondorArchiveResource(dg.ConfigurableResource):
         return [p.strip() for p in self.excluded_hosts.split(",") if p.strip()]
 
 
+#: The days a job-record file is read after the day it is named for (files mode); also how many days
+#: the late-records schedule re-runs (``defs/jobs.py``)
+LOOKAHEAD_ENV = "GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS"
+DEFAULT_LOOKAHEAD_DAYS = 7
+
+
 class JobRecordsResource(dg.ConfigurableResource):
     """HTCondor job records: Elasticsearch (condor_adstash index) or offline files.
 
@@ -74,7 +80,7 @@ class JobRecordsResource(dg.ConfigurableResource):
     es_verify_certs: str = "true"
     es_timeout_s: str = "30"
     files_dir: str = ""
-    lookahead_days: str = "7"
+    lookahead_days: str = str(DEFAULT_LOOKAHEAD_DAYS)
 
     @property
     def mode(self) -> str:
@@ -85,7 +91,7 @@ class JobRecordsResource(dg.ConfigurableResource):
         return "off"
 
     def lookahead_days_value(self) -> int:
-        return int(setting_number("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", self.lookahead_days, whole=True))
+        return int(setting_number(LOOKAHEAD_ENV, self.lookahead_days, whole=True))
 
     def es_config(self) -> EsConfig:
         return EsConfig(
@@ -218,7 +224,7 @@ def resources() -> dg.Definitions:
                 es_verify_certs=optional_env("GPU_PIPELINE_ES_VERIFY_CERTS", "true"),
                 es_timeout_s=optional_env("GPU_PIPELINE_ES_TIMEOUT_S", "30"),
                 files_dir=optional_env("GPU_PIPELINE_JOBS_DIR"),
-                lookahead_days=optional_env("GPU_PIPELINE_JOBS_LOOKAHEAD_DAYS", "7"),
+                lookahead_days=optional_env(LOOKAHEAD_ENV, str(DEFAULT_LOOKAHEAD_DAYS)),
             ),
             "kueue": KueueResource(
                 scrape_dir=optional_env("GPU_PIPELINE_KUEUE_DIR"),

@@ -999,8 +999,8 @@ def _stalled_counter(same_gpu: np.ndarray, sc: np.ndarray, t: np.ndarray, energy
     """The energy counter readings (rows in (GPU, time) order, NaN where null) with each stall that
     the counter moves on from read as moving evenly (see the module docstring), the rows whose
     readings were so replaced, and the rows whose segment to the next sample must not take the
-    counter's step. A stalled sample has the previous sample's reading, of the same GPU and source,
-    the power at both above 0 or unknown. A run of stalls is replaced when the sample after it is of
+    counter's step. A stalled sample has the previous sample's reading, of the same GPU and source
+    (a power reading at or below 0 W is none: :data:`_POWER`). A run of stalls is replaced when the sample after it is of
     the same GPU and source with a higher reading (``e_k + (e_next - e_k) (t - t_k) / (t_next -
     t_k)``, ``k`` the sample the run stalled at), the step gives at least :data:`STALL_CATCH_UP` of
     the trapezoid power over the whole span it covers, ``t_k`` to ``t_next`` (the intervals with a
@@ -1015,9 +1015,8 @@ def _stalled_counter(same_gpu: np.ndarray, sc: np.ndarray, t: np.ndarray, energy
     none = np.zeros(0, dtype=np.int64)
     if n < 3:
         return energy, none, none
-    with np.errstate(invalid="ignore"):
-        drawing = ~(power <= 0)  # above 0, or unknown
-        stalled[1:] = (same_gpu & (sc[1:] == sc[:-1]) & (energy[1:] == energy[:-1]) & drawing[1:] & drawing[:-1])
+    # (a reading at or below 0 W is none already: _POWER)
+    stalled[1:] = same_gpu & (sc[1:] == sc[:-1]) & (energy[1:] == energy[:-1])
     if not stalled.any():
         return energy, none, none
     edge = np.diff(np.r_[0, stalled.astype(np.int8), 0])
@@ -1106,9 +1105,7 @@ _STALLS_SQL = """
                            coalesce((prev_power + power) / 2, prev_power, power) * d AS tj,
                            CASE WHEN coalesce(prev_power, power) IS NOT NULL THEN d END AS tus
                     FROM (
-                        SELECT *, coalesce(lag(sc) OVER w = sc AND lag(energy_mj) OVER w = energy_mj
-                                           AND coalesce(power > 0, true) AND coalesce(lag(power) OVER w > 0, true),
-                                           false) AS stalled,
+                        SELECT *, coalesce(lag(sc) OVER w = sc AND lag(energy_mj) OVER w = energy_mj, false) AS stalled,
                                lag(t) OVER w AS prev_t, lag(power) OVER w AS prev_power, t - lag(t) OVER w AS d
                         FROM ({src})
                         WINDOW w AS (PARTITION BY gid ORDER BY t))))))"""

@@ -82,13 +82,11 @@ def select_files(files_dir: Path, start_utc: dt.datetime, end_utc: dt.datetime, 
         raise FileNotFoundError(f"{files_dir}: job-record directory does not exist")
     lo = start_utc.date() - dt.timedelta(days=1)
     hi = end_utc.date() + dt.timedelta(days=lookahead_days)
-    named: list[tuple[Path, tuple[dt.date, dt.date] | None]] = []
+    picked = []
     for p in sorted(files_dir.rglob("*")):
         if not p.name.lower().removesuffix(".gz").endswith(_JOB_SUFFIXES) or p.is_dir():
             continue
-        named.append((p, _named_days(p)))
-    picked = []
-    for p, days in named:
+        days = _named_days(p)
         if days is not None and not (days[0] <= hi and lo <= days[1]):
             continue
         if not p.is_file():  # a dangling link, a link loop, a pipe the day would read: not skipped unseen
@@ -228,15 +226,16 @@ def own_documents_set_aside(raw: pa.Table, quarantine: pa.Table, day: dt.date) -
     """The day's own documents (:func:`documents_of_the_day`), and how many of them the cleaning set
     aside for what they are (not JSON, not a job ad, no GlobalJobId...; a record another one of the same
     run superseded, ``duplicate_key``, is no such document)."""
-    own = documents_of_the_day(raw, day)
+    if not raw.num_rows:
+        return 0, 0
+    counts = _origin_counts(raw)  # (each origin's name read once)
+    own_origins = {origin for origin, source, _ in counts if _own(origin, source, day)}
+    own = sum(count for origin, _, count in counts if origin in own_origins)
     if not own or not quarantine.num_rows:
         return own, 0
-    source_of = {origin: source for origin, source, _ in _origin_counts(raw)}
-    aside = sum(1 for origin, reason in zip(quarantine["source_file"].to_pylist(), quarantine["reason"].to_pylist(),
-                                            strict=True)
-                if not str(reason).startswith("duplicate_key") and origin in source_of
-                and _own(origin, source_of[origin], day))
-    return own, aside
+    aside = pc.and_(pc.is_in(quarantine["source_file"], value_set=pa.array(sorted(own_origins), pa.string())),
+                    pc.invert(pc.fill_null(pc.starts_with(quarantine["reason"], "duplicate_key"), False)))
+    return own, int(pc.sum(aside).as_py() or 0)
 
 
 def _origin_counts(raw: pa.Table) -> list[tuple[str, str, int]]:
@@ -278,6 +277,15 @@ def _close_open_runs(table: pa.Table, candidates: pa.Table) -> tuple[pa.Table, i
     return closed_table, closed
 
 
+def _text_job_id(text: str | None) -> str | None:
+    """A document's GlobalJobId read from its text (a document the columnar reader did not read plainly)."""
+    try:
+        doc = json.loads(text) if text else None
+    except (TypeError, ValueError):
+        return None
+    return (str(doc.get("GlobalJobId", "")).strip() or None) if isinstance(doc, dict) else None
+
+
 def _drop_stale_open_runs(table: pa.Table, start_utc: dt.datetime, candidates: pa.Table) -> tuple[pa.Table, int]:
     """The rows without those of a run still open (no end) in a record taken before the first day whose
     files the day reads (the day before its window's first date, 00:00 UTC: :func:`select_files`): a
@@ -311,11 +319,7 @@ def _drop_stale_open_runs(table: pa.Table, start_utc: dt.datetime, candidates: p
     fresh = set()
     for job_id, text in zip(picked["_job_id"].to_pylist(), picked["doc_json"].to_pylist(), strict=True):
         if job_id is None:  # a document not read plainly (rare)
-            try:
-                doc = json.loads(text) if text else None
-            except (TypeError, ValueError):
-                doc = None
-            job_id = (str(doc.get("GlobalJobId", "")).strip() or None) if isinstance(doc, dict) else None
+            job_id = _text_job_id(text)
         if job_id is not None:
             fresh.add(job_id)
     unobserved = pc.fill_null(pc.equal(table["record_utc"], table["status_entered_utc"]), False)

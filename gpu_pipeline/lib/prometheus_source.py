@@ -688,13 +688,11 @@ def fetch_dcgm_range(cfg: PrometheusConfig, start_utc: dt.datetime, end_utc: dt.
                         f"match_labels). {exc}",
                         url=exc.url, status=exc.status, error_type=exc.error_type, error=exc.error,
                         attempts=exc.attempts) from None
-                half = (n_points + 1) // 2
-                limit = min(limit, half)
+                limit = min(limit, (n_points + 1) // 2)  # the chunk again: split in halves at the top
                 extra["max_samples_splits"] += 1
                 logger.info("Prometheus refused %s over %s .. %s (%d points a series) for --query.max-samples; "
                             "reading it in halves", metric, _iso_ms(cs), _iso_ms(ce), n_points)
-                cut = cs + (half - 1) * step_ms
-                todo += [(cut + step_ms, ce), (cs, cut)]
+                todo.append((cs, ce))
                 continue
             extra["queries"] += 2
             for series in result:

@@ -811,7 +811,7 @@ def parse_task_runs(
                               host[valid]))]
     order = _stop_first_after_an_open_start(order, is_start, (host, job, task, name), ts)
     group = _same_as_previous([k[order] for k in (host, job, task, name)])  # same group as the previous
-    start = is_start_code[etype[order]]
+    start = is_start[order]
     nxt_same = np.append(group[1:], False)
     nxt_start = np.append(start[1:], False)
     paired = start & nxt_same & ~nxt_start

@@ -11,6 +11,7 @@ from gpu_pipeline.defs.common import (
     materialize_result,
     run_days,
     table_key,
+    violations_check,
     window,
 )
 from gpu_pipeline.defs.raw.job_documents import KEY as RAW_KEY
@@ -91,7 +92,6 @@ def jobs(context: dg.AssetExecutionContext, data_store: DataStoreResource) -> dg
                             metadata={"duplicates_by_day": dg.MetadataValue.json(dupes)}),
         dg.AssetCheckResult(check_name=VALID_INTERVALS.name, passed=not any(bad_intervals.values()),
                             metadata={"violations_by_day": dg.MetadataValue.json(bad_intervals)}),
-        dg.AssetCheckResult(check_name=JOB_RECORDS.name, passed=not all_aside, severity=dg.AssetCheckSeverity.WARN,
-                            metadata={"days_all_set_aside": dg.MetadataValue.json(all_aside)}),
+        violations_check(JOB_RECORDS, KEY, all_aside, "days_all_set_aside", dg.AssetCheckSeverity.WARN),
     ]
     return materialize_result(SPEC, outcomes, check_results=checks)

@@ -8,6 +8,7 @@ from gpu_pipeline.defs.common import (
     materialize_result,
     run_days,
     table_key,
+    violations_check,
 )
 from gpu_pipeline.defs.raw.condor_slot_snapshots import KEY as RAW_KEY
 from gpu_pipeline.defs.resources import CondorArchiveResource, DataStoreResource
@@ -58,7 +59,7 @@ def slot_snapshots(
         if cleaned.rows_out:
             con = connect()
             try:
-                total, found = gpu_id_collisions(con, "read_parquet(?)", [str(store.partition_file(SPEC, day))])
+                total, found = gpu_id_collisions(con, *store.relation_sql(SPEC, [day]))
             finally:
                 con.close()
             if found:
@@ -89,8 +90,5 @@ def slot_snapshots(
         passed=not any(duplicate_keys.values()),
         metadata={"duplicate_keys_by_day": dg.MetadataValue.json(duplicate_keys)},
     )
-    one_host = dg.AssetCheckResult(
-        check_name=ONE_HOST.name, passed=not collisions, severity=dg.AssetCheckSeverity.WARN,
-        metadata={"gpu_ids_on_several_hosts_by_day": dg.MetadataValue.json(collisions)},
-    )
+    one_host = violations_check(ONE_HOST, KEY, collisions, "gpu_ids_on_several_hosts_by_day", dg.AssetCheckSeverity.WARN)
     return materialize_result(SPEC, outcomes, check_results=[check, one_host])

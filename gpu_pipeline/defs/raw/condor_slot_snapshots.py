@@ -139,4 +139,3 @@ def coverage_check(outcomes: list[DayOutcome]) -> dg.AssetCheckResult:
                   "missing_months_by_day": dg.MetadataValue.json(missing),
                   "days_kept_as_written_before": dg.MetadataValue.json(kept_days(outcomes))},
     )
-
