@@ -83,6 +83,9 @@ class ArchiveRead:
     table: pa.Table
     files: list[str] = field(default_factory=list)
     missing_months: list[str] = field(default_factory=list)
+    #: files of a month the window reads that another file of the month shadows (a ``.sqlite`` or a
+    #: ``.parquet`` beside its ``.db``: :func:`find_month_files`), not read
+    shadowed_files: list[str] = field(default_factory=list)
     extra_columns: dict[str, list[str]] = field(default_factory=dict)
     missing_columns: dict[str, list[str]] = field(default_factory=dict)
     unparseable_timestamps: int = 0
@@ -110,7 +113,8 @@ def months_between(start: dt.datetime, end: dt.datetime) -> list[str]:
 
 
 def find_month_files(archive_dir: Path) -> dict[str, Path]:
-    """Month -> archive file. A month with both a .db and a .parquet file prefers the .db."""
+    """Month -> archive file. A month with several files reads one: the .db, else the .sqlite, else
+    the .parquet (:func:`shadowed_month_files` names the others)."""
     found: dict[str, Path] = {}
     if not archive_dir.is_dir():
         raise ArchiveError(f"{archive_dir}: slot-state archive directory does not exist")
@@ -123,6 +127,18 @@ def find_month_files(archive_dir: Path) -> dict[str, Path]:
             continue
         found[month] = path
     return found
+
+
+def shadowed_month_files(archive_dir: Path, month_files: dict[str, Path], months: list[str]) -> list[str]:
+    """The archive files of ``months`` that :func:`find_month_files` does not read: another file of the
+    same month shadows them."""
+    out = []
+    for path in sorted(archive_dir.iterdir()):
+        m = _FILE_RE.match(path.name)
+        month = f"{m.group(1)}-{m.group(2)}" if m else None
+        if month in months and month_files.get(month) != path:
+            out.append(str(path))
+    return out
 
 
 def _sqlite_columns(con: sqlite3.Connection, path: Path) -> tuple[list[str], frozenset[str]]:
@@ -1027,6 +1043,7 @@ def read_window(
     # the months the window's own hours touch: a month only the reading margin reaches (the archive's
     # first month's 1st, the month before rotated away) is no missing part of the day
     own_months = set(months_between(own_lo_local, own_hi_local - dt.timedelta(microseconds=1)))
+    result.shadowed_files = shadowed_month_files(archive_dir, month_files, months_between(lo_local, hi_local))
     for month in months_between(lo_local, hi_local):
         path = month_files.get(month)
         if path is None:

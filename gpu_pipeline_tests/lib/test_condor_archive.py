@@ -159,6 +159,25 @@ def test_parquet_monthly_archive_is_read_like_sqlite(tmp_path):
     assert read.table.column("snapshot_utc").to_pylist() == [dt.datetime(2025, 8, 2, 0, 10, tzinfo=UTC)]
 
 
+def test_a_month_file_another_file_of_the_month_shadows_is_named_not_read_unseen(tmp_path):
+    """A month's .db beside a .parquet and a .sqlite of the same month (a conversion left behind):
+    the .db is read, and the other two were skipped with nothing said; they are named now."""
+    import pandas as pd
+
+    write_gpu_state_db(tmp_path / "gpu_state_2025-08.db",
+                       [slot_row("2025-08-02 00:10:00.000000", "slot1", "GPU-aaaaaaaa", "Claimed", job="s#2.0#2")])
+    write_gpu_state_db(tmp_path / "gpu_state_2025-08.sqlite",
+                       [slot_row("2025-08-02 00:10:00.000000", "slot1", "GPU-bbbbbbbb", "Unclaimed")])
+    pd.DataFrame([slot_row("2025-08-02 00:10:00.000000", "slot1", "GPU-cccccccc", "Unclaimed")]).to_parquet(
+        tmp_path / "gpu_state_2025-08.parquet")
+    write_gpu_state_db(tmp_path / "gpu_state_2025-09.sqlite",  # another month: not this day's
+                       [slot_row("2025-09-02 00:10:00.000000", "slot1", "GPU-aaaaaaaa", "Claimed")])
+    start, end = day_window("2025-08-02", "UTC")
+    read = read_window(tmp_path, start, end, "UTC")
+    assert read.table.column("AssignedGPUs").to_pylist() == ["GPU-aaaaaaaa"]
+    assert [Path(f).name for f in read.shadowed_files] == ["gpu_state_2025-08.parquet", "gpu_state_2025-08.sqlite"]
+
+
 @pytest.mark.parametrize("unit", ["us", "ns"])  # pandas 2 writes an aware column in nanoseconds
 def test_a_time_zone_aware_parquet_timestamp_is_its_instant(tmp_path, unit):
     """pandas writes an aware column as ``timestamp[us, tz=UTC]``: those are instants, not local

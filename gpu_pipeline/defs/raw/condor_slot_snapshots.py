@@ -103,6 +103,10 @@ def condor_slot_snapshots(
         if read.missing_months:
             details["missing_months"] = read.missing_months
             context.log.warning(f"{day}: no archive for month(s) {read.missing_months}")
+        if read.shadowed_files:
+            details["files_not_read"] = read.shadowed_files
+            context.log.warning(f"{day}: archive file(s) not read, another file of their month is (a .db before a "
+                                f".sqlite before a .parquet): {read.shadowed_files}")
         if read.extra_columns:
             details["extra_columns_dropped"] = read.extra_columns
         if read.missing_columns:
