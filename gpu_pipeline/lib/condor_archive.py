@@ -84,7 +84,7 @@ class ArchiveRead:
     files: list[str] = field(default_factory=list)
     missing_months: list[str] = field(default_factory=list)
     #: files of a month the window reads that another file of the month shadows (a ``.sqlite`` or a
-    #: ``.parquet`` beside its ``.db``: :func:`find_month_files`), not read
+    #: ``.parquet`` beside its ``.db``: :func:`month_files`), not read
     shadowed_files: list[str] = field(default_factory=list)
     extra_columns: dict[str, list[str]] = field(default_factory=dict)
     missing_columns: dict[str, list[str]] = field(default_factory=dict)
@@ -112,33 +112,21 @@ def months_between(start: dt.datetime, end: dt.datetime) -> list[str]:
     return out
 
 
-def find_month_files(archive_dir: Path) -> dict[str, Path]:
-    """Month -> archive file. A month with several files reads one: the .db, else the .sqlite, else
-    the .parquet (:func:`shadowed_month_files` names the others)."""
-    found: dict[str, Path] = {}
+#: The order in which a month's files are read when it has several: the first one found
+_PREFERENCE = {".db": 0, ".sqlite": 1, ".parquet": 2}
+
+
+def month_files(archive_dir: Path) -> dict[str, list[Path]]:
+    """Month -> its archive files, the one read first: the .db, else the .sqlite, else the .parquet;
+    the others are shadowed (a conversion left behind) and not read."""
     if not archive_dir.is_dir():
         raise ArchiveError(f"{archive_dir}: slot-state archive directory does not exist")
-    for path in sorted(archive_dir.iterdir()):
+    found: dict[str, list[Path]] = {}
+    for path in archive_dir.iterdir():
         m = _FILE_RE.match(path.name)
-        if not m:
-            continue
-        month = f"{m.group(1)}-{m.group(2)}"
-        if month in found and found[month].suffix != ".parquet":
-            continue
-        found[month] = path
-    return found
-
-
-def shadowed_month_files(archive_dir: Path, month_files: dict[str, Path], months: list[str]) -> list[str]:
-    """The archive files of ``months`` that :func:`find_month_files` does not read: another file of the
-    same month shadows them."""
-    out = []
-    for path in sorted(archive_dir.iterdir()):
-        m = _FILE_RE.match(path.name)
-        month = f"{m.group(1)}-{m.group(2)}" if m else None
-        if month in months and month_files.get(month) != path:
-            out.append(str(path))
-    return out
+        if m:
+            found.setdefault(f"{m.group(1)}-{m.group(2)}", []).append(path)
+    return {month: sorted(paths, key=lambda p: _PREFERENCE[p.suffix]) for month, paths in sorted(found.items())}
 
 
 def _sqlite_columns(con: sqlite3.Connection, path: Path) -> tuple[list[str], frozenset[str]]:
@@ -964,7 +952,7 @@ def read_window(
     own_lo_local = start_utc.astimezone(zone).replace(tzinfo=None)
     own_hi_local = end_utc.astimezone(zone).replace(tzinfo=None)
     own_lo, own_hi = own_lo_local.isoformat(sep=" "), own_hi_local.isoformat(sep=" ")
-    month_files = find_month_files(archive_dir)
+    files_of = month_files(archive_dir)
     result = ArchiveRead(table=RAW_CONDOR_SLOT_SNAPSHOTS.empty())
     schema = RAW_CONDOR_SLOT_SNAPSHOTS.schema
     lo_s, hi_s = pa.scalar(start_utc, type=TS_UTC), pa.scalar(end_utc, type=TS_UTC)
@@ -1043,9 +1031,9 @@ def read_window(
     # the months the window's own hours touch: a month only the reading margin reaches (the archive's
     # first month's 1st, the month before rotated away) is no missing part of the day
     own_months = set(months_between(own_lo_local, own_hi_local - dt.timedelta(microseconds=1)))
-    result.shadowed_files = shadowed_month_files(archive_dir, month_files, months_between(lo_local, hi_local))
     for month in months_between(lo_local, hi_local):
-        path = month_files.get(month)
+        path, *shadowed = files_of.get(month) or [None]
+        result.shadowed_files += [str(p) for p in sorted(shadowed)]
         if path is None:
             if month in own_months:
                 result.missing_months.append(month)

@@ -39,9 +39,11 @@ def normalize_gpu_id(raw: str | None) -> str | None:
     a list of several ids (``GPU-aaaaaaaa,GPU-bbbbbbbb``: a row is one slot and one GPU); blank parts
     between commas (``GPU-aaaaaaaa,``, ``{GPU-aaaaaaaa}, ,``) are dropped."""
     parts = _id_parts(raw)
-    if len(parts) != 1:  # none, or several: a row is one slot and one GPU
-        return None
-    s = parts[0]
+    return _normalize_part(parts[0]) if len(parts) == 1 else None  # none, or several: one slot, one GPU
+
+
+def _normalize_part(s: str) -> str:
+    """:func:`normalize_gpu_id` of one id (no comma, braces or spaces around it)."""
     if "MIG" in s.upper():
         return s[len("GPUs_"):].replace("_", "-") if s.startswith("GPUs_") else s
     m = _SHORT_RE.match(s)
@@ -57,9 +59,16 @@ def _id_parts(raw: str | None) -> list[str]:
     return [part for part in (p.strip().strip("{}").strip() for p in raw.split(",")) if part]
 
 
-def _several_ids(raw: str | None) -> bool:
-    """Whether an AssignedGPUs text names several GPUs (a list a collector did not explode)."""
-    return len(_id_parts(raw)) > 1
+def _read_ids(values: list[str | None]) -> tuple[list[str | None], list[bool]]:
+    """Per AssignedGPUs text (the distinct values, for both cleaning paths): its GPU id
+    (:func:`normalize_gpu_id`), and whether it names several GPUs (a list a collector did not explode),
+    each text split once."""
+    ids, several = [], []
+    for raw in values:
+        parts = _id_parts(raw)
+        ids.append(_normalize_part(parts[0]) if len(parts) == 1 else None)
+        several.append(len(parts) > 1)
+    return ids, several
 
 
 def _distinct_hosts(names: list[str]) -> set[str]:
@@ -321,8 +330,9 @@ def _columnar(raw: pa.Table, patterns: list[str]) -> _Columnar | None:
             coalesce(trim(v), '') = '' AS missing, contains(coalesce(v, ''), '{_BAD}') AS bad,
             dense_rank() OVER (ORDER BY trim(v)) AS no""")
         assigned_list = assigned.to_pylist()
-        gpu_ids = pa.array([normalize_gpu_id(g) for g in assigned_list], pa.string())
-        several = np.array([_several_ids(g) for g in assigned_list], dtype=bool)
+        ids, several_list = _read_ids(assigned_list)
+        gpu_ids = pa.array(ids, pa.string())
+        several = np.array(several_list, dtype=bool)
         gpu = _per_value(con, gpu_ids, f"""
             v AS gpu_id, v IS NULL AS missing, contains(coalesce(v, ''), '{_BAD}') AS bad,
             dense_rank() OVER (ORDER BY v) AS no""")
@@ -499,9 +509,9 @@ def clean_slot_rows(
             "host": pa.array(hosts, pa.string()),
             "excluded": pa.array([_excluded(h, patterns) for h in hosts], pa.bool_()),
         })
-        _lookup(con, "gpu_map", {"assigned": pa.array(assigned, pa.string()),
-                                 "gpu_id": pa.array([normalize_gpu_id(g) for g in assigned], pa.string()),
-                                 "several": pa.array([_several_ids(g) for g in assigned], pa.bool_())})
+        ids, several = _read_ids(assigned)
+        _lookup(con, "gpu_map", {"assigned": pa.array(assigned, pa.string()), "gpu_id": pa.array(ids, pa.string()),
+                                 "several": pa.array(several, pa.bool_())})
         # Order numbers of host, slot name and GPU id (DuckDB's own order of the strings), so the
         # clean rows sort on integers.
         con.execute("""CREATE TEMP TABLE host_no AS SELECT name, machine, host, excluded,

@@ -37,6 +37,14 @@ def run(assets, resources, partition_key=DAY):
     return result, checks, materialized
 
 
+def _evaluations(assets, resources, partition_key=DAY) -> tuple[dg.ExecuteInProcessResult, dict]:
+    """The run of ``assets`` for the day (failures kept) and its check evaluations by name."""
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(assets, resources=resources, partition_key=partition_key, instance=instance,
+                                raise_on_error=False)
+    return result, {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
 def job_doc(gid: str, start: int, end: int, **extra) -> dict:
     return {"GlobalJobId": gid, "ClusterId": 1, "ProcId": 0, "Owner": "alice", "JobStatus": 4,
             "QDate": start - 60, "JobStartDate": start, "JobCurrentStartDate": start, "CompletionDate": end,
@@ -549,10 +557,7 @@ def test_gpu_hours_conserved_fails_for_one_gpus_bucket_twice_and_anothers_missin
     _, checks, _ = run([condor_slot_snapshots, slot_snapshots, gpu_states], res)
     assert checks["gpu_hours_conserved"] is True
     monkeypatch.setattr(asset_module, "states_for_day", broken)
-    with dg.instance_for_test() as instance:
-        result = dg.materialize([condor_slot_snapshots, slot_snapshots, gpu_states], resources=res, partition_key=DAY,
-                                instance=instance, raise_on_error=False)
-        (ev,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "gpu_hours_conserved"]
+    ev = _evaluations([condor_slot_snapshots, slot_snapshots, gpu_states], res)[1]["gpu_hours_conserved"]
     assert ev.passed is False
     assert "2 of 2 GPUs" in ev.metadata["violations"].value[DAY]
 
@@ -596,10 +601,8 @@ def test_a_gpu_id_two_hosts_name_in_one_snapshot_is_warned_about(tmp_path, store
                  slot_row(ts, "slot1", "GPU-bbbbbbbb", "Unclaimed", host="moved-from" if k < 2 else "moved-to")]
     write_gpu_state_db(tmp_path / "arch" / "gpu_state_2025-08.db", rows)
     res = {"data_store": store_res, "condor_archive": CondorArchiveResource(archive_dir=str(tmp_path / "arch"))}
-    with dg.instance_for_test() as instance:
-        result = dg.materialize([condor_slot_snapshots, slot_snapshots], resources=res, partition_key=DAY,
-                                instance=instance, raise_on_error=False)
-        (ev,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "gpu_id_on_one_host"]
+    result, evs = _evaluations([condor_slot_snapshots, slot_snapshots], res)
+    ev = evs["gpu_id_on_one_host"]
     assert result.success and ev.passed is False and ev.severity == dg.AssetCheckSeverity.WARN
     assert ev.metadata["gpu_ids_on_several_hosts_by_day"].value == {
         DAY: {"gpu_ids": 1, "examples": {"GPU-00000000": {"hosts": ["h100-a", "h100-b"], "snapshots": 3}}}}
@@ -669,10 +672,7 @@ def test_a_day_whose_documents_are_all_set_aside_is_warned_about(tmp_path, store
     (d / "accounting.ndjson").write_text("\n".join(json.dumps({"RecordId": f"r{i}", "WallDuration": 60})
                                                    for i in range(3)) + "\n")
     res = {"data_store": store_res, "job_records": JobRecordsResource(files_dir=str(d))}
-    with dg.instance_for_test() as instance:
-        result = dg.materialize([job_documents, jobs], resources=res, partition_key=DAY, instance=instance,
-                                raise_on_error=False)
-        evs = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    result, evs = _evaluations([job_documents, jobs], res)
     assert result.success and evs["has_documents"].passed
     ev = evs["documents_give_job_runs"]
     assert ev.passed is False and ev.severity == dg.AssetCheckSeverity.WARN
@@ -684,18 +684,12 @@ def test_a_day_whose_documents_are_all_set_aside_is_warned_about(tmp_path, store
     (d / "jobs-2025-08-05.ndjson").write_text(json.dumps(job_doc("s#1.0#1", epoch("2025-08-04T01:00:00"),
                                                                  epoch("2025-08-04T03:00:00"))) + "\n")
     (d / "jobs-2025-08-06.ndjson").write_text('{"GlobalJobId": "s#2.0#1", "QDa')
-    with dg.instance_for_test() as instance:
-        result = dg.materialize([job_documents, jobs], resources=res, partition_key=DAY, instance=instance,
-                                raise_on_error=False)
-        evs = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    result, evs = _evaluations([job_documents, jobs], res)
     assert evs["documents_give_job_runs"].passed
     # the day's own file all set aside (a format change: no GlobalJobId) while the day before's file
     # gives a run outside the day: still the day's documents all set aside
     (d / "jobs-2025-08-06.ndjson").unlink()
     (d / "jobs-2025-08-04.ndjson").write_text((d / "jobs-2025-08-05.ndjson").read_text())
     (d / "jobs-2025-08-05.ndjson").write_text(json.dumps({"Owner": "alice", "JobStatus": 4}) + "\n")
-    with dg.instance_for_test() as instance:
-        result = dg.materialize([job_documents, jobs], resources=res, partition_key=DAY, instance=instance,
-                                raise_on_error=False)
-        evs = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    result, evs = _evaluations([job_documents, jobs], res)
     assert evs["documents_give_job_runs"].passed is False
