@@ -7,14 +7,18 @@ from collections.abc import Mapping
 
 import dagster as dg
 
+from gpu_pipeline.defs.freshness import FRESHNESS_CHECKS
 from gpu_pipeline.defs.partitions import daily_partitions
 from gpu_pipeline.defs.raw.job_documents import KEY as JOB_DOCUMENTS_KEY
 from gpu_pipeline.defs.resources import DEFAULT_LOOKAHEAD_DAYS, LOOKAHEAD_ENV
 from gpu_pipeline.lib.envutil import whole_number_env
 
+#: the freshness checks are the sensor's: a run evaluating them at its end would judge a deadline hours away
+_NOT_FRESHNESS = dg.AssetSelection.checks(*FRESHNESS_CHECKS)
+
 daily_pipeline = dg.define_asset_job(
     name="daily_pipeline",
-    selection=dg.AssetSelection.all(),
+    selection=dg.AssetSelection.all() - _NOT_FRESHNESS,
     partitions_def=daily_partitions,
     description="Every daily asset (raw -> clean -> metrics -> plots) for one day or a range of days.",
 )
@@ -59,7 +63,7 @@ def late_records_days(environ: Mapping[str, str] = os.environ) -> int:
 #: not touch are not read again.
 late_records_pipeline = dg.define_asset_job(
     name="late_records_pipeline",
-    selection=dg.AssetSelection.assets(JOB_DOCUMENTS_KEY).downstream(),
+    selection=dg.AssetSelection.assets(JOB_DOCUMENTS_KEY).downstream() - _NOT_FRESHNESS,
     partitions_def=daily_partitions,
     description="The job records and every asset downstream of them, for a day or a range of days.",
 )

@@ -310,6 +310,10 @@ _LOAD = ("import dagster as dg\n"
     ({"GPU_PIPELINE_NVIDIA_SMI_FIELDS": "uuid,power.draw"},
      "GPU_PIPELINE_NVIDIA_SMI_FIELDS='uuid,power.draw': the list must name timestamp and uuid"),
     ({"GPU_PIPELINE_NVIDIA_SMI_FIELDS": "timestamp, uuid, power.draw"}, "loaded"),
+    # Dagster's own error named no variable ("Invariant failed. Description: Invalid cron string.")
+    ({"GPU_PIPELINE_FRESHNESS_DEADLINE": "8:00"},
+     "GPU_PIPELINE_FRESHNESS_DEADLINE='8:00': expected a cron string such as '0 8 * * *', or off"),
+    ({"GPU_PIPELINE_FRESHNESS_DEADLINE": "off"}, "loaded"),
 ])
 def test_the_structural_variables_are_checked_when_the_definitions_load(variables, expected, tmp_path):
     """As an operator's ``.env`` gives them, in a fresh interpreter (they are read at import)."""
