@@ -11,6 +11,7 @@ import pytest
 from gpu_pipeline.defs.clean.gpu_samples import gpu_samples
 from gpu_pipeline.defs.clean.jobs import jobs
 from gpu_pipeline.defs.clean.slot_snapshots import slot_snapshots
+from gpu_pipeline.defs.raw.condor_slot_snapshots import KEY as RAW_KEY
 from gpu_pipeline.defs.raw.condor_slot_snapshots import condor_slot_snapshots
 from gpu_pipeline.defs.raw.gpu_telemetry import gpu_telemetry
 from gpu_pipeline.defs.raw.job_documents import job_documents
@@ -501,6 +502,10 @@ def test_a_rotated_month_archive_keeps_the_whole_day_and_fails_coverage(tmp_path
     def evaluation(result):
         return {e.check_name: e for e in result.get_asset_check_evaluations()}["coverage"]
 
+    def day_figures(instance) -> tuple[int, int | None]:
+        md = instance.get_latest_materialization_event(RAW_KEY).asset_materialization.metadata
+        return md["snapshots"].value, md["snapshots_kept"].value if "snapshots_kept" in md else None
+
     with dg.instance_for_test() as instance:
         def materialize():
             return dg.materialize([condor_slot_snapshots], resources=res, partition_key="2025-11-01",
@@ -514,6 +519,7 @@ def test_a_rotated_month_archive_keeps_the_whole_day_and_fails_coverage(tmp_path
         assert ev.passed is False and ev.severity == dg.AssetCheckSeverity.WARN
         assert ev.metadata["missing_months_by_day"].value == {"2025-11-01": ["2025-10"]}
         assert ev.metadata["days_kept_as_written_before"].value == ["2025-11-01"]
+        assert day_figures(instance) == (228, 288)  # what the source gives now; what the partition holds
         # both months gone: the archive gives nothing, the day is kept and measured on what it keeps
         (arch / "gpu_state_2025-11.db").rename(tmp_path / "rotated-11.db")
         gone = materialize()
@@ -521,6 +527,7 @@ def test_a_rotated_month_archive_keeps_the_whole_day_and_fails_coverage(tmp_path
         assert snapshots() == 288 and ev.metadata["days_kept_as_written_before"].value == ["2025-11-01"]
         assert ev.metadata["coverage_by_day"].value == {"2025-11-01": 1.0}
         assert ev.metadata["missing_months_by_day"].value == {"2025-11-01": ["2025-10", "2025-11"]}
+        assert day_figures(instance) == (0, 288)
         (tmp_path / "rotated-11.db").rename(arch / "gpu_state_2025-11.db")
     store_res2 = DataStoreResource(data_root=str(tmp_path / "fresh"))
     store = Store(store_res2.data_root)
@@ -529,6 +536,7 @@ def test_a_rotated_month_archive_keeps_the_whole_day_and_fails_coverage(tmp_path
         fresh = dg.materialize([condor_slot_snapshots], resources=res, partition_key="2025-11-01",
                                instance=instance, raise_on_error=False)
         ev = evaluation(fresh)
+        assert day_figures(instance) == (228, None)
     assert fresh.success and snapshots() == 228
     assert ev.passed is False and ev.metadata["below_threshold"].value == {"2025-11-01": pytest.approx(228 / 288, abs=1e-4)}
 

@@ -1,6 +1,7 @@
 """Raw layer: one day of HTCondor slot snapshots out of the monthly archives."""
 
 import dagster as dg
+import pyarrow.compute as pc
 
 from gpu_pipeline.defs.common import (
     DayOutcome,
@@ -97,8 +98,8 @@ def condor_slot_snapshots(
         result = kept or write_unless_empty(context, store, SPEC, day, not read.snapshots and not read.rejected,
                                             write, "the archive gives nothing for the day")
         # a kept partition (an earlier run's, for a source that gives nothing or less now) on what it keeps
-        cov = snapshot_coverage(store.read_table(SPEC, day, ["snapshot_utc"]) if result.kept else read.table,
-                                start, end)
+        held = store.read_table(SPEC, day, ["snapshot_utc"]) if result.kept else read.table
+        cov = snapshot_coverage(held, start, end)
         details = {"source_files": read.files, "read_paths": read.read_paths}
         if read.missing_months:
             details["missing_months"] = read.missing_months
@@ -113,14 +114,12 @@ def condor_slot_snapshots(
             details["columns_absent_in_source"] = read.missing_columns
         if read.non_numeric:
             details["non_numeric_values_nulled"] = read.non_numeric
-        return DayOutcome(
-            day=day,
-            result=result,
-            metrics={"snapshots": read.snapshots, "rows_unparseable_timestamp": read.unparseable_timestamps,
-                     "snapshot_coverage_pct": round(100.0 * cov.coverage, 2), "snapshot_cadence_s": cov.cadence_s or 0.0,
-                     "snapshot_gaps": float(cov.gaps)},
-            details=details,
-        )
+        metrics = {"snapshots": read.snapshots, "rows_unparseable_timestamp": read.unparseable_timestamps,
+                   "snapshot_coverage_pct": round(100.0 * cov.coverage, 2), "snapshot_cadence_s": cov.cadence_s or 0.0,
+                   "snapshot_gaps": float(cov.gaps)}
+        if result.kept:  # ``snapshots`` is what the source gives now; the partition holds these
+            metrics["snapshots_kept"] = pc.count_distinct(held.column("snapshot_utc")).as_py()
+        return DayOutcome(day=day, result=result, metrics=metrics, details=details)
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("snapshots")]
