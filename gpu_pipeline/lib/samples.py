@@ -315,6 +315,10 @@ _ROW_BYTES = 280  # about, in Arrow (a DCGM row)
 _WRITE_AHEAD = 4
 
 
+_HIGHEST = float(np.finfo(np.float64).max)
+_LOWEST = -_HIGHEST
+
+
 def _out_of_range(table: pa.Table) -> dict[str, np.ndarray]:
     """Per checked column with some violation: which rows hold a value outside ``RANGES`` (NaN and
     ±inf included, also where the range is open on that side; null is not a violation)."""
@@ -324,13 +328,15 @@ def _out_of_range(table: pa.Table) -> dict[str, np.ndarray]:
             continue
         column = table[col]
         values = column.to_numpy()  # float64; nulls read as NaN and are masked out below
+        # within [lo, hi], an open side at the largest finite float: NaN and ±inf are never within
         with np.errstate(invalid="ignore"):
-            out = ~np.isfinite(values)
-            if lo is not None:
-                out |= values < lo
-            if hi is not None:
-                out |= values > hi
-        out &= column.is_valid().to_numpy(zero_copy_only=False)
+            within = ((values >= (_LOWEST if lo is None else lo))
+                      & (values <= (_HIGHEST if hi is None else hi)))
+        if within.all():  # (the usual column: no mask to make)
+            continue
+        out = ~within
+        if column.null_count:
+            out &= column.is_valid().to_numpy(zero_copy_only=False)
         if out.any():
             masks[col] = out
     return masks
@@ -347,9 +353,14 @@ def _repeats_previous(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
     for col in columns:
         arr = table[col].combine_chunks()
         later, earlier = arr.slice(1), arr.slice(0, n - 1)
-        equal = pc.fill_null(pc.equal(later, earlier), False).to_numpy(zero_copy_only=False)
-        both_null = pc.and_(pc.is_null(later), pc.is_null(earlier)).to_numpy(zero_copy_only=False)
-        same[1:] &= equal | both_null
+        if arr.null_count:
+            equal = (pc.fill_null(pc.equal(later, earlier), False).to_numpy(zero_copy_only=False)
+                     | pc.and_(pc.is_null(later), pc.is_null(earlier)).to_numpy(zero_copy_only=False))
+        else:  # (no null to compare: the comparison has none either)
+            equal = pc.equal(later, earlier).to_numpy(zero_copy_only=False)
+        same[1:] &= equal
+        if not same.any():  # no row left with the previous one's key so far: the later columns cannot add one
+            break
     return same
 
 
