@@ -106,6 +106,10 @@ class JobRecordsResource(dg.ConfigurableResource):
         )
 
 
+MIN_COVERAGE_VAR = "GPU_PIPELINE_TELEMETRY_MIN_COVERAGE_PCT"
+DEFAULT_TELEMETRY_MIN_COVERAGE_PCT = 80
+
+
 class TelemetryResource(dg.ConfigurableResource):
     """GPU telemetry: files (``<dir>/nvidia-smi/HOST/*.csv``, ``<dir>/dcgm/HOST/*.prom``, either
     also gzip- or zstd-compressed as ``*.csv.gz`` / ``*.prom.zst`` ...,
@@ -126,6 +130,7 @@ class TelemetryResource(dg.ConfigurableResource):
 
     terapixel_dir: str = ""
     nvidia_smi_fields: str = ""
+    min_coverage_pct: str = str(DEFAULT_TELEMETRY_MIN_COVERAGE_PCT)
 
     @property
     def enabled(self) -> bool:
@@ -137,6 +142,14 @@ class TelemetryResource(dg.ConfigurableResource):
     @property
     def files_enabled(self) -> bool:
         return bool(self.telemetry_dir.strip())
+
+    def min_coverage(self) -> float:
+        """The blocking ``coverage`` check's threshold as a share (``GPU_PIPELINE_TELEMETRY_MIN_COVERAGE_PCT``,
+        0-100; 0: coverage never fails the check)."""
+        pct = setting_number(MIN_COVERAGE_VAR, self.min_coverage_pct)
+        if not 0 <= pct <= 100:
+            raise ValueError(f"{MIN_COVERAGE_VAR}={self.min_coverage_pct.strip()!r}: expected a percentage, 0 to 100")
+        return pct / 100.0
 
     def file_margin_days_value(self) -> int:
         return int(setting_number("GPU_PIPELINE_TELEMETRY_MARGIN_DAYS", self.file_margin_days, whole=True))
@@ -246,6 +259,7 @@ def resources() -> dg.Definitions:
                 prometheus_selector=optional_env("GPU_PIPELINE_PROMETHEUS_SELECTOR"),
                 terapixel_dir=optional_env("GPU_PIPELINE_TERAPIXEL_DIR"),
                 nvidia_smi_fields=optional_env(NVIDIA_SMI_FIELDS_VAR),
+                min_coverage_pct=optional_env(MIN_COVERAGE_VAR, str(DEFAULT_TELEMETRY_MIN_COVERAGE_PCT)),
             ),
         }
     )

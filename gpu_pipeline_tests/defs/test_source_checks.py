@@ -28,10 +28,10 @@ from gpu_pipeline_tests.conftest import NEW_COLUMNS, OLD_COLUMNS, slot_row, writ
 DAY = "2025-08-05"
 
 
-def run(assets, resources, partition_key=DAY):
+def run(assets, resources, partition_key=DAY, raise_errors=False):
     with dg.instance_for_test() as instance:
         result = dg.materialize(assets, resources=resources, partition_key=partition_key,
-                                instance=instance, raise_on_error=False)
+                                instance=instance, raise_on_error=raise_errors)
         checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
         materialized = {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()
                         for m in [m.event_specific_data.materialization]}
@@ -186,6 +186,31 @@ def test_telemetry_gap_fails_coverage_and_blocks(tmp_path, store_res):
     result, checks, mats = run([gpu_telemetry, gpu_samples], res)
     assert checks["coverage"] is False and checks["has_samples"] is True
     assert "clean/gpu_samples" not in mats
+
+
+def test_the_telemetry_coverage_threshold_is_a_setting(tmp_path, store_res):
+    """Sparse telemetry (spot captures, a sampler every hour) can never reach 80 % of its own cadence over
+    a day: the operator lowers the threshold (GPU_PIPELINE_TELEMETRY_MIN_COVERAGE_PCT, 0 = off). The
+    6 hours of the test above (25 %) pass at 20 %, go downstream, and fail at 30 %; a setting that is no
+    percentage fails the step naming it."""
+    nvsmi_log(tmp_path / "tel" / "nvidia-smi" / "gpu01" / "nvidia-smi-2025-08-05.csv",
+              dt.datetime(2025, 8, 5), 24 * 60, skip=lambda i: i >= 720)
+    for pct, passed in (("20", True), ("0", True), ("30", False)):
+        res = {"data_store": store_res,
+               "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"), min_coverage_pct=pct)}
+        result, evaluations = _evaluations([gpu_telemetry, gpu_samples], res)
+        ev = evaluations["coverage"]
+        assert ev.passed is passed, pct
+        assert ev.metadata["threshold"].value == float(pct) / 100
+        assert ev.metadata["coverage_by_day"].value == {DAY: pytest.approx(0.25, abs=0.01)}
+        assert ("clean/gpu_samples" in {m.asset_key.to_user_string()
+                                        for m in result.get_asset_materialization_events()
+                                        for m in [m.event_specific_data.materialization]}) is passed
+    for bad in ("120", "80%"):
+        res = {"data_store": store_res,
+               "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"), min_coverage_pct=bad)}
+        with pytest.raises(ValueError, match=f"GPU_PIPELINE_TELEMETRY_MIN_COVERAGE_PCT='{bad}': expected"):
+            run([gpu_telemetry], res, raise_errors=True)
 
 
 def test_out_of_range_values_are_quarantined_and_fail_the_range_check(tmp_path, store_res):

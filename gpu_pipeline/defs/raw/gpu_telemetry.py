@@ -14,7 +14,12 @@ from gpu_pipeline.defs.common import (
     table_key,
     window,
 )
-from gpu_pipeline.defs.resources import DataStoreResource, TelemetryResource
+from gpu_pipeline.defs.resources import (
+    DEFAULT_TELEMETRY_MIN_COVERAGE_PCT,
+    MIN_COVERAGE_VAR,
+    DataStoreResource,
+    TelemetryResource,
+)
 from gpu_pipeline.lib.coverage import partition_coverage
 from gpu_pipeline.lib.coverage_table import TELEMETRY_SERIES, TELEMETRY_TIME
 from gpu_pipeline.lib.samples import RawStream, write_raw_samples
@@ -22,15 +27,14 @@ from gpu_pipeline.lib.schemas import QUARANTINE_GPU_TELEMETRY
 from gpu_pipeline.lib.schemas import RAW_GPU_TELEMETRY as SPEC
 
 KEY = table_key(SPEC)
-MIN_COVERAGE = 0.8
 HAS_SAMPLES = dg.AssetCheckSpec(
     "has_samples", asset=KEY, blocking=True,
     description="When a telemetry directory is configured, every day of the run has samples.",
 )
 COVERAGE = dg.AssetCheckSpec(
     "coverage", asset=KEY, blocking=True,
-    description=f"Series covered >= {MIN_COVERAGE:.0%} on average: each GPU's samples against those expected "
-                "from its source's observed cadence.",
+    description=f"Series covered >= {DEFAULT_TELEMETRY_MIN_COVERAGE_PCT} % on average ({MIN_COVERAGE_VAR}): each "
+                "GPU's samples against those expected from its source's observed cadence.",
 )
 
 
@@ -63,6 +67,7 @@ def gpu_telemetry(
 ) -> dg.MaterializeResult:
     store = data_store.store()
     covs: dict[str, float] = {}
+    threshold = telemetry.min_coverage()  # (a bad setting fails before any day is read)
 
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
@@ -125,10 +130,11 @@ def gpu_telemetry(
 
     outcomes = run_days(context, one_day)
     empty = [o.day for o in outcomes if not o.metrics.get("samples")]
-    low = {d: round(c, 4) for d, c in covs.items() if c < MIN_COVERAGE}
+    low = {d: round(c, 4) for d, c in covs.items() if c < threshold}
     checks = [
         gate_check(HAS_SAMPLES, outcomes, "days_without_samples", empty, applies=telemetry.enabled,
                    days_kept_as_written_before=kept_days(outcomes)),
-        gate_check(COVERAGE, outcomes, "below_threshold", low, applies=telemetry.enabled, coverage_by_day=covs),
+        gate_check(COVERAGE, outcomes, "below_threshold", low, applies=telemetry.enabled, coverage_by_day=covs,
+                   threshold=threshold),
     ]
     return materialize_result(SPEC, outcomes, check_results=checks)
