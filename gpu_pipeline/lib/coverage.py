@@ -206,6 +206,8 @@ def series_time_order(series: np.ndarray, t: np.ndarray) -> np.ndarray:
     lo = int(series.min())
     if int(series.max()) - lo >= 1 << 16:
         return np.lexsort((t, series))
+    if (t[1:] >= t[:-1]).all():  # rows in time order already (a raw file's): the sort by time keeps them so
+        return np.argsort((series - lo).astype(np.uint16), kind="stable")
     by_time = np.argsort(t, kind="stable")
     return by_time[np.argsort((series[by_time] - lo).astype(np.uint16), kind="stable")]
 
@@ -246,21 +248,22 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
     del t
     repeated = same & (d == 0)  # the same (series, time) again: one point
     interval = same & (d != 0)  # between two distinct points of a series, one after the other
-    # distinct points of each series (its rows less its repeats), in the order of ids
-    rows = np.diff(np.r_[np.flatnonzero(first), len(k)])
     starts = np.flatnonzero(first)
-    rep = np.r_[0, np.cumsum(repeated)]
-    n = rows - (rep[starts + rows - 1] - rep[starts])
-    dt_us, dt_k = d[interval], k[1:][interval].astype(np.int64)
+    rows = np.diff(np.r_[starts, len(k)])
+    # distinct points of each series (its rows less its repeats: few, most days none), in the order of ids
+    n = rows - np.bincount(np.searchsorted(starts, np.flatnonzero(repeated) + 1, side="right") - 1, minlength=len(ids))
+    dt_us = d[interval]  # each series' intervals, the series in the order of ids
     del d, k, repeated, interval, same
     m = len(ids)
+    per = n - 1  # each series' intervals: between its distinct points
     unit = None if units is None else np.asarray(units, dtype=np.int64)[ids]
     longest = np.maximum(edges[:m], edges[m:])  # per series, its intervals' below
     if len(dt_us) == 0:  # no series has two points: no cadence
         return _coverage_of(n, np.full(m, np.nan), None, np.zeros(m, np.int64), longest, window_s, unit)
-    bounds = np.r_[np.flatnonzero(np.r_[True, dt_k[1:] != dt_k[:-1]]), len(dt_k)]
+    has = per > 0  # the series that have a cadence
+    bounds = np.r_[0, np.cumsum(per[has])]
     cads = np.array([_median(dt_us[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
-    with_cad = dt_k[bounds[:-1]]  # the series that have a cadence, in order
+    with_cad = ids[has]  # the series that have a cadence, in order
     cad_us = _median(cads)
     group = (np.zeros(int(ids.max()) + 1, dtype=np.int64) if groups is None
              else np.asarray(groups, dtype=np.int64))
@@ -271,11 +274,10 @@ def coverage_of_points(series: np.ndarray, t_us: np.ndarray, start_utc: dt.datet
         of_group[int(g)] = _median(cads[enough & (g_of == g)])
     c = np.array([of_group.get(int(g), cad_us) for g in group[ids]], dtype=np.float64)
     # each series' intervals and edges against its own cadence (compared as float64, as in the SQL)
-    at = np.searchsorted(ids, dt_k)
     limit = gap_factor * c
-    gaps = (np.bincount(at[dt_us > limit[at]], minlength=m)
-            + (edges[:m] > limit).astype(np.int64) + (edges[m:] > limit).astype(np.int64))
-    cut = np.searchsorted(ids, with_cad)
+    gaps = (edges[:m] > limit).astype(np.int64) + (edges[m:] > limit).astype(np.int64)
+    cut = np.flatnonzero(has)
+    gaps[cut] += np.add.reduceat(dt_us > np.repeat(limit[has], per[has]), bounds[:-1], dtype=np.int64)
     longest[cut] = np.maximum(longest[cut], np.maximum.reduceat(dt_us, bounds[:-1]))
     return _coverage_of(n, c, cad_us, gaps, longest, window_s, unit)
 
@@ -291,6 +293,13 @@ class SeriesPoints:
     def __init__(self, time_col: str, series_cols: Sequence[str]):
         self.time_col, self.series_cols = time_col, tuple(series_cols)
         self._numbers: dict[tuple, int] = {}
+        # the same numbers, looked up without Python per key: each column's values numbered as first
+        # seen (``_value_ids``), a key's numbers combined into one integer (``_keys``, ascending, with
+        # the series' numbers in ``_key_numbers``); off (``_fast``) once a column's values outgrow it
+        self._value_ids: list[dict] = [{} for _ in self.series_cols]
+        self._keys = np.zeros(0, dtype=np.int64)
+        self._key_numbers = np.zeros(0, dtype=np.int64)
+        self._fast = True
         self._series: list[np.ndarray] = []
         self._times: list[np.ndarray] = []
         self.usable = True
@@ -318,17 +327,57 @@ class SeriesPoints:
             code = code * len(dictionary) + pc.fill_null(encoded.indices, len(dictionary) - 1).to_numpy()
             values.append(dictionary)
         combos = pc.dictionary_encode(pa.array(code))
-        numbers = np.empty(len(combos.dictionary), dtype=np.int64)
-        for i, combo in enumerate(combos.dictionary.to_pylist()):
-            key = []
-            for dictionary in reversed(values):
-                combo, at = divmod(combo, len(dictionary))
-                key.append(dictionary[at])
-            numbers[i] = self._numbers.setdefault(tuple(key), len(self._numbers))
+        numbers = self._numbers_of(combos.dictionary.to_numpy(), values)
         self._series.append(numbers[combos.indices.to_numpy()].astype(np.int32 if len(self._numbers) < 1 << 31
                                                                      else np.int64))
         # a copy: a view would keep the batch's whole buffer alive (a spill slab read back is one)
         self._times.append(times.cast(pa.int64()).to_numpy().copy())
+
+    def _numbers_of(self, combos: np.ndarray, values: list[list]) -> np.ndarray:
+        """The series numbers of the batch's combined numbers ``combos`` (distinct, in the order first
+        seen in the batch; each column's number in its ``values``, the last column's least
+        significant), a series not seen before numbered in that order."""
+        numbers = np.empty(len(combos), dtype=np.int64)
+        if self._fast:
+            # each column's number of each combination, as the numbers of the values across batches
+            bits = 62 // max(1, len(values))
+            rest = combos.copy()
+            ids = []
+            for dictionary, known in zip(reversed(values), reversed(self._value_ids), strict=True):
+                at = rest % len(dictionary)
+                rest //= len(dictionary)
+                ids.append(np.array([known.setdefault(v, len(known)) for v in dictionary], dtype=np.int64)[at])
+            if all(len(known) <= 1 << bits for known in self._value_ids):
+                keys = np.zeros(len(combos), dtype=np.int64)
+                for col_ids in reversed(ids):
+                    keys = (keys << bits) | col_ids
+                where = np.minimum(np.searchsorted(self._keys, keys), max(len(self._keys) - 1, 0))
+                found = (self._keys[where] == keys) if len(self._keys) else np.zeros(len(keys), dtype=bool)
+                numbers[found] = self._key_numbers[where[found]]
+                new = np.flatnonzero(~found)
+                if not len(new):
+                    return numbers
+                for i in new.tolist():
+                    numbers[i] = self._numbers.setdefault(self._key_of(int(combos[i]), values), len(self._numbers))
+                keys = np.concatenate((self._keys, keys[new]))
+                order = np.argsort(keys, kind="stable")
+                self._keys = keys[order]
+                self._key_numbers = np.concatenate((self._key_numbers, numbers[new]))[order]
+                return numbers
+            self._fast = False
+            self._value_ids, self._keys, self._key_numbers = [], np.zeros(0, np.int64), np.zeros(0, np.int64)
+        for i, combo in enumerate(combos.tolist()):
+            numbers[i] = self._numbers.setdefault(self._key_of(combo, values), len(self._numbers))
+        return numbers
+
+    @staticmethod
+    def _key_of(combo: int, values: list[list]) -> tuple:
+        """A series' key from its combined number: the columns' values, the last column's first."""
+        key = []
+        for dictionary in reversed(values):
+            combo, at = divmod(combo, len(dictionary))
+            key.append(dictionary[at])
+        return tuple(key)
 
     def _give_up(self) -> None:
         self.usable = False
