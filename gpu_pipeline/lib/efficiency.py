@@ -177,9 +177,12 @@ LOOKAROUND = dt.timedelta(hours=1)  #: samples read beyond the window (for edge 
 STATE_BUCKET = dt.timedelta(minutes=5)
 #: GPUs are taken in groups of about this many samples (of the window and its look-around), one group
 #: held at a time (~100 bytes a sample staged, as much again while it is sorted). Each group reads
-#: the files again: at 1,000 GPUs (3.1 M samples) 1.5 M makes three groups, whose peak RSS over a
-#: week was 625 MiB against 746 MiB with two (2 M), for 0.15-0.3 s a day more.
-GROUP_SAMPLES = 1_500_000
+#: the files again: at 1,000 GPUs (3.1 M samples) 1.5 M made three groups, whose peak RSS over a
+#: week was 625 MiB against 746 MiB with two (2 M), for 0.15-0.3 s a day more; 1 M makes four: the
+#: step alone on a bench day peaked at 666-667 MiB against 747-756 MiB with three, its process's CPU
+#: 12.6-13.1 s against 12.3-12.7 s (two runs each: within the noise). With three, a 7-day range run
+#: had reached 1,039 MiB in this step (its run process 1,017), above the 1 GB bound.
+GROUP_SAMPLES = 1_000_000
 #: From this many GPU groups on, the groups' samples are read from the files once, into a temporary
 #: Parquet file per group (in DuckDB's spill folder, removed after), instead of once a group, each
 #: read a scan of all the window's samples for a share of them. At 10,000 GPUs (21 groups, DuckDB
