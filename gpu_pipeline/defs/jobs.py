@@ -13,12 +13,13 @@ from gpu_pipeline.defs.raw.job_documents import KEY as JOB_DOCUMENTS_KEY
 from gpu_pipeline.defs.resources import DEFAULT_LOOKAHEAD_DAYS, LOOKAHEAD_ENV
 from gpu_pipeline.lib.envutil import whole_number_env
 
-#: the freshness checks are the sensor's: a run evaluating them at its end would judge a deadline hours away
-_NOT_FRESHNESS = dg.AssetSelection.checks(*FRESHNESS_CHECKS)
+#: The freshness checks, which the jobs leave to their sensor: a run of the day's assets evaluating them
+#: at its end would only say whether the day due at the last deadline was in before it.
+FRESHNESS_SELECTION = dg.AssetSelection.checks(*FRESHNESS_CHECKS)
 
 daily_pipeline = dg.define_asset_job(
     name="daily_pipeline",
-    selection=dg.AssetSelection.all() - _NOT_FRESHNESS,
+    selection=dg.AssetSelection.all() - FRESHNESS_SELECTION,
     partitions_def=daily_partitions,
     description="Every daily asset (raw -> clean -> metrics -> plots) for one day or a range of days.",
 )
@@ -63,7 +64,7 @@ def late_records_days(environ: Mapping[str, str] = os.environ) -> int:
 #: not touch are not read again.
 late_records_pipeline = dg.define_asset_job(
     name="late_records_pipeline",
-    selection=dg.AssetSelection.assets(JOB_DOCUMENTS_KEY).downstream() - _NOT_FRESHNESS,
+    selection=dg.AssetSelection.assets(JOB_DOCUMENTS_KEY).downstream() - FRESHNESS_SELECTION,
     partitions_def=daily_partitions,
     description="The job records and every asset downstream of them, for a day or a range of days.",
 )

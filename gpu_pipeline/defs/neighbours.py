@@ -236,12 +236,17 @@ def neighbour_days_rerun(context: dg.SensorEvaluationContext):
     for day in sorted(stale):
         if not daily_partitions.has_partition_key(day):
             continue
-        keys = dg.AssetSelection.assets(*stale[day]).downstream().resolve(graph)
+        selection = dg.AssetSelection.assets(*stale[day]).downstream()
+        keys = selection.resolve(graph)
+        # the data checks of those assets, not the freshness checks (without a list, Dagster's subset of
+        # the job takes every check of the assets, the freshness checks included)
+        checks = (selection - _jobs.FRESHNESS_SELECTION).resolve_checks(graph)
         newest = max(stale[day].values())
         requests.append(dg.RunRequest(
             run_key=f"neighbours-{day}-{newest}",
             partition_key=day,
             asset_selection=sorted(keys, key=lambda k: k.to_user_string()),
+            asset_check_keys=sorted(checks, key=lambda k: k.to_user_string()),
             tags={**_jobs.max_runtime_tags(), "gpu_pipeline/reason": "neighbour-day-changed",
                   "gpu_pipeline/stale": ",".join(sorted(k.to_user_string() for k in stale[day]))},
         ))

@@ -66,6 +66,11 @@ def test_a_day_rematerialized_out_of_order_reruns_the_days_that_read_it(loaded_d
         assert {"metrics/gpu_states", "metrics/evictions", "metrics/availability_periods",
                 "plots/gpu_timeline_heatmap"} | EFFICIENCY <= chosen  # the stale assets and their downstream
         assert not chosen & {"clean/slot_snapshots", "raw/condor_slot_snapshots", "clean/jobs"}
+        # the data checks of the re-run assets, and no freshness check (those are their sensor's: without
+        # the list, Dagster's subset took every check of the assets)
+        checks = {(k.asset_key.to_user_string(), k.name) for k in req.asset_check_keys}
+        assert ("metrics/gpu_states", "gpu_hours_conserved") in checks
+        assert {a for a, _ in checks} <= chosen and not [c for c in checks if c[1] == "freshness_check"]
         again = _tick(defs, instance, quiet.cursor)  # the same tick twice asks with the same run key
         assert [r.run_key for r in again.run_requests] == [req.run_key]
 
