@@ -201,7 +201,7 @@ def test_the_telemetry_coverage_threshold_is_a_setting(tmp_path, store_res):
         result, evaluations = _evaluations([gpu_telemetry, gpu_samples], res)
         ev = evaluations["coverage"]
         assert ev.passed is passed, pct
-        assert ev.metadata["threshold"].value == float(pct) / 100
+        assert ev.metadata["min_coverage_pct"].value == float(pct)
         assert ev.metadata["coverage_by_day"].value == {DAY: pytest.approx(0.25, abs=0.01)}
         assert ("clean/gpu_samples" in {m.asset_key.to_user_string()
                                         for m in result.get_asset_materialization_events()
@@ -211,6 +211,9 @@ def test_the_telemetry_coverage_threshold_is_a_setting(tmp_path, store_res):
                "telemetry": TelemetryResource(telemetry_dir=str(tmp_path / "tel"), min_coverage_pct=bad)}
         with pytest.raises(ValueError, match=f"GPU_PIPELINE_TELEMETRY_MIN_COVERAGE_PCT='{bad}': expected"):
             run([gpu_telemetry], res, raise_errors=True)
+    # an installation without telemetry does not read it
+    off = {"data_store": store_res, "telemetry": TelemetryResource(min_coverage_pct="80%")}
+    assert run([gpu_telemetry], off)[0].success
 
 
 def test_out_of_range_values_are_quarantined_and_fail_the_range_check(tmp_path, store_res):

@@ -33,8 +33,8 @@ HAS_SAMPLES = dg.AssetCheckSpec(
 )
 COVERAGE = dg.AssetCheckSpec(
     "coverage", asset=KEY, blocking=True,
-    description=f"Series covered >= {DEFAULT_TELEMETRY_MIN_COVERAGE_PCT} % on average ({MIN_COVERAGE_VAR}): each "
-                "GPU's samples against those expected from its source's observed cadence.",
+    description=f"Series covered >= {MIN_COVERAGE_VAR} % (default {DEFAULT_TELEMETRY_MIN_COVERAGE_PCT}) on average: "
+                "each GPU's samples against those expected from its source's observed cadence.",
 )
 
 
@@ -67,7 +67,8 @@ def gpu_telemetry(
 ) -> dg.MaterializeResult:
     store = data_store.store()
     covs: dict[str, float] = {}
-    threshold = telemetry.min_coverage()  # (a bad setting fails before any day is read)
+    # (a bad setting fails before any day is read; without telemetry it is not read)
+    threshold = telemetry.min_coverage() if telemetry.enabled else 0.0
 
     def one_day(day: str) -> DayOutcome:
         start, end = window(day)
@@ -135,6 +136,6 @@ def gpu_telemetry(
         gate_check(HAS_SAMPLES, outcomes, "days_without_samples", empty, applies=telemetry.enabled,
                    days_kept_as_written_before=kept_days(outcomes)),
         gate_check(COVERAGE, outcomes, "below_threshold", low, applies=telemetry.enabled, coverage_by_day=covs,
-                   threshold=threshold),
+                   min_coverage_pct=round(100 * threshold, 6)),
     ]
     return materialize_result(SPEC, outcomes, check_results=checks)
