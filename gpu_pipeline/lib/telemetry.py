@@ -57,8 +57,9 @@ Fast path
     their result (the same table, rows in the same order, the same counters, nothing quarantined),
     ~20 times faster for nvidia-smi and ~7 times for DCGM (2-core machine, 30-s samples of 8 GPUs).
     nvidia-smi lines are split by ``pyarrow.csv``; a DCGM file is read in 4 MB pieces of whole lines,
-    each split into ``<series> <value> <ms timestamp>`` with Arrow kernels, and pivoted with numpy. Numbers and timestamps are read
-    by Arrow kernels in the plain forms that both paths read identically (a decimal,
+    each split into ``<series> <value> <ms timestamp>`` with numpy on its bytes (with Arrow kernels
+    where its lines have another spacing), and pivoted with numpy. Numbers and timestamps are read
+    by Arrow kernels (13-digit DCGM times eight bytes at a time) in the plain forms that both paths read identically (a decimal,
     ``2026/07/14 08:12:38.696``, DCGM millisecond integers); what has few distinct values (UUIDs,
     names, indices, DCGM series and ``#`` lines) goes through the line parsers' own helpers once per
     distinct value, and local times are mapped with ``zoneinfo`` once per distinct second. The fast
@@ -1674,8 +1675,8 @@ def _dcgm_tokens_by_bytes(
     lead = buf[np.minimum(starts, len(buf) - 1)]
     filled = ends > starts
     comment = filled & (lead == ord("#"))
-    _check_comments({buf[a:b].tobytes().decode()
-                     for a, b in zip(starts[comment].tolist(), ends[comment].tolist(), strict=True)})
+    if comment.any():  # (the distinct ones: a scrape repeats its HELP and TYPE lines)
+        _check_comments(pc.unique(_spans(text, starts[comment], ends[comment]).drop_null()).to_pylist())
     samples = filled & ~comment
     if not samples.any():
         return _NO_SAMPLE
@@ -1687,15 +1688,7 @@ def _dcgm_tokens_by_bytes(
     if not ((value_at - 1 > start) & (lead != ord(" ")) & (buf[value_at - 2] != ord(" "))
             & (stamp_at - 1 > value_at) & (end > stamp_at)).all():
         return None
-    # the series as the even entries of a string array over the piece's bytes, its odd entries
-    # nulls spanning the rest of each line (as _take_in_place gives them)
-    spans = np.empty(2 * len(start) + 1, dtype=np.int64)
-    spans[0:-1:2] = start
-    spans[1::2] = value_at - 1
-    spans[-1] = spans[-2]
-    valid = np.full((2 * len(start) + 7) // 8, 0b01010101, dtype=np.uint8)
-    series = pa.LargeStringArray.from_buffers(2 * len(start), pa.py_buffer(spans), text.buffers()[2],
-                                              pa.py_buffer(valid), len(start))
+    series = _spans(text, start, value_at - 1)  # (as _take_in_place gives them)
     values = _gathered(buf, value_at, stamp_at - 1)
     if ((end - stamp_at) != _MS_DIGITS).any():  # (a timestamp of another length: read by Arrow's cast)
         return series, values, _gathered(buf, stamp_at, end)
@@ -1703,6 +1696,19 @@ def _dcgm_tokens_by_bytes(
     if stamps is None:  # not all decimal digits
         raise _NotFast
     return series, values, stamps
+
+
+def _spans(text: pa.LargeStringArray, starts: np.ndarray, ends: np.ndarray) -> pa.LargeStringArray:
+    """The byte ranges [starts, ends) of ``text``'s one string (ascending, apart) as the even entries
+    of a string array over its bytes, without a copy; its odd entries nulls spanning the bytes
+    between them."""
+    spans = np.empty(2 * len(starts) + 1, dtype=np.int64)
+    spans[0:-1:2] = starts
+    spans[1::2] = ends
+    spans[-1] = spans[-2]
+    valid = np.full((2 * len(starts) + 7) // 8, 0b01010101, dtype=np.uint8)
+    return pa.LargeStringArray.from_buffers(2 * len(starts), pa.py_buffer(spans), text.buffers()[2],
+                                            pa.py_buffer(valid), len(starts))
 
 
 #: Eight ASCII digits' bytes within an unsigned 64-bit word (``_ms_digits``)
@@ -1770,7 +1776,7 @@ def _comment_error(line: str) -> str | None:
 
 
 class _DcgmFast:
-    """A dcgm-exporter scrape on the fast path. :meth:`read` splits every line with Arrow kernels into
+    """A dcgm-exporter scrape on the fast path. :meth:`read` splits every line (:func:`_read_dcgm_piece`) into
     ``<series> <value> <ms timestamp>`` (from the right: label values may hold spaces), checks each
     distinct ``#`` line and series with the exposition parser as the line parser does, and reads the
     timestamps; :meth:`finish` reads the values and pivots them with numpy. Both raise ``_NotFast`` for
