@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 
 from gpu_pipeline.defs.freshness import SENSOR_NAME
-from gpu_pipeline_tests.e2e.test_neighbour_sensor import START_SENSOR, TICKS
 from gpu_pipeline_tests.e2e.ui_helpers import (
-    REPOS,
     child_env,
     dagster_dev,
     finished_run,
     materialize_days,
     prepare_demo,
+    start_sensor,
     wait_for,
 )
 
@@ -39,19 +38,7 @@ def test_the_daemon_evaluates_the_freshness_checks_and_a_missing_day_fails_them(
     materialize_days(demo, demo.days[0], demo.days[0], env, tmp_path / "first_day.log")
 
     with dagster_dev(env, demo.base, tmp_path / "dagster_dev.log") as server:
-        repos = server.graphql(REPOS)["repositoriesOrError"]
-        assert repos["__typename"] == "RepositoryConnection", repos
-        (repo,) = [r for r in repos["nodes"] if SENSOR_NAME in {s["name"] for s in r["sensors"]}]
-        sensor = {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                  "sensorName": SENSOR_NAME}
-        started = server.graphql(START_SENSOR, {"s": sensor})["startSensor"]
-        assert started["__typename"] == "Sensor" and started["sensorState"]["status"] == "RUNNING", started
-
-        def ticks() -> list[dict]:
-            got = server.graphql(TICKS, {"s": sensor})["sensorOrError"]
-            assert got["__typename"] == "Sensor", got
-            return got["sensorState"]["ticks"]
-
+        _, ticks = start_sensor(server, SENSOR_NAME)
         asked = wait_for("a tick of the sensor that launched a run", lambda: [t for t in ticks() if t["runIds"]], server)
         (run_id,) = asked[0]["runIds"]
         run = wait_for("the sensor's run", lambda: finished_run(server, run_id), server)

@@ -15,28 +15,16 @@ import pytest
 
 from gpu_pipeline_tests.e2e.ui_helpers import (
     LAUNCH,
-    REPOS,
     child_env,
     dagster_dev,
     finished_run,
     materialize_days,
     prepare_demo,
+    start_sensor,
     wait_for,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-START_SENSOR = """
-mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename
-    ... on Sensor { sensorState { status } }
-    ... on PythonError { message } ... on UnauthorizedError { message } ... on SensorNotFoundError { message } } }
-"""
-
-TICKS = """
-query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
-    ... on Sensor { sensorState { status ticks(limit: 20) { status cursor skipReason runIds error { message } } } }
-    ... on PythonError { message } } }
-"""
 
 
 def test_the_daemon_reruns_the_day_after_a_day_rematerialized_out_of_order(tmp_path: Path):
@@ -47,19 +35,7 @@ def test_the_daemon_reruns_the_day_after_a_day_rematerialized_out_of_order(tmp_p
     written_before = states_day2.stat().st_mtime_ns
 
     with dagster_dev(env, demo.base, tmp_path / "dagster_dev.log") as server:
-        repos = server.graphql(REPOS)["repositoriesOrError"]
-        assert repos["__typename"] == "RepositoryConnection", repos
-        (repo,) = [r for r in repos["nodes"] if "neighbour_days_rerun" in {s["name"] for s in r["sensors"]}]
-        where = {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"]}
-        sensor = {**where, "sensorName": "neighbour_days_rerun"}
-
-        started = server.graphql(START_SENSOR, {"s": sensor})["startSensor"]
-        assert started["__typename"] == "Sensor" and started["sensorState"]["status"] == "RUNNING", started
-
-        def ticks() -> list[dict]:
-            got = server.graphql(TICKS, {"s": sensor})["sensorOrError"]
-            assert got["__typename"] == "Sensor", got
-            return got["sensorState"]["ticks"]
+        where, ticks = start_sensor(server, "neighbour_days_rerun")
 
         first = wait_for("the sensor's first tick", lambda: [t for t in ticks() if t["cursor"]], server)
         assert "started" in (first[-1]["skipReason"] or ""), first[-1]  # the history is not re-run

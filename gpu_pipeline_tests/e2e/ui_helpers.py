@@ -434,3 +434,35 @@ class Screenshots:
             return str(self.take(page, f"FAILED-{name}"))
         except Exception as exc:  # noqa: BLE001 - a failure report must not raise
             return f"<no screenshot: {exc}>"
+
+
+START_SENSOR = """
+mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename
+    ... on Sensor { sensorState { status } }
+    ... on PythonError { message } ... on UnauthorizedError { message } ... on SensorNotFoundError { message } } }
+"""
+
+TICKS = """
+query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
+    ... on Sensor { sensorState { status ticks(limit: 20) { status cursor skipReason runIds error { message } } } }
+    ... on PythonError { message } } }
+"""
+
+
+def start_sensor(server, name: str):  # noqa: ANN201 - (the repository selector, a function listing the ticks)
+    """Switch the sensor ``name`` on through the webserver's GraphQL (as the UI's toggle does); returns
+    the selector of its code location's repository and a function that lists its latest ticks."""
+    repos = server.graphql(REPOS)["repositoriesOrError"]
+    assert repos["__typename"] == "RepositoryConnection", repos
+    (repo,) = [r for r in repos["nodes"] if name in {s["name"] for s in r["sensors"]}]
+    where = {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"]}
+    sensor = {**where, "sensorName": name}
+    started = server.graphql(START_SENSOR, {"s": sensor})["startSensor"]
+    assert started["__typename"] == "Sensor" and started["sensorState"]["status"] == "RUNNING", started
+
+    def ticks() -> list[dict]:
+        got = server.graphql(TICKS, {"s": sensor})["sensorOrError"]
+        assert got["__typename"] == "Sensor", got
+        return got["sensorState"]["ticks"]
+
+    return where, ticks
