@@ -67,8 +67,8 @@ def build_freshness_checks(assets: Iterable[dg.AssetsDefinition], deadline: str 
                            partitions_def: dg.TimeWindowPartitionsDefinition = daily_partitions,
                            ) -> tuple[list[dg.AssetChecksDefinition], list[dg.SensorDefinition]]:
     """The freshness checks of the end products of ``assets`` and the sensor that evaluates them (none
-    when ``deadline`` is None). A deadline that is no cron string raises ValueError naming the
-    variable."""
+    when ``deadline`` is None; ``partitions_def``: the assets', which says when a day is due). A
+    deadline that is no cron string raises ValueError naming the variable."""
     if deadline is None:
         return [], []
     with warnings.catch_warnings():
