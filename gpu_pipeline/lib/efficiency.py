@@ -1258,10 +1258,8 @@ def _segment_columns(con, seg_inputs: dict) -> dict[str, pa.Array]:
     key = (cad["gid"].to_numpy().astype(np.int64) << 32) | cad["h"].to_numpy().astype(np.int64)
     at = gid << 32
     at |= t // _HOUR_US
-    starts = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])
-    runs = np.diff(np.r_[starts, len(at)])
-    cad_us = cad["cadence_us"].to_numpy(zero_copy_only=False)  # null as NaN: no comparison holds
-    cad_us = np.repeat(cad_us[np.searchsorted(key, at[starts])], runs)
+    # (a null cadence as NaN: no comparison holds)
+    cad_us = _looked_up_by_run(at, key, cad["cadence_us"].to_numpy(zero_copy_only=False))
     out: dict[str, pa.Array] = {"cad_us": pa.array(cad_us, mask=np.isnan(cad_us))}
     del at, key, cad
     d = nt - t  # (at a GPU's last sample: another GPU's time, left out by ``last``)
@@ -1292,11 +1290,9 @@ def _segment_columns(con, seg_inputs: dict) -> dict[str, pa.Array]:
     # the counter's delta where both ends have a reading of one source (energy1 is null otherwise),
     # it moved, and it implies at most COUNTER_MAX_POWER_FACTOR x the max power, coalesce(plimit, tdp)
     gpu = con.sql("SELECT gid, tdp_w FROM _eff_gpu ORDER BY gid").to_arrow_table()
-    starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])  # (each GPU's rows, looked up once)
-    tdp = np.repeat(gpu["tdp_w"].to_numpy()[np.searchsorted(gpu["gid"].to_numpy(), gid[starts])],
-                    np.diff(np.r_[starts, len(gid)]))
+    tdp = _looked_up_by_run(gid, gpu["gid"].to_numpy(), gpu["tdp_w"].to_numpy())
     max_power = np.where(np.isnan(plimit), tdp, plimit)
-    del gid, gpu, tdp, starts, plimit
+    del gid, gpu, tdp, plimit
     e0, delta_j = seg_inputs.pop("energy_mj"), seg_inputs.pop("energy1")
     delta_j[seg_inputs.pop("no_delta")] = np.nan
     with np.errstate(invalid="ignore", divide="ignore"):  # (rows that are no segment: any value)
@@ -1307,6 +1303,13 @@ def _segment_columns(con, seg_inputs: dict) -> dict[str, pa.Array]:
         counted &= e0 <= COUNTER_MAX_POWER_FACTOR * max_power
     out["seg_energy_j"] = pa.array(delta_j, mask=~counted)
     return out
+
+
+def _looked_up_by_run(row_keys: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values`` (by sorted ``keys``) at each row's key, the rows' keys coming in runs of one key:
+    each run's key looked up once."""
+    starts = np.flatnonzero(np.r_[True, row_keys[1:] != row_keys[:-1]])
+    return np.repeat(values[np.searchsorted(keys, row_keys[starts])], np.diff(np.r_[starts, len(row_keys)]))
 
 
 #: The segments (:func:`_seg_sql`) over the samples' segment columns (:func:`_segment_columns`).
